@@ -1,0 +1,332 @@
+"""psum/pmean: probe → in-band exchange → policy → delay → the real `jax.lax` collective."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import io_callback
+
+from jaxpace.errors import UnboundAxisError
+
+__all__ = ["collective", "psum", "pmean"]
+
+_LAX = {"psum": lax.psum, "pmean": lax.pmean}
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def psum(x, axis_name, *, axis_index_groups=None, site: str | None = None):
+    """Drop-in for `jax.lax.psum` that measures each process's arrival.
+
+    Use it inside `jax.shard_map` or `jax.pmap` exactly like `lax.psum`. The
+    result is bitwise identical to `lax.psum` (gradients too); the default
+    `Pacer` records arrival and wait times and applies its pacing policy. Where
+    timing cannot apply (e.g. a `vmap` axis, partial-manual `shard_map`), it is
+    exactly `lax.psum` and `Pacer.stats()` says why.
+
+    Args:
+      x: array or pytree of arrays.
+      axis_name: a bound axis name, or a tuple of them.
+      axis_index_groups: as in `lax.psum`.
+      site: a stable name for this collective; default: the caller's
+        `file:line:function`.
+
+    Returns:
+      `lax.psum(x, axis_name, axis_index_groups=axis_index_groups)`.
+
+    >>> import jax, jax.numpy as jnp, jaxpace as jp
+    >>> jax.vmap(lambda v: jp.psum(v, "i"), axis_name="i")(jnp.arange(3.0))
+    Array([3., 3., 3.], dtype=float32)
+    """
+    from jaxpace._runtime import default_pacer
+
+    return collective(default_pacer(), "psum", x, axis_name, axis_index_groups, site)
+
+
+def pmean(x, axis_name, *, axis_index_groups=None, site: str | None = None):
+    """Drop-in for `jax.lax.pmean` that measures each process's arrival.
+
+    Same contract as `jaxpace.psum`, with `lax.pmean`'s result (integer inputs
+    give floating outputs, as in `lax.pmean`).
+
+    >>> import jax, jax.numpy as jnp, jaxpace as jp
+    >>> jax.vmap(lambda v: jp.pmean(v, "i"), axis_name="i")(jnp.arange(3.0))
+    Array([1., 1., 1.], dtype=float32)
+    """
+    from jaxpace._runtime import default_pacer
+
+    return collective(default_pacer(), "pmean", x, axis_name, axis_index_groups, site)
+
+
+# ---------------------------------------------------------------------- trace-time decisions
+
+
+def _caller_site() -> str:
+    """`file:line:function` of the first frame outside jaxpace and jax."""
+    frame = inspect.currentframe()
+    try:
+        f = frame.f_back if frame is not None else None
+        while f is not None:
+            fn = os.path.abspath(f.f_code.co_filename)
+            if not fn.startswith(_PKG_DIR) and f"{os.sep}jax{os.sep}" not in fn and (
+                f"{os.sep}jax{os.sep}_src" not in fn
+            ) and "contextlib" not in fn and "functools" not in fn:
+                return f"{os.path.basename(fn)}:{f.f_lineno}:{f.f_code.co_name}"
+            f = f.f_back
+        return "unknown"
+    finally:
+        del frame
+
+
+def _axes(axis_name) -> tuple:
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def _bound_axes() -> dict:
+    from jax._src import core
+
+    try:
+        return dict(core.get_axis_env().axis_sizes)
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _check_bound(axes: tuple) -> dict:
+    sizes = _bound_axes()
+    missing = [a for a in axes if a not in sizes]
+    if missing:
+        bound = ", ".join(f"`{a}`" for a in sizes) or "none"
+        raise UnboundAxisError(
+            f"unbound axis name: {missing[0]!r}. jaxpace collectives must be called inside "
+            f"`jax.shard_map`, `jax.pmap` or `jax.vmap(axis_name=...)` that binds the axis; "
+            f"bound here: {bound}. Did you mean one of those, or call it outside the mapped "
+            "function?"
+        )
+    return sizes
+
+
+def _measurement_mode(axes: tuple) -> tuple[str | None, Any]:
+    """Returns `(reason_not_measured or None, abstract_mesh)`."""
+    am = jax.sharding.get_abstract_mesh()
+    names = tuple(getattr(am, "axis_names", ()) or ())
+    manual = set(getattr(am, "manual_axes", ()) or ())
+    if not all(a in manual for a in axes):
+        return "axis bound by vmap (no device mapping to time)", am
+    if set(names) != manual:
+        return (
+            "partial-manual shard_map (host callbacks are not supported there by JAX)",
+            am,
+        )
+    return None, am
+
+
+def _leader_table(pacer, am) -> tuple[np.ndarray, str]:
+    """`is_leader[linear shard index]` over the abstract mesh, one True per process."""
+    names = tuple(am.axis_names)
+    shape = tuple(am.axis_sizes)
+    total = int(np.prod(shape)) if shape else 1
+    devices = None
+    source = "assumed"
+    candidates = []
+    if pacer.mesh is not None:
+        candidates.append(("Pacer(mesh=...)", pacer.mesh))
+    try:
+        from jax._src.mesh import get_concrete_mesh
+
+        cm = get_concrete_mesh()
+        if cm is not None and not cm.empty:
+            candidates.append(("jax.set_mesh", cm))
+    except Exception:  # noqa: BLE001
+        pass
+    from jaxpace import _mesh_registry
+
+    for m in _mesh_registry.recent():
+        candidates.append(("jaxpace.make_mesh", m))
+    for src, m in candidates:
+        try:
+            if tuple(m.axis_names) == names and tuple(m.devices.shape) == shape:
+                devices = m.devices.reshape(-1)
+                source = src
+                break
+        except Exception:  # noqa: BLE001
+            continue
+    table = np.zeros(total, dtype=bool)
+    if devices is not None:
+        seen = set()
+        for i, d in enumerate(devices):
+            p = getattr(d, "process_index", 0)
+            if p not in seen:
+                seen.add(p)
+                table[i] = True
+        return table, source
+    nproc = jax.process_count()
+    block = max(total // max(nproc, 1), 1)
+    table[::block] = True
+    return table, "assumed process-contiguous blocks (as jax.make_mesh and pmap lay out)"
+
+
+def _linear_shard_index(am):
+    idx = jnp.int32(0)
+    for name, size in zip(am.axis_names, am.axis_sizes):
+        idx = idx * size + lax.axis_index(name)
+    return idx
+
+
+def _axis_rank(axes: tuple, sizes: dict):
+    idx = jnp.int32(0)
+    for a in axes:
+        idx = idx * sizes[a] + lax.axis_index(a)
+    return idx
+
+
+def _token(leaves) -> jax.Array:
+    """A float32 scalar that depends on every leaf (one element each), gradient-free."""
+    tok = jnp.float32(0)
+    for leaf in leaves:
+        if not hasattr(leaf, "shape") or np.prod(leaf.shape) == 0:
+            continue
+        v = jnp.ravel(leaf)[0]
+        if jnp.issubdtype(v.dtype, jnp.complexfloating):
+            v = jnp.real(v)
+        tok = tok + lax.stop_gradient(v).astype(jnp.float32)
+    return lax.stop_gradient(tok)
+
+
+def _group_size(axes: tuple, sizes: dict, axis_index_groups) -> int:
+    if axis_index_groups is not None:
+        return len(axis_index_groups[0])
+    n = 1
+    for a in axes:
+        n *= sizes[a]
+    return n
+
+
+# ---------------------------------------------------------------------- the collective
+
+
+def collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
+    """Measured `lax.psum`/`lax.pmean` on behalf of `pacer`."""
+    lax_fn = _LAX[kind]
+    axes = _axes(axis_name)
+    if site is None:
+        site = _caller_site()
+    elif not isinstance(site, str) or not site:
+        raise TypeError(f"`site` must be a non-empty string, got {site!r}.")
+    if not pacer.config.enabled:
+        return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    if not leaves or any(not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)) and not hasattr(leaf, "shape") for leaf in leaves):
+        return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
+    # Unbound / unknown axes: let lax raise its own error type when it has one,
+    # but ours is clearer, and is a NameError subclass like lax's.
+    sizes = _check_bound(axes)
+    reason, am = _measurement_mode(axes)
+    if reason is None and any(not _is_traced(leaf) for leaf in leaves):
+        # Python scalars / numpy constants (e.g. the `psum(1, axis)` idiom): lax
+        # folds these to the axis size; there is nothing to time.
+        reason = "constant operand (folded by jax.lax, nothing to time)"
+    if reason is not None:
+        pacer._note_unmeasured(site, reason)
+        return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
+    pacer._on_trace()
+    return _measured(pacer, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups,
+                     site, sizes, am)
+
+
+def _is_traced(leaf) -> bool:
+    return isinstance(leaf, jax.core.Tracer)
+
+
+def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
+    lax_fn = _LAX[kind]
+    axes = _axes(axis_name)
+    granularity = pacer.config.granularity
+    group = _group_size(axes, sizes, axis_index_groups)
+    if granularity == "process":
+        num_slots = jax.process_count()
+        table, _source = _leader_table(pacer, am)
+    else:
+        num_slots = group
+        table = None
+    site_obj = pacer._site(site, num_slots)
+    scale = float(group) if kind == "pmean" else 1.0
+
+    def pre_cb(tok, rank):
+        del tok
+        r = jax.process_index() if granularity == "process" else int(rank)
+        payload, flag = pacer._pre(site_obj, r)
+        return payload, flag
+
+    def post_cb(reduced, flag, rank):
+        r = jax.process_index() if granularity == "process" else int(rank)
+        pacer._post(site_obj, r, int(flag), np.asarray(reduced), scale)
+        return np.int32(0)
+
+    payload_shape = (
+        jax.ShapeDtypeStruct((3 * num_slots,), jnp.float32),
+        jax.ShapeDtypeStruct((), jnp.int32),
+    )
+
+    @jax.custom_jvp
+    def run(x):
+        leaves = jax.tree_util.tree_leaves(x)
+        tok = _token(leaves)
+        rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+        if table is not None:
+            is_leader = jnp.asarray(table)[_linear_shard_index(am)]
+        else:
+            is_leader = jnp.bool_(True)
+
+        def call_pre(args):
+            t, r = args
+            return io_callback(pre_cb, payload_shape, t, r, ordered=False)
+
+        def skip_pre(args):
+            return (jnp.zeros((3 * num_slots,), jnp.float32), jnp.int32(0))
+
+        payload, flag = lax.cond(is_leader, call_pre, skip_pre, (tok, rank))
+        out, reduced = lax_fn((x, payload), axis_name, axis_index_groups=axis_index_groups)
+
+        def call_post(args):
+            red, fl, r = args
+            return io_callback(post_cb, jax.ShapeDtypeStruct((), jnp.int32), red, fl, r,
+                               ordered=False)
+
+        def skip_post(args):
+            return jnp.int32(0)
+
+        lax.cond(flag > 0, call_post, skip_post, (reduced, flag, rank))
+        return out
+
+    @run.defjvp
+    def run_jvp(primals, tangents):
+        (xp,), (xt,) = primals, tangents
+        y = run(xp)
+        return y, _tangent(lax_fn, xt, y, axis_name, axis_index_groups)
+
+    return run(x)
+
+
+def _tangent(lax_fn, xt, y, axis_name, axis_index_groups):
+    """The tangent lax's own JVP rule gives: the same collective on the tangent."""
+    from jax._src import dtypes
+
+    t_leaves, t_def = jax.tree_util.tree_flatten(xt)
+    y_leaves = jax.tree_util.tree_leaves(y)
+    out = []
+    for t, yl in zip(t_leaves, y_leaves):
+        if getattr(t, "dtype", None) == dtypes.float0:
+            tdt = dtypes.float0 if not jnp.issubdtype(yl.dtype, jnp.inexact) else yl.dtype
+            if tdt == dtypes.float0:
+                out.append(np.zeros(yl.shape, dtype=dtypes.float0))
+            else:
+                out.append(jnp.zeros(yl.shape, yl.dtype))
+        else:
+            out.append(lax_fn(t, axis_name, axis_index_groups=axis_index_groups))
+    return jax.tree_util.tree_unflatten(t_def, out)
+

@@ -1,0 +1,441 @@
+"""Pacing policies: pure `(init, update)` pairs that turn earliness into bounded delays."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from jaxpace.errors import ConfigError
+
+__all__ = [
+    "AdaptiveConfig",
+    "AdaptiveState",
+    "FixedState",
+    "NoPacingState",
+    "Observation",
+    "PacingPolicy",
+    "adaptive",
+    "fixed",
+    "no_pacing",
+    "sanitize_seconds",
+]
+
+# Largest delay any policy may ask for. A rank asleep longer than this looks
+# hung to its peers, and nothing in JAX aborts a sleeping callback.
+MAX_DELAY_CAP_S = 5.0
+
+
+class Observation(NamedTuple):
+    """What every rank knows after a collective, identical on all of them.
+
+    Attributes:
+      earliness_s: shape `(num_ranks,)`, seconds each rank arrived before the
+        last arriver at the previous step (`w_i - min_j w_j`, so >= 0). NaN marks
+        a rank with no measurement (unsampled step, missing process).
+      step_time_s: the previous step's iteration time in seconds (median over
+        ranks of collective-exit to collective-exit), NaN when unknown.
+    """
+
+    earliness_s: np.ndarray
+    step_time_s: float = math.nan
+
+
+class PolicyInitFn(Protocol):
+    def __call__(self, num_ranks: int) -> Any:
+        """Returns the initial state for `num_ranks` ranks."""
+
+
+class PolicyUpdateFn(Protocol):
+    def __call__(self, obs: Observation, state: Any) -> tuple[np.ndarray, Any]:
+        """Returns `(delays_s, new_state)`.
+
+        `delays_s` has shape `(num_ranks,)`, each entry in `[0, max_delay_s]`:
+        how long that rank sleeps before the next collective at this site. Pure:
+        no clocks, no I/O, no globals, so every rank (and the simulator)
+        computes the same decision from the same observation.
+        """
+
+
+class PacingPolicy(NamedTuple):
+    """A pacing policy, as an optax-style pair of pure functions.
+
+    Attributes:
+      init: `init(num_ranks) -> state`.
+      update: `update(obs, state) -> (delays_s, state)`.
+      name: a short description, also used to check that every process runs
+        the same policy.
+      max_delay_s: the hard upper bound of every delay this policy returns.
+    """
+
+    init: PolicyInitFn
+    update: PolicyUpdateFn
+    name: str = "custom"
+    max_delay_s: float = 0.0
+
+
+def sanitize_seconds(values: np.ndarray) -> np.ndarray:
+    """Returns a float64 copy where NaN, inf and negative entries become NaN.
+
+    Timings that are not finite and non-negative carry no information; the
+    policies treat NaN as "no measurement" and never derive a delay from it.
+
+    >>> sanitize_seconds(np.array([0.1, -1.0, np.inf, np.nan])).tolist()
+    [0.1, nan, nan, nan]
+    """
+    out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
+    out[~np.isfinite(out) | (out < 0)] = np.nan
+    return out
+
+
+def _check_number(name: str, value: Any, *, lo: float, hi: float, lo_open: bool = False,
+                  integer: bool = False) -> None:
+    """Raises `ConfigError` unless `lo <= value <= hi` (or `lo < value` if `lo_open`)."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(
+            f"`{name}` must be {kind} in {'(' if lo_open else '['}{lo}, {hi}], "
+            f"got {value!r} of type {type(value).__name__}."
+        )
+    if integer and int(value) != value:
+        raise ConfigError(f"`{name}` must be an integer, got {value!r}.")
+    v = float(value)
+    if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
+        bound = f"{'(' if lo_open else '['}{lo}, {hi}]"
+        raise ConfigError(f"`{name}` must be {kind} in {bound}, got {value!r}. Pass a value in {bound}.")
+
+
+def _zeros(num_ranks: int) -> np.ndarray:
+    return np.zeros((num_ranks,), dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- no_pacing
+
+
+class NoPacingState(NamedTuple):
+    """State of `no_pacing`: the number of observed steps."""
+
+    steps: int
+
+
+def no_pacing() -> PacingPolicy:
+    """Measures only: every delay is zero.
+
+    >>> p = no_pacing()
+    >>> d, s = p.update(Observation(np.array([0.0, 0.02])), p.init(2))
+    >>> d.tolist()
+    [0.0, 0.0]
+    """
+
+    def init_fn(num_ranks: int) -> NoPacingState:
+        del num_ranks
+        return NoPacingState(steps=0)
+
+    def update_fn(obs: Observation, state: NoPacingState):
+        return _zeros(len(obs.earliness_s)), NoPacingState(steps=state.steps + 1)
+
+    return PacingPolicy(init_fn, update_fn, name="no_pacing()", max_delay_s=0.0)
+
+
+# --------------------------------------------------------------------------- fixed
+
+
+class FixedState(NamedTuple):
+    """State of `fixed`: the number of observed steps."""
+
+    steps: int
+
+
+def fixed(delay_s: float) -> PacingPolicy:
+    """Delays every rank by the same `delay_s` before each collective.
+
+    Useful as a control in experiments (it can only slow a balanced job down).
+
+    Args:
+      delay_s: seconds, in `[0, 5]`.
+
+    Raises:
+      ConfigError: `delay_s` is not a finite number in range.
+
+    >>> p = fixed(0.001)
+    >>> p.update(Observation(np.zeros(3)), p.init(3))[0].tolist()
+    [0.001, 0.001, 0.001]
+    """
+    _check_number("delay_s", delay_s, lo=0.0, hi=MAX_DELAY_CAP_S)
+    delay_s = float(delay_s)
+
+    def init_fn(num_ranks: int) -> FixedState:
+        del num_ranks
+        return FixedState(steps=0)
+
+    def update_fn(obs: Observation, state: FixedState):
+        return np.full((len(obs.earliness_s),), delay_s), FixedState(steps=state.steps + 1)
+
+    return PacingPolicy(init_fn, update_fn, name=f"fixed(delay_s={delay_s!r})", max_delay_s=delay_s)
+
+
+# --------------------------------------------------------------------------- adaptive
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdaptiveConfig:
+    """Settings of `adaptive`; every field is validated on construction.
+
+    Attributes:
+      threshold_s: engage when the estimated spread (max expected earliness)
+        stays above this many seconds. Below it, waiting is no bigger than the
+        collective's own noise and pacing would only cost. `[0, 5]`.
+      max_delay_s: hard bound on any single delay, seconds, `(0, 5]`.
+      gain: fraction of a rank's expected earliness it sleeps, `(0, 1]`.
+      window: number of recent steps the estimate looks at, `[1, 4096]`.
+      quantile: which quantile of a rank's recent earliness is its expected
+        earliness, `[0, 1]`; 0.5 (the median) ignores isolated spikes, lower is
+        more conservative.
+      warmup_steps: steps ignored entirely at start (compilation, caches),
+        `[0, 10**9]`.
+      engage_steps: consecutive steps the spread must stay above `threshold_s`
+        before pacing starts (persistence), `[1, 10**6]`.
+      disengage_steps: consecutive steps below `hysteresis * threshold_s` before
+        pacing stops, `[1, 10**6]`.
+      hysteresis: `(0, 1]`, fraction of `threshold_s` the spread must fall under
+        to count towards disengaging.
+      budget_fraction: the most a rank may sleep over the last `window` steps,
+        as a fraction of `window * max_delay_s`, `(0, 1]`.
+      giveup_factor: if the spread stays above `giveup_factor * max_delay_s`
+        the skew is far beyond what pacing can absorb: the policy backs off
+        (zero delay) rather than chase it, `[1, 1000]`.
+      ab_test: alternate paced and unpaced windows while engaged and keep
+        pacing only if paced steps are not slower than unpaced ones by more than
+        `ab_tolerance`.
+      ab_period: steps per A/B window, `[2, 10**6]`.
+      ab_tolerance: allowed relative slowdown of paced steps, `[0, 1]`.
+      ab_min_windows: windows of each arm needed before judging, `[1, 10**6]`.
+    """
+
+    threshold_s: float = 0.001
+    max_delay_s: float = 0.005
+    gain: float = 0.9
+    window: int = 16
+    quantile: float = 0.5
+    warmup_steps: int = 5
+    engage_steps: int = 8
+    disengage_steps: int = 8
+    hysteresis: float = 0.5
+    budget_fraction: float = 1.0
+    giveup_factor: float = 20.0
+    ab_test: bool = False
+    ab_period: int = 20
+    ab_tolerance: float = 0.01
+    ab_min_windows: int = 2
+
+    def __post_init__(self) -> None:
+        _check_number("threshold_s", self.threshold_s, lo=0.0, hi=MAX_DELAY_CAP_S)
+        _check_number("max_delay_s", self.max_delay_s, lo=0.0, hi=MAX_DELAY_CAP_S, lo_open=True)
+        _check_number("gain", self.gain, lo=0.0, hi=1.0, lo_open=True)
+        _check_number("window", self.window, lo=1, hi=4096, integer=True)
+        _check_number("quantile", self.quantile, lo=0.0, hi=1.0)
+        _check_number("warmup_steps", self.warmup_steps, lo=0, hi=10**9, integer=True)
+        _check_number("engage_steps", self.engage_steps, lo=1, hi=10**6, integer=True)
+        _check_number("disengage_steps", self.disengage_steps, lo=1, hi=10**6, integer=True)
+        _check_number("hysteresis", self.hysteresis, lo=0.0, hi=1.0, lo_open=True)
+        _check_number("budget_fraction", self.budget_fraction, lo=0.0, hi=1.0, lo_open=True)
+        _check_number("giveup_factor", self.giveup_factor, lo=1.0, hi=1000.0)
+        if not isinstance(self.ab_test, bool):
+            raise ConfigError(f"`ab_test` must be True or False, got {self.ab_test!r}.")
+        _check_number("ab_period", self.ab_period, lo=2, hi=10**6, integer=True)
+        _check_number("ab_tolerance", self.ab_tolerance, lo=0.0, hi=1.0)
+        _check_number("ab_min_windows", self.ab_min_windows, lo=1, hi=10**6, integer=True)
+
+
+class AdaptiveState(NamedTuple):
+    """State of `adaptive`.
+
+    Attributes:
+      step: observations seen so far (warm-up included).
+      history: `(window, num_ranks)` ring of recent earliness (NaN = none).
+      delays: `(window, num_ranks)` ring of recent delays, for the budget.
+      filled: how many rows of `history` hold data.
+      engaged: whether pacing is on.
+      above: consecutive steps with spread above `threshold_s`.
+      below: consecutive steps with spread below `hysteresis * threshold_s`.
+      giveup: consecutive steps with spread above `giveup_factor * max_delay_s`.
+      backed_off: pacing was refused because the skew exceeds its bounds.
+      spread_s: the latest spread estimate.
+      ab_arm: 1 while the current A/B window paces, 0 while it does not.
+      ab_sum_s: `(2,)` summed step time per arm (index 0 unpaced, 1 paced).
+      ab_count: `(2,)` steps counted per arm.
+      ab_rejected: the A/B guard found pacing slower and turned it off.
+      steps_paced: steps on which a non-zero delay was requested.
+    """
+
+    step: int
+    history: np.ndarray
+    delays: np.ndarray
+    filled: int
+    engaged: bool
+    above: int
+    below: int
+    giveup: int
+    backed_off: bool
+    spread_s: float
+    ab_arm: int
+    ab_sum_s: np.ndarray
+    ab_count: np.ndarray
+    ab_rejected: bool
+    steps_paced: int
+
+
+def _expected_earliness(history: np.ndarray, filled: int, quantile: float) -> np.ndarray:
+    rows = history[:filled]
+    out = np.full(history.shape[1], np.nan)
+    have = np.isfinite(rows).any(axis=0)
+    if have.any():
+        out[have] = np.nanquantile(rows[:, have], quantile, axis=0)
+    return out
+
+
+def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolicy:
+    """Paces early ranks by a bounded share of their persistent earliness.
+
+    Each rank's expected earliness is a windowed quantile of its recent
+    earliness (robust to spikes). When the spread (the largest expected
+    earliness) stays above `threshold_s` for `engage_steps` steps, every rank is
+    asked to sleep `gain * expected_earliness`, clamped to `[0, max_delay_s]` and
+    to a per-window budget; when the spread falls below
+    `hysteresis * threshold_s` for `disengage_steps` steps, pacing stops. The
+    last arriver always gets zero delay. A skew far beyond `max_delay_s` makes
+    the policy back off instead of chasing it.
+
+    Args:
+      config: an `AdaptiveConfig`; or pass its fields as keyword arguments.
+      **kwargs: fields of `AdaptiveConfig`.
+
+    Returns:
+      A `PacingPolicy`.
+
+    Raises:
+      ConfigError: a field is out of range (the message names it).
+
+    >>> p = adaptive(threshold_s=0.001, max_delay_s=0.03, warmup_steps=0, engage_steps=2)
+    >>> s = p.init(2)
+    >>> for _ in range(3):
+    ...     d, s = p.update(Observation(np.array([0.02, 0.0])), s)
+    >>> [round(x, 4) for x in d.tolist()]
+    [0.018, 0.0]
+    """
+    if config is None:
+        try:
+            config = AdaptiveConfig(**kwargs)
+        except TypeError as e:
+            fields = ", ".join(f"`{f.name}`" for f in dataclasses.fields(AdaptiveConfig))
+            raise ConfigError(f"adaptive(): {e}. Valid fields: {fields}.") from None
+    elif kwargs:
+        config = dataclasses.replace(config, **kwargs)
+    if not isinstance(config, AdaptiveConfig):
+        raise ConfigError(f"`config` must be an AdaptiveConfig, got {type(config).__name__}.")
+    c = config
+
+    def init_fn(num_ranks: int) -> AdaptiveState:
+        if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
+            raise ConfigError(f"`num_ranks` must be a positive integer, got {num_ranks!r}.")
+        n = int(num_ranks)
+        return AdaptiveState(
+            step=0,
+            history=np.full((c.window, n), np.nan),
+            delays=np.zeros((c.window, n)),
+            filled=0,
+            engaged=False,
+            above=0,
+            below=0,
+            giveup=0,
+            backed_off=False,
+            spread_s=0.0,
+            ab_arm=1,
+            ab_sum_s=np.zeros(2),
+            ab_count=np.zeros(2, dtype=np.int64),
+            ab_rejected=False,
+            steps_paced=0,
+        )
+
+    def update_fn(obs: Observation, state: AdaptiveState) -> tuple[np.ndarray, AdaptiveState]:
+        e = sanitize_seconds(obs.earliness_s)
+        n = state.history.shape[1]
+        if e.shape != (n,):
+            raise ValueError(f"`obs.earliness_s` must have shape ({n},), got {e.shape}.")
+        step = state.step + 1
+        zeros = _zeros(n)
+        if step <= c.warmup_steps:
+            return zeros, state._replace(step=step)
+
+        # Robust per-rank estimate over the window.
+        row = (step - c.warmup_steps - 1) % c.window
+        history = state.history.copy()
+        history[row] = e
+        filled = min(state.filled + 1, c.window)
+        expected = _expected_earliness(history, filled, c.quantile)
+        spread = float(np.nanmax(expected)) if np.isfinite(expected).any() else 0.0
+
+        above = state.above + 1 if spread > c.threshold_s else 0
+        below = state.below + 1 if spread < c.hysteresis * c.threshold_s else 0
+        giveup = state.giveup + 1 if spread > c.giveup_factor * c.max_delay_s else 0
+        engaged = state.engaged
+        backed_off = giveup >= c.engage_steps
+        if not engaged and above >= c.engage_steps and not backed_off:
+            engaged = True
+        elif engaged and (below >= c.disengage_steps or backed_off):
+            engaged = False
+
+        # A/B guard: account the observed step time to the arm that produced it.
+        ab_arm, ab_sum, ab_count, ab_rejected = state.ab_arm, state.ab_sum_s, state.ab_count, state.ab_rejected
+        if c.ab_test and engaged and not ab_rejected:
+            ab_sum, ab_count = ab_sum.copy(), ab_count.copy()
+            t = float(obs.step_time_s)
+            if math.isfinite(t) and t >= 0:
+                ab_sum[ab_arm] += t
+                ab_count[ab_arm] += 1
+            if int(ab_count.sum()) % c.ab_period == 0 and ab_count.sum() > 0:
+                ab_arm = 1 - ab_arm
+            if (ab_count >= c.ab_min_windows * c.ab_period).all():
+                mean_unpaced = ab_sum[0] / ab_count[0]
+                mean_paced = ab_sum[1] / ab_count[1]
+                ab_rejected = bool(mean_paced > mean_unpaced * (1.0 + c.ab_tolerance))
+
+        pacing_now = engaged and not (c.ab_test and (ab_rejected or ab_arm == 0))
+        delays = zeros
+        if pacing_now:
+            want = np.nan_to_num(c.gain * expected, nan=0.0)
+            # Budget: what the rank slept over the rest of the window, plus this.
+            slept = state.delays.sum(axis=0) - state.delays[row]
+            budget = c.budget_fraction * c.window * c.max_delay_s
+            delays = np.clip(np.minimum(want, budget - slept), 0.0, c.max_delay_s)
+            # The rank the others wait for never sleeps.
+            delays[~np.isfinite(e)] = 0.0
+        delay_hist = state.delays.copy()
+        delay_hist[row] = delays
+        new_state = AdaptiveState(
+            step=step,
+            history=history,
+            delays=delay_hist,
+            filled=filled,
+            engaged=engaged,
+            above=above,
+            below=below,
+            giveup=giveup,
+            backed_off=backed_off,
+            spread_s=spread,
+            ab_arm=ab_arm,
+            ab_sum_s=ab_sum,
+            ab_count=ab_count,
+            ab_rejected=ab_rejected,
+            steps_paced=state.steps_paced + int(bool((delays > 0).any())),
+        )
+        return delays, new_state
+
+    fields = ", ".join(f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c))
+    return PacingPolicy(init_fn, update_fn, name=f"adaptive({fields})", max_delay_s=c.max_delay_s)
+
+
+PolicyFactory = Callable[..., PacingPolicy]

@@ -1,0 +1,117 @@
+"""Host-side probes: the clock, per-site ring buffers of timings, and interruptible sleeps."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["Clock", "RECORD_DTYPE", "Recorder", "RateLimitedLog", "Sink", "interruptible_sleep"]
+
+log = logging.getLogger("jaxpace")
+
+
+class Clock(Protocol):
+    def __call__(self) -> int:
+        """Returns a monotonic time in integer nanoseconds.
+
+        Only differences of two readings on one process are meaningful; the
+        default is `time.perf_counter_ns`. Tests inject fakes; readings that go
+        backwards are sanitized by the caller, never trusted.
+        """
+
+
+class Sink(Protocol):
+    def __call__(self, summary: dict[str, Any]) -> None:
+        """Receives one per-step summary dict (site, step, rank, wait_s, delay_s, ...).
+
+        Called from a background thread, never from inside a JAX callback; an
+        exception is caught, counted and logged (rate-limited).
+        """
+
+
+RECORD_DTYPE = np.dtype(
+    [
+        ("step", np.int64),
+        ("arrive_ns", np.int64),
+        ("done_ns", np.int64),
+        ("delay_ns", np.int64),
+        ("engaged", np.bool_),
+    ]
+)
+
+
+class Recorder:
+    """Fixed-size ring buffer of one (site, rank)'s timings; memory never grows.
+
+    Slot `step % capacity` holds step `step`; `done_ns == -1` marks a slot whose
+    collective has not finished (or was not sampled).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self._buf = np.zeros(self.capacity, dtype=RECORD_DTYPE)
+        self._buf["step"] = -1
+        self._buf["done_ns"] = -1
+
+    def arrive(self, step: int, arrive_ns: int, delay_ns: int) -> None:
+        row = self._buf[step % self.capacity]
+        row["step"] = step
+        row["arrive_ns"] = arrive_ns
+        row["done_ns"] = -1
+        row["delay_ns"] = delay_ns
+        row["engaged"] = False
+
+    def done(self, step: int, done_ns: int, engaged: bool) -> int | None:
+        """Marks `step` finished; returns its wait in ns, or None if unknown."""
+        row = self._buf[step % self.capacity]
+        if int(row["step"]) != step:
+            return None
+        row["done_ns"] = done_ns
+        row["engaged"] = engaged
+        wait = done_ns - int(row["arrive_ns"])
+        return wait if wait >= 0 else None
+
+    def completed(self) -> np.ndarray:
+        """Returns the finished rows, ordered by step."""
+        rows = self._buf[(self._buf["step"] >= 0) & (self._buf["done_ns"] >= 0)]
+        return np.sort(rows, order="step")
+
+
+def interruptible_sleep(delay_s: float, stop: threading.Event) -> float:
+    """Sleeps up to `delay_s` seconds, returning early when `stop` is set.
+
+    NaN, inf and negative delays sleep zero (`time.sleep(nan)` would raise).
+    `Event.wait` releases the GIL, so other callbacks keep running.
+
+    Returns:
+      The delay actually requested after sanitizing, in seconds.
+    """
+    if not isinstance(delay_s, (int, float)) or not math.isfinite(delay_s) or delay_s <= 0:
+        return 0.0
+    if stop.is_set():
+        return 0.0
+    stop.wait(delay_s)
+    return float(delay_s)
+
+
+class RateLimitedLog:
+    """Logs at most one message per `interval_s` per key, counting the rest."""
+
+    def __init__(self, interval_s: float = 30.0) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def warning(self, key: str, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval_s:
+                return
+            self._last[key] = now
+        log.warning(msg, *args)

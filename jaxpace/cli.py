@@ -1,0 +1,102 @@
+"""The `jaxpace` command: launch, demo, report, simulate, topo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# Subcommands whose parser and entry point live in their own module:
+# name -> (module, help)
+_DELEGATED = {
+    "demo": ("jaxpace.demo", "run the main job: a 4-process training run, pacing off then on"),
+    "report": ("jaxpace.report", "analyze a run's records: tables, HTML report, Perfetto trace"),
+    "simulate": ("jaxpace.sim.cli", "simulate 1-1024 nodes with and without pacing"),
+    "topo": ("jaxpace.topology", "show this host's topology and the suggested mesh"),
+}
+
+
+def _launch_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--num-processes", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--local-devices", type=int, default=1, help="CPU devices per process")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="kill every rank after this many seconds (default 600)")
+    p.add_argument("--heartbeat-timeout", type=int, default=10,
+                   help="seconds before JAX declares a silent peer dead (default 10)")
+    p.add_argument("--no-cpu", action="store_true",
+                   help="do not force JAX_PLATFORMS=cpu (use the host's accelerators)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+
+
+def _launch_main(args: argparse.Namespace) -> int:
+    from jaxpace import launch
+    from jaxpace.errors import JaxpaceError
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    try:
+        res = launch.launch(
+            cmd,
+            num_processes=args.num_processes,
+            local_devices=args.local_devices,
+            timeout_s=args.timeout,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            cpu=not args.no_cpu,
+        )
+    except JaxpaceError as e:
+        print(f"jaxpace launch: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"jaxpace launch: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+        return 2
+    if not res.ok:
+        print(f"jaxpace launch: {launch.describe_failure(res, args.timeout)}", file=sys.stderr)
+        return 124 if res.timed_out else (res.returncodes[res.failed_rank] or 1)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxpace",
+        description="Measure and pace JAX collectives across ranks.",
+    )
+    from jaxpace import __version__
+
+    parser.add_argument("--version", action="version", version=f"jaxpace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("launch", help="run a command as several local JAX processes")
+    _launch_parser(p)
+    p.set_defaults(_main=_launch_main)
+    for name, (mod, help_) in _DELEGATED.items():
+        p = sub.add_parser(name, help=help_)
+        try:
+            m = importlib.import_module(mod)
+        except ImportError as e:  # pragma: no cover - only during development
+            p.set_defaults(_main=lambda a, e=e, n=name: _missing(n, e))
+            continue
+        m.configure_parser(p)
+        p.set_defaults(_main=m.cli_main)
+    return parser
+
+
+def _missing(name: str, e: Exception) -> int:
+    print(f"jaxpace {name}: not available ({e})", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `jaxpace` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_main", None):
+        parser.print_help()
+        return 0
+    return int(args._main(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Local multi-process launcher (`jaxpace launch`) and the helper a script calls to join."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from jaxpace.errors import ConfigError, LaunchError
+
+__all__ = ["LaunchResult", "free_port", "init_from_env", "launch", "ENV_PREFIX"]
+
+ENV_PREFIX = "JAXPACE_"
+_ENV = {
+    "coordinator": "JAXPACE_COORDINATOR",
+    "num_processes": "JAXPACE_NUM_PROCESSES",
+    "process_id": "JAXPACE_PROCESS_ID",
+    "local_devices": "JAXPACE_LOCAL_DEVICES",
+    "init_timeout": "JAXPACE_INIT_TIMEOUT_S",
+    "heartbeat_timeout": "JAXPACE_HEARTBEAT_TIMEOUT_S",
+}
+
+
+def free_port() -> int:
+    """Returns a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env_int(name: str, default: int | None = None) -> int | None:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ConfigError(f"environment variable `{name}` must be an integer, got {v!r}.") from None
+
+
+def init_from_env(*, platform: str | None = None) -> tuple[int, int]:
+    """Joins the job described by the environment and returns `(process_id, num_processes)`.
+
+    Under `jaxpace launch` this reads `JAXPACE_*` variables: it requests
+    `JAXPACE_LOCAL_DEVICES` CPU devices (when running on CPU) and calls
+    `jax.distributed.initialize` with the launcher's coordinator and short
+    init/heartbeat timeouts, so a dead peer ends the job in seconds, not
+    minutes. Outside the launcher with no such variables, on a cluster
+    (SLURM, Kubernetes, ...) it calls `jax.distributed.initialize()` with JAX's
+    auto-detection when `JAX_COORDINATOR_ADDRESS` or a scheduler is present;
+    otherwise it does nothing (single process).
+
+    Must run before anything initializes the JAX backend.
+
+    Args:
+      platform: force `"cpu"` (tests, demo); default: whatever JAX picks.
+
+    Returns:
+      `(jax.process_index(), jax.process_count())`.
+    """
+    import jax
+
+    nproc = _env_int(_ENV["num_processes"])
+    local = _env_int(_ENV["local_devices"])
+    if platform is not None:
+        jax.config.update("jax_platforms", platform)
+    if local is not None and (platform == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu"):
+        jax.config.update("jax_num_cpu_devices", local)
+    if nproc is not None and nproc > 1:
+        coord = os.environ.get(_ENV["coordinator"])
+        pid = _env_int(_ENV["process_id"])
+        if not coord or pid is None:
+            raise ConfigError(
+                f"`{_ENV['num_processes']}`={nproc} but `{_ENV['coordinator']}` or "
+                f"`{_ENV['process_id']}` is missing; start the job with `jaxpace launch`."
+            )
+        jax.distributed.initialize(
+            coordinator_address=coord,
+            num_processes=nproc,
+            process_id=pid,
+            initialization_timeout=_env_int(_ENV["init_timeout"], 60),
+            heartbeat_timeout_seconds=_env_int(_ENV["heartbeat_timeout"], 10),
+        )
+    elif nproc is None and (
+        os.environ.get("JAX_COORDINATOR_ADDRESS")
+        or os.environ.get("SLURM_JOB_ID")
+        and int(os.environ.get("SLURM_NTASKS", "1")) > 1
+        or os.environ.get("OMPI_COMM_WORLD_SIZE")
+    ):
+        jax.distributed.initialize()
+    return jax.process_index(), jax.process_count()
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    """Outcome of `launch`: per-rank exit codes and captured output lines."""
+
+    returncodes: list[int | None]
+    output: list[list[str]]
+    timed_out: bool
+    failed_rank: int | None
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(rc == 0 for rc in self.returncodes)
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def launch(
+    cmd: Sequence[str],
+    *,
+    num_processes: int,
+    local_devices: int = 1,
+    timeout_s: float | None = 600.0,
+    env: dict[str, str] | None = None,
+    stream: TextIO | None = sys.stdout,
+    heartbeat_timeout_s: int = 10,
+    init_timeout_s: int = 60,
+    per_rank_env: Sequence[dict[str, str]] | None = None,
+    cpu: bool = True,
+) -> LaunchResult:
+    """Runs `cmd` as `num_processes` local processes joined through `jax.distributed`.
+
+    Each process gets `JAXPACE_*` variables (coordinator on 127.0.0.1 at a free
+    port, its process id, device count, short timeouts) and, with `cpu=True`,
+    `JAX_PLATFORMS=cpu`. Output lines are prefixed `[rank N]`. When a rank
+    fails, the others are killed at once (by process group); on timeout or
+    Ctrl-C every group is killed.
+
+    Args:
+      cmd: the command, e.g. `[sys.executable, "train.py"]`.
+      num_processes: processes to start, `[1, 64]`.
+      local_devices: CPU devices per process, `[1, 64]`.
+      timeout_s: wall-clock limit for the whole job (None = no limit).
+      env: extra environment for every rank.
+      stream: where prefixed output goes (None = only captured).
+      heartbeat_timeout_s: seconds after which JAX declares a silent peer dead.
+      init_timeout_s: seconds `jax.distributed.initialize` waits for peers.
+      per_rank_env: optional extra environment per rank (len == num_processes).
+      cpu: force the CPU platform (simulated devices).
+
+    Returns:
+      A `LaunchResult`.
+
+    Raises:
+      ConfigError: bad arguments.
+    """
+    if not cmd:
+        raise ConfigError("`cmd` is empty: pass the command after `--`, e.g. "
+                          "`jaxpace launch -n 2 -- python train.py`.")
+    for name, v, hi in (("num_processes", num_processes, 64), ("local_devices", local_devices, 64)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            raise ConfigError(f"`{name}` must be an integer in [1, {hi}], got {v!r}.")
+    if per_rank_env is not None and len(per_rank_env) != num_processes:
+        raise ConfigError(
+            f"`per_rank_env` must have one dict per process ({num_processes}), got {len(per_rank_env)}."
+        )
+    port = free_port()
+    base = dict(os.environ)
+    base.update(env or {})
+    base.update(
+        {
+            _ENV["coordinator"]: f"127.0.0.1:{port}",
+            _ENV["num_processes"]: str(num_processes),
+            _ENV["local_devices"]: str(local_devices),
+            _ENV["init_timeout"]: str(init_timeout_s),
+            _ENV["heartbeat_timeout"]: str(heartbeat_timeout_s),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if cpu:
+        base["JAX_PLATFORMS"] = "cpu"
+        base.pop("XLA_FLAGS", None)
+    procs: list[subprocess.Popen] = []
+    start = time.monotonic()
+    out: list[list[str]] = [[] for _ in range(num_processes)]
+    lock = threading.Lock()
+    for rank in range(num_processes):
+        e = dict(base)
+        e[_ENV["process_id"]] = str(rank)
+        if per_rank_env is not None:
+            e.update(per_rank_env[rank])
+        procs.append(
+            subprocess.Popen(
+                list(cmd),
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+                errors="replace",
+            )
+        )
+
+    def emit(rank: int, line: str) -> None:
+        with lock:
+            out[rank].append(line.rstrip("\n"))
+            if stream is not None:
+                stream.write(f"[rank {rank}] {line.rstrip(chr(10))}\n")
+                stream.flush()
+
+    def pump(rank: int, f) -> None:
+        try:
+            for line in f:
+                emit(rank, line)
+        except (OSError, ValueError):
+            pass
+
+    readers = [
+        threading.Thread(target=pump, args=(r, p.stdout), daemon=True) for r, p in enumerate(procs)
+    ]
+    for t in readers:
+        t.start()
+
+    timed_out = False
+    failed: int | None = None
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                failed = bad[0]
+                break
+            if all(c is not None for c in codes):
+                break
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                timed_out = True
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for p in procs:
+            _kill_group(p, signal.SIGKILL)
+        raise
+    finally:
+        if timed_out or failed is not None:
+            for p in procs:
+                if p.poll() is None:
+                    _kill_group(p, signal.SIGTERM)
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.05)
+            for p in procs:
+                if p.poll() is None:
+                    _kill_group(p, signal.SIGKILL)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _kill_group(p, signal.SIGKILL)
+        for t in readers:
+            t.join(timeout=5)
+    codes = [p.returncode for p in procs]
+    if failed is None and not timed_out:
+        bad = [r for r, c in enumerate(codes) if c != 0]
+        failed = bad[0] if bad else None
+    return LaunchResult(
+        returncodes=codes,
+        output=out,
+        timed_out=timed_out,
+        failed_rank=failed,
+        elapsed_s=time.monotonic() - start,
+    )
+
+
+def launch_or_raise(cmd: Sequence[str], **kwargs) -> LaunchResult:
+    """`launch`, raising `LaunchError` with the failing rank's last output lines."""
+    res = launch(cmd, **kwargs)
+    if not res.ok:
+        raise LaunchError(describe_failure(res, kwargs.get("timeout_s")))
+    return res
+
+
+def describe_failure(res: LaunchResult, timeout_s: float | None) -> str:
+    if res.timed_out:
+        return (
+            f"launch timed out after {timeout_s}s; every rank was killed. Raise `--timeout` "
+            "if the job is slow rather than hung."
+        )
+    r = res.failed_rank if res.failed_rank is not None else 0
+    tail = "\n".join(f"  {line}" for line in res.output[r][-25:])
+    return f"rank {r} exited with code {res.returncodes[r]}; the others were stopped. Its last output:\n{tail}"
