@@ -272,8 +272,8 @@ def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
         jax.ShapeDtypeStruct((), jnp.int32),
     )
 
-    @jax.custom_jvp
-    def run(x):
+    @jax.custom_batching.custom_vmap
+    def measured(x):
         leaves = jax.tree_util.tree_leaves(x)
         tok = _token(leaves)
         rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
@@ -302,6 +302,18 @@ def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
 
         lax.cond(flag > 0, call_post, skip_post, (reduced, flag, rank))
         return out
+
+    @measured.def_vmap
+    def measured_vmap(axis_size, in_batched, x):
+        # A collective over a named axis is elementwise in any other (vmapped)
+        # dimension, exactly as lax.psum's own batching rule: one measured call
+        # on the stacked operand, instead of one callback per batch element.
+        del axis_size
+        return measured(x), in_batched[0]
+
+    @jax.custom_jvp
+    def run(x):
+        return measured(x)
 
     @run.defjvp
     def run_jvp(primals, tangents):

@@ -1,0 +1,39 @@
+"""Test setup: 8 CPU devices before JAX initializes, and a launcher fixture for multi-process tests."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "tests" / "scripts"
+
+
+def run_launch(args, *, timeout_s=240, env=None):
+    """Runs `python -m jaxpace launch ARGS` and returns the CompletedProcess (bounded)."""
+    e = dict(os.environ)
+    e.pop("XLA_FLAGS", None)
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "jaxpace", "launch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=e,
+        cwd=REPO,
+    )
+
+
+@pytest.fixture
+def launch():
+    return run_launch
