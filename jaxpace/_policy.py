@@ -69,12 +69,16 @@ class PacingPolicy(NamedTuple):
       name: a short description, also used to check that every process runs
         the same policy.
       max_delay_s: the hard upper bound of every delay this policy returns.
+      needs_exchange: whether `update` reads the other ranks' earliness. If
+        False, the runtime skips the in-band exchange (its observations then
+        carry NaN earliness) and the collective's operands are exactly lax's.
     """
 
     init: PolicyInitFn
     update: PolicyUpdateFn
     name: str = "custom"
     max_delay_s: float = 0.0
+    needs_exchange: bool = True
 
 
 def sanitize_seconds(values: np.ndarray) -> np.ndarray:
@@ -137,7 +141,8 @@ def no_pacing() -> PacingPolicy:
     def update_fn(obs: Observation, state: NoPacingState):
         return _zeros(len(obs.earliness_s)), NoPacingState(steps=state.steps + 1)
 
-    return PacingPolicy(init_fn, update_fn, name="no_pacing()", max_delay_s=0.0)
+    return PacingPolicy(init_fn, update_fn, name="no_pacing()", max_delay_s=0.0,
+                        needs_exchange=False)
 
 
 # --------------------------------------------------------------------------- fixed
@@ -174,7 +179,8 @@ def fixed(delay_s: float) -> PacingPolicy:
     def update_fn(obs: Observation, state: FixedState):
         return np.full((len(obs.earliness_s),), delay_s), FixedState(steps=state.steps + 1)
 
-    return PacingPolicy(init_fn, update_fn, name=f"fixed(delay_s={delay_s!r})", max_delay_s=delay_s)
+    return PacingPolicy(init_fn, update_fn, name=f"fixed(delay_s={delay_s!r})", max_delay_s=delay_s,
+                        needs_exchange=False)
 
 
 # --------------------------------------------------------------------------- adaptive

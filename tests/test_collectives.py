@@ -126,23 +126,25 @@ def _allreduce_shapes(hlo: str) -> list[str]:
 
 
 @pytest.mark.parametrize("granularity", ["process", "device"])
-def test_hlo_same_allreduce_count_and_shapes(granularity):
+@pytest.mark.parametrize("policy", ["measure", "adaptive"])
+def test_hlo_same_allreduce_count_and_shapes(granularity, policy):
     x = put(jnp.ones((8, 1024), jnp.float32))
     tree = {"w": x, "b": put(jnp.ones((8, 3), jnp.bfloat16))}
-
-    def f(mod, t):
-        return mod.pmean(t, "data")
-
-    _, _, _, ours, ref = both(f, (tree,), ({"w": P("data"), "b": P("data")},),
-                              {"w": P(), "b": P()}, granularity)
+    pacer = jp.Pacer(policy=jp.adaptive() if policy == "adaptive" else None,
+                     granularity=granularity)
+    specs = ({"w": P("data"), "b": P("data")},)
+    ours = jax.jit(jax.shard_map(lambda t: pacer.pmean(t, "data"), mesh=MESH, in_specs=specs,
+                                 out_specs={"w": P(), "b": P()}))
+    ref = jax.jit(jax.shard_map(lambda t: lax.pmean(t, "data"), mesh=MESH, in_specs=specs,
+                                out_specs={"w": P(), "b": P()}))
+    same_bytes(ours(tree), ref(tree))
     h_ours = ours.lower(tree).compile().as_text()
     h_ref = ref.lower(tree).compile().as_text()
     assert h_ours.count(" all-reduce(") == h_ref.count(" all-reduce(") == 1
-    # Same operands as lax; the only addition is the tiny float32 payload vector.
+    # Measure-only: exactly lax's operands. Pacing: plus the tiny float32 payload.
     n_slots = 1 if granularity == "process" else 8
-    ours_shapes = _allreduce_shapes(h_ours)
-    ref_shapes = _allreduce_shapes(h_ref)
-    assert sorted(ref_shapes + [f"f32[{3 * n_slots}]"]) == sorted(ours_shapes)
+    extra = [f"f32[{3 * n_slots}]"] if policy == "adaptive" else []
+    assert sorted(_allreduce_shapes(h_ref) + extra) == sorted(_allreduce_shapes(h_ours))
     rg = re.findall(r"replica_groups=(\S+)", h_ours)
     assert rg == re.findall(r"replica_groups=(\S+)", h_ref)
 
