@@ -1,6 +1,6 @@
 """jaxpace: measure and pace JAX collectives across ranks, bitwise identical to `jax.lax`."""
 
-from jaxpace import errors
+from jaxpace import errors, launch, topology
 from jaxpace._collectives import pmean, psum
 from jaxpace._policy import (
     AdaptiveConfig,
@@ -13,6 +13,7 @@ from jaxpace._policy import (
 )
 from jaxpace._probe import Clock, Sink
 from jaxpace._runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
+from jaxpace.topology import make_mesh
 
 __version__ = "0.1.0"
 
@@ -32,8 +33,23 @@ __all__ = sorted(
         "default_pacer",
         "errors",
         "fixed",
+        "launch",
+        "make_mesh",
         "no_pacing",
         "pmean",
         "psum",
+        "report",
+        "sim",
+        "topology",
     ]
 )
+
+
+def __getattr__(name: str):
+    # `report` and `sim` load on first use: they pull in rich/HTML code that a
+    # training process never needs.
+    if name in ("report", "sim"):
+        import importlib
+
+        return importlib.import_module(f"jaxpace.{name}")
+    raise AttributeError(f"module 'jaxpace' has no attribute {name!r}")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxpace import _mesh_registry
 from jaxpace._topology_parse import Distance, Host, Link, Topology
 
 __all__ = [
@@ -386,7 +387,10 @@ def make_mesh(
     )
     if axis_types is None:
         axis_types = (jax.sharding.AxisType.Explicit,) * grid.ndim
-    return jax.sharding.Mesh(grid, tuple(axis_names), axis_types=axis_types)
+    mesh = jax.sharding.Mesh(grid, tuple(axis_names), axis_types=axis_types)
+    # Remembered so jaxpace collectives inside `shard_map(mesh=mesh)` know
+    # which shard is each process's first.
+    return _mesh_registry.register(mesh)
 
 
 # --------------------------------------------------------------------------- cost model
