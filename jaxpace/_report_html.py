@@ -1,0 +1,424 @@
+"""Self-contained HTML report with hand-written inline SVG plots (no scripts, no CDN)."""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from jaxpace.report import Report
+
+__all__ = ["render_html", "PLOT_TITLES"]
+
+PLOT_TITLES = (
+    "Per-rank lateness over steps",
+    "Phase breakdown per rank",
+    "Step-time distribution",
+    "Amplification forecast",
+)
+PHASE_COLORS = {
+    "compute": "#4c78a8",
+    "pacing delay": "#f58518",
+    "sync wait": "#e45756",
+    "transfer": "#54a24b",
+}
+# Viridis anchors, low -> high.
+_CMAP = np.array(
+    [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=float
+)
+
+W, H = 760, 330
+ML, MR, MT, MB = 70, 20, 40, 50  # margins
+
+
+def _color(v: float) -> str:
+    v = min(max(v, 0.0), 1.0) * (len(_CMAP) - 1)
+    i = min(int(v), len(_CMAP) - 2)
+    c = _CMAP[i] + (v - i) * (_CMAP[i + 1] - _CMAP[i])
+    r, g, b = (int(round(x)) for x in c)
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _fmt(x: float) -> str:
+    if not math.isfinite(x):
+        return "n/a"
+    return f"{x:.3g}"
+
+
+def _svg_open(title: str, xlabel: str, ylabel: str, width: int = W, height: int = H) -> list[str]:
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+        f"<title>{escape(title)}</title>",
+        f'<text x="{width / 2}" y="20" text-anchor="middle" class="t">{escape(title)}</text>',
+        f'<text x="{ML + (width - ML - MR) / 2}" y="{height - 8}" text-anchor="middle">'
+        f"{escape(xlabel)}</text>",
+        f'<text x="16" y="{MT + (height - MT - MB) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {MT + (height - MT - MB) / 2})">{escape(ylabel)}</text>',
+    ]
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo] if math.isfinite(lo) else []
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    start = math.ceil(lo / step) * step
+    out = []
+    v = start
+    while v <= hi + 1e-12 * abs(hi):
+        out.append(round(v, 12))
+        v += step
+    return out
+
+
+def _axes(x0: float, x1: float, y0: float, y1: float, xt, yt, width=W, height=H, xfmt=_fmt):
+    """Axis lines and ticks; x/y maps from data to pixels."""
+    pw, ph = width - ML - MR, height - MT - MB
+
+    def fx(x):
+        return ML + (x - x0) / (x1 - x0 or 1) * pw
+
+    def fy(y):
+        return MT + ph - (y - y0) / (y1 - y0 or 1) * ph
+
+    out = [
+        f'<line x1="{ML}" y1="{MT + ph}" x2="{ML + pw}" y2="{MT + ph}" class="ax"/>',
+        f'<line x1="{ML}" y1="{MT}" x2="{ML}" y2="{MT + ph}" class="ax"/>',
+    ]
+    for t in xt:
+        X = fx(t)
+        out.append(
+            f'<line x1="{X:.1f}" y1="{MT + ph}" x2="{X:.1f}" y2="{MT + ph + 4}" class="ax"/>'
+        )
+        out.append(f'<text x="{X:.1f}" y="{MT + ph + 16}" text-anchor="middle">{xfmt(t)}</text>')
+    for t in yt:
+        Y = fy(t)
+        out.append(f'<line x1="{ML - 4}" y1="{Y:.1f}" x2="{ML}" y2="{Y:.1f}" class="ax"/>')
+        out.append(f'<text x="{ML - 6}" y="{Y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+    return out, fx, fy
+
+
+def _heatmap(report: Report) -> str:
+    data = report.data
+    title = PLOT_TITLES[0]
+    lat = data.lateness * 1e3  # ms
+    S, R = lat.shape
+    cols, rows = min(S, 240), min(R, 64)
+    # Bin steps and ranks (means) so the SVG stays small for big runs.
+    sb = np.linspace(0, S, cols + 1).astype(int)
+    rb = np.linspace(0, R, rows + 1).astype(int)
+    m = np.add.reduceat(np.add.reduceat(lat, sb[:-1], axis=0), rb[:-1], axis=1)
+    m = m / np.outer(np.diff(sb), np.diff(rb))
+    vmax = float(np.quantile(m, 0.99)) if m.size else 1.0
+    vmax = vmax if vmax > 0 else 1.0
+    width = W + 80
+    out = _svg_open(title, "step", "rank", width=width)
+    pw, ph = width - ML - MR - 80, H - MT - MB
+    cw, rh = pw / cols, ph / rows
+    for i in range(rows):
+        for j in range(cols):
+            out.append(
+                f'<rect x="{ML + j * cw:.2f}" y="{MT + i * rh:.2f}" width="{cw + 0.3:.2f}" '
+                f'height="{rh + 0.3:.2f}" fill="{_color(m[j, i] / vmax)}"/>'
+            )
+    steps = data.steps
+    for t in _ticks(0, cols - 1, 6):
+        j = int(t)
+        X = ML + (j + 0.5) * cw
+        label = int(steps[min(sb[j], S - 1)])
+        out.append(f'<text x="{X:.1f}" y="{MT + ph + 16}" text-anchor="middle">{label}</text>')
+    for t in _ticks(0, rows - 1, 8):
+        i = int(t)
+        Y = MT + (i + 0.5) * rh
+        lbl = int(data.ranks[rb[i]])
+        out.append(f'<text x="{ML - 6}" y="{Y + 4:.1f}" text-anchor="end">{lbl}</text>')
+    # Colour bar.
+    bx = ML + pw + 20
+    for k in range(50):
+        y = MT + ph - (k + 1) * ph / 50
+        out.append(
+            f'<rect x="{bx}" y="{y:.2f}" width="14" height="{ph / 50 + 0.3:.2f}" '
+            f'fill="{_color(k / 49)}"/>'
+        )
+    out.append(f'<text x="{bx + 18}" y="{MT + 8}">{_fmt(vmax)}</text>')
+    out.append(f'<text x="{bx + 18}" y="{MT + ph}">0</text>')
+    out.append(f'<text x="{bx + 7}" y="{MT - 6}" text-anchor="middle">lateness (ms)</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _phases(report: Report) -> str:
+    title = PLOT_TITLES[1]
+    ranks = report.ranks
+    R = len(ranks)
+    vals = np.array(
+        [[r.compute_s, r.delay_s, r.sync_wait_s, r.transfer_s] for r in ranks], dtype=float
+    )
+    vals = np.nan_to_num(vals) * 1e3
+    labels = [str(r.rank) for r in ranks]
+    if R > 64:  # bin consecutive ranks
+        edges = np.linspace(0, R, 65).astype(int)
+        vals = np.add.reduceat(vals, edges[:-1], axis=0) / np.diff(edges)[:, None]
+        labels = [
+            f"{ranks[a].rank}-{ranks[b - 1].rank}"
+            for a, b in zip(edges[:-1], edges[1:], strict=True)
+        ]
+    n = len(labels)
+    ymax = float(vals.sum(axis=1).max()) if n else 1.0
+    ymax = ymax * 1.05 if ymax > 0 else 1.0
+    out = _svg_open(title, "rank", "mean time per step (ms)")
+    ax, fx, fy = _axes(0, n, 0, ymax, [], _ticks(0, ymax))
+    out += ax
+    bw = (W - ML - MR) / max(n, 1)
+    for i in range(n):
+        y = 0.0
+        for k, (name, color) in enumerate(PHASE_COLORS.items()):
+            v = float(vals[i, k])
+            if v <= 0:
+                continue
+            out.append(
+                f'<rect x="{fx(i) + bw * 0.1:.2f}" y="{fy(y + v):.2f}" width="{bw * 0.8:.2f}" '
+                f'height="{fy(y) - fy(y + v):.2f}" fill="{color}"><title>rank {escape(labels[i])} '
+                f"{name}: {v:.3g} ms</title></rect>"
+            )
+            y += v
+    step = max(1, n // 16)
+    for i in range(0, n, step):
+        out.append(
+            f'<text x="{fx(i) + bw / 2:.1f}" y="{H - MB + 16}" text-anchor="middle">'
+            f"{escape(labels[i])}</text>"
+        )
+    for k, (name, color) in enumerate(PHASE_COLORS.items()):
+        x = ML + 10 + k * 150
+        out.append(f'<rect x="{x}" y="28" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{x + 14}" y="37">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _histogram(report: Report) -> str:
+    title = PLOT_TITLES[2]
+    data = report.data
+    it = np.median(data.step_time, axis=1) * 1e3
+    it = it[np.isfinite(it)]
+    out = _svg_open(title, "step time (ms)", "steps")
+    if it.size == 0:
+        out.append(f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no step times</text>')
+        out.append("</svg>")
+        return "\n".join(out)
+    lo, hi = float(it.min()), float(it.max())
+    if hi <= lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    counts, edges = np.histogram(it, bins=40, range=(lo, hi))
+    cmax = float(counts.max())
+    ax, fx, fy = _axes(lo, hi, 0, cmax * 1.05, _ticks(lo, hi), _ticks(0, cmax * 1.05))
+    out += ax
+    for c, a, b in zip(counts, edges[:-1], edges[1:], strict=True):
+        if c:
+            out.append(
+                f'<rect x="{fx(a):.2f}" y="{fy(c):.2f}" width="{max(fx(b) - fx(a) - 1, 0.5):.2f}" '
+                f'height="{fy(0) - fy(c):.2f}" fill="#4c78a8"><title>{a:.3g}-{b:.3g} ms: '
+                f"{c} steps</title></rect>"
+            )
+    for q, name in ((0.5, "p50"), (0.99, "p99")):
+        v = float(np.quantile(it, q))
+        out.append(
+            f'<line x1="{fx(v):.1f}" y1="{MT}" x2="{fx(v):.1f}" y2="{fy(0):.1f}" class="q"/>'
+        )
+        out.append(f'<text x="{fx(v) + 3:.1f}" y="{MT + 10}">{name} {v:.3g} ms</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _forecast(report: Report) -> str:
+    title = PLOT_TITLES[3]
+    fc = report.forecast
+    out = _svg_open(title, "ranks (log scale)", "amplification E[max]/E[mean] (ratio)")
+    if fc is None:
+        out.append(
+            f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">not computable '
+            "(needs 2+ ranks and consecutive steps)</text>"
+        )
+        out.append("</svg>")
+        return "\n".join(out)
+    xs = np.log2(np.array(fc.ranks, dtype=float))
+    ys = np.array(fc.amplification + fc.lognormal_amplification, dtype=float)
+    pts = [fc.measured_amplification, fc.forecast_at_measured]
+    allv = np.concatenate([ys, [p for p in pts if math.isfinite(p)]])
+    y0, y1 = 1.0, max(float(allv.max()) * 1.05, 1.05)
+    mx = math.log2(max(fc.measured_ranks, 1))
+    x0, x1 = min(xs.min(), mx), max(xs.max(), mx)
+    ax, fx, fy = _axes(
+        x0, x1, y0, y1, [float(x) for x in xs], _ticks(y0, y1), xfmt=lambda t: str(int(2**t))
+    )
+    out += ax
+    for series, color in (
+        (fc.amplification, "#4c78a8"),
+        (fc.lognormal_amplification, "#f58518"),
+    ):
+        path = " ".join(
+            f"{'M' if i == 0 else 'L'}{fx(x):.1f},{fy(y):.1f}"
+            for i, (x, y) in enumerate(zip(xs, series, strict=True))
+        )
+        out.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for x, y in zip(xs, series, strict=True):
+            out.append(
+                f'<circle cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="3" fill="{color}">'
+                f"<title>{int(2**x)} ranks: {y:.3f}</title></circle>"
+            )
+    if math.isfinite(fc.measured_amplification):
+        out.append(
+            f'<circle cx="{fx(mx):.1f}" cy="{fy(fc.measured_amplification):.1f}" r="5" '
+            f'fill="#e45756"><title>measured at {fc.measured_ranks} ranks: '
+            f"{fc.measured_amplification:.3f}</title></circle>"
+        )
+    legend = (
+        ("#4c78a8", "empirical (order statistics)"),
+        ("#f58518", f"lognormal fit (sigma {fc.sigma_log:.3g})"),
+        ("#e45756", f"measured ({fc.measured_ranks} ranks)"),
+    )
+    for k, (color, name) in enumerate(legend):
+        x = ML + 10 + k * 220
+        out.append(f'<rect x="{x}" y="28" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{x + 14}" y="37">{escape(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    h = "".join(f"<th>{escape(c)}</th>" for c in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _ms(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x * 1e3:.3g} ms"
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;
+text-align:right;font-size:.9em}th{background:#f3f3f3}td:first-child{text-align:left}
+.partial{background:#fde2e2;border:2px solid #c00;padding:8px;font-weight:bold}
+svg{font-size:11px;margin:8px 0;display:block}svg .t{font-size:14px;font-weight:bold}
+svg .ax{stroke:#333;stroke-width:1}svg .q{stroke:#c00;stroke-dasharray:4 3}
+"""
+
+
+def render_html(report: Report) -> str:
+    """The whole HTML document for `report`."""
+    it = report.iteration
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>jaxpace report: {escape(str(report.run_id))}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>jaxpace report: run <code>{escape(str(report.run_id))}</code>, site "
+        f"<code>{escape(report.site)}</code></h1>",
+    ]
+    if report.partial:
+        parts.append(
+            '<p class="partial">PARTIAL REPORT: the input was incomplete; see the notes below.</p>'
+        )
+    culprit = "none (no persistent straggler)"
+    if report.culprit is not None:
+        rs = report.rank_stats(report.culprit)
+        culprit = (
+            f"rank {rs.rank} (process {rs.process}, {rs.host}): +{_ms(rs.excess_lateness_s)} "
+            f"late, last in {rs.last_fraction:.0%} of steps"
+        )
+    rows = [
+        ["ranks / processes", f"{report.num_ranks} / {report.num_processes}"],
+        [
+            "steps (complete / warm-up / analyzed)",
+            f"{report.num_steps} / {report.warmup_steps} / {report.analyzed_steps}",
+        ],
+        ["iteration mean (CV)", f"{_ms(it.mean_s)} ({it.cv:.3f})"],
+        ["iteration p50 / p90 / p99", f"{_ms(it.p50_s)} / {_ms(it.p90_s)} / {_ms(it.p99_s)}"],
+        ["synchronization amplification", f"{report.amplification:.3f}"],
+        ["primary failure mode", report.primary_mode],
+        ["culprit", culprit],
+    ]
+    if report.what_if is not None:
+        w = report.what_if
+        rows.append(
+            [
+                f"what if rank {w.rank} were as fast as the median rank",
+                f"{_ms(w.what_if_step_s)} per step ({w.saving_fraction:.1%} faster)",
+            ]
+        )
+    parts.append("<h2>Summary</h2>" + _table(["metric", "value"], rows))
+    parts.append(
+        "<h2>Failure modes</h2>"
+        + _table(
+            ["mode", "score", "detected", "evidence"],
+            [
+                [m.name, f"{m.score:.2f}", "yes" if m.detected else "", "; ".join(m.evidence)]
+                for m in report.failure_modes
+            ],
+        )
+    )
+    parts.append("<h2>Plots</h2>")
+    if report.data is not None:
+        parts += [_heatmap(report), _phases(report), _histogram(report)]
+    parts.append(_forecast(report))
+    by_rank = {r.rank: r for r in report.ranks}
+    parts.append(
+        "<h2>Culprit ranking</h2>"
+        + _table(
+            ["rank", "host", "last", "excess lateness", "95% CI", "compute", "sync wait", "delay"],
+            [
+                [
+                    f"{r.rank}{' *' if r.late else ''}",
+                    r.host,
+                    f"{r.last_fraction:.0%}",
+                    _ms(r.excess_lateness_s),
+                    f"{_ms(r.ci_low_s)} .. {_ms(r.ci_high_s)}",
+                    _ms(r.compute_s),
+                    _ms(r.sync_wait_s),
+                    _ms(r.delay_s),
+                ]
+                for r in (by_rank[k] for k in report.ranking[:64])
+            ],
+        )
+        + f"<p>* significantly late (CI excludes 0, above the noise floor "
+        f"{_ms(report.noise_floor_s)}).</p>"
+    )
+    if report.pacing is not None:
+        p = report.pacing
+        parts.append(
+            "<h2>Pacing effect</h2>"
+            + _table(
+                ["", "steps", "step time", "CV", "sync wait", "delay"],
+                [
+                    [
+                        "not engaged",
+                        str(p.unengaged_steps),
+                        _ms(p.unengaged_step_s),
+                        f"{p.unengaged_cv:.3f}",
+                        _ms(p.unengaged_sync_wait_s),
+                        _ms(p.unengaged_delay_s),
+                    ],
+                    [
+                        "engaged",
+                        str(p.engaged_steps),
+                        _ms(p.engaged_step_s),
+                        f"{p.engaged_cv:.3f}",
+                        _ms(p.engaged_sync_wait_s),
+                        _ms(p.engaged_delay_s),
+                    ],
+                ],
+            )
+        )
+    if report.notes:
+        parts.append(
+            "<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul>"
+        )
+    parts.append("</body></html>")
+    return "\n".join(parts)

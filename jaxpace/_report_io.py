@@ -1,0 +1,395 @@
+"""Reading and writing timing records (docs/records.md) for `jaxpace.report`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxpace.errors import RecordsError
+
+__all__ = ["Records", "load_records"]
+
+FORMAT_VERSION = 1
+
+# Column name -> dtype of the columnar step store.
+_INT_FIELDS = ("step", "rank", "process", "arrive_ns", "done_ns", "wait_ns", "delay_ns")
+_REQUIRED_STEP_FIELDS = ("site", *_INT_FIELDS, "engaged")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Records:
+    """Timing records of one run, columnar (one array entry per site, step and rank).
+
+    Build with `load_records` (files, a directory, or a list of dicts as
+    `Pacer.records()` returns); `jaxpace.report.analyze` consumes it.
+
+    Attributes:
+      headers: header dicts (docs/records.md), one per process, by `process_index`.
+      sites: the distinct collective sites, sorted.
+      columns: `site` (int index into `sites`), `step`, `rank`, `process`,
+        `arrive_ns`, `done_ns`, `wait_ns`, `delay_ns` (int64 arrays) and
+        `engaged` (bool array), all of one length.
+      run_id: the run id every header agrees on, or None without headers.
+      process_count: processes the run had (from the headers), or None.
+      granularity: `"process"` or `"device"`.
+      partial: True when something was missing (a truncated file, a process
+        without a file); `notes` says what.
+      notes: human-readable remarks about the input.
+      sources: the files read (or `"<memory>"`).
+    """
+
+    headers: tuple[dict[str, Any], ...]
+    sites: tuple[str, ...]
+    columns: dict[str, np.ndarray]
+    run_id: str | None = None
+    process_count: int | None = None
+    granularity: str = "process"
+    partial: bool = False
+    notes: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.columns["step"].shape[0])
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """Sorted distinct ranks present in the records."""
+        return np.unique(self.columns["rank"])
+
+    def hosts(self) -> dict[int, str]:
+        """Maps each rank to the host of the process that wrote its records."""
+        host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in self.headers}
+        out: dict[int, str] = {}
+        ranks, first = np.unique(self.columns["rank"], return_index=True)
+        for r, i in zip(ranks.tolist(), first.tolist(), strict=True):
+            out[int(r)] = host_of_proc.get(int(self.columns["process"][i]), "?")
+        return out
+
+    def process_of_rank(self) -> dict[int, int]:
+        """Maps each rank to the process that wrote its records."""
+        ranks, first = np.unique(self.columns["rank"], return_index=True)
+        procs = self.columns["process"][first]
+        return {int(r): int(p) for r, p in zip(ranks.tolist(), procs.tolist(), strict=True)}
+
+    def rank_groups(self) -> dict[str, dict[int, str]]:
+        """Topology groups from the headers: kind (`numa`, `nic`, ...) -> rank -> label."""
+        out: dict[str, dict[int, str]] = {}
+        for h in self.headers:
+            topo = h.get("topology") or {}
+            groups = topo.get("rank_groups") if isinstance(topo, Mapping) else None
+            if not isinstance(groups, Mapping):
+                continue
+            for kind, mapping in groups.items():
+                if isinstance(mapping, Mapping):
+                    dst = out.setdefault(str(kind), {})
+                    for r, label in mapping.items():
+                        dst[int(r)] = str(label)
+        return out
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The records as dicts in the JSONL format: headers first, then steps."""
+        c = self.columns
+        out: list[dict[str, Any]] = [dict(h) for h in self.headers]
+        device = c.get("device")
+        cols = {k: c[k].tolist() for k in _INT_FIELDS}
+        engaged = c["engaged"].tolist()
+        site = c["site"].tolist()
+        dev = device.tolist() if device is not None else None
+        for i in range(len(self)):
+            out.append(
+                {
+                    "type": "step",
+                    "site": self.sites[site[i]],
+                    "step": cols["step"][i],
+                    "rank": cols["rank"][i],
+                    "process": cols["process"][i],
+                    "device": (None if dev is None or dev[i] < 0 else dev[i]),
+                    "arrive_ns": cols["arrive_ns"][i],
+                    "done_ns": cols["done_ns"][i],
+                    "wait_ns": cols["wait_ns"][i],
+                    "delay_ns": cols["delay_ns"][i],
+                    "engaged": engaged[i],
+                }
+            )
+        return out
+
+    def write_jsonl(self, directory: str | os.PathLike) -> list[Path]:
+        """Writes one `records-p{process}.jsonl` per process, as `Pacer.export` does.
+
+        Returns:
+          The paths written.
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        by_proc: dict[int, list[str]] = {}
+        for h in self.headers:
+            by_proc.setdefault(int(h["process_index"]), []).append(json.dumps(h))
+        for rec in self.to_dicts()[len(self.headers) :]:
+            by_proc.setdefault(int(rec["process"]), []).append(
+                json.dumps(rec, separators=(",", ":"))
+            )
+        paths = []
+        for p, lines in sorted(by_proc.items()):
+            path = d / f"records-p{p}.jsonl"
+            path.write_text("\n".join(lines) + "\n")
+            paths.append(path)
+        return paths
+
+
+class _Builder:
+    """Accumulates parsed lines, then validates and freezes them into `Records`."""
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[dict[str, Any], str]] = []  # (header, where)
+        self.site_index: dict[str, int] = {}
+        self.cols: dict[str, list] = {k: [] for k in (*_INT_FIELDS, "site", "engaged", "device")}
+        self.notes: list[str] = []
+        self.partial = False
+        self.sources: list[str] = []
+
+    def add_header(self, rec: Mapping[str, Any], where: str) -> None:
+        fmt = rec.get("format")
+        if fmt != FORMAT_VERSION:
+            raise RecordsError(
+                f"{where}: header has `format` {fmt!r}, expected {FORMAT_VERSION}. "
+                "This file was written by a different jaxpace version; read it with "
+                "the version that wrote it (see the header's `jaxpace_version`)."
+            )
+        for key in ("run_id", "process_index", "process_count"):
+            if key not in rec:
+                raise RecordsError(
+                    f"{where}: header lacks `{key}`; expected the fields of docs/records.md "
+                    "(`type`, `format`, `run_id`, `process_index`, `process_count`, `host`, ...)."
+                )
+        _check_int(rec, "process_index", where)
+        _check_int(rec, "process_count", where)
+        self.headers.append((dict(rec), where))
+
+    def add_step(self, rec: Mapping[str, Any], where: str) -> None:
+        missing = [k for k in _REQUIRED_STEP_FIELDS if k not in rec]
+        if missing:
+            raise RecordsError(
+                f"{where}: step record lacks {', '.join(f'`{k}`' for k in missing)}; "
+                f"expected the fields {', '.join(f'`{k}`' for k in _REQUIRED_STEP_FIELDS)} "
+                "(docs/records.md)."
+            )
+        for k in _INT_FIELDS:
+            _check_int(rec, k, where)
+        site = rec["site"]
+        if not isinstance(site, str):
+            raise RecordsError(f"{where}: `site` must be a string, got {site!r}.")
+        idx = self.site_index.setdefault(site, len(self.site_index))
+        cols = self.cols
+        for k in _INT_FIELDS:
+            cols[k].append(rec[k])
+        cols["site"].append(idx)
+        cols["engaged"].append(bool(rec["engaged"]))
+        dev = rec.get("device")
+        cols["device"].append(-1 if dev is None else int(dev))
+
+    def add(self, rec: Any, where: str) -> None:
+        if not isinstance(rec, Mapping):
+            raise RecordsError(
+                f"{where}: expected a JSON object, got {type(rec).__name__}; every line of a "
+                "records file is an object with a `type` of `header` or `step`."
+            )
+        kind = rec.get("type")
+        if kind == "step":
+            self.add_step(rec, where)
+        elif kind == "header":
+            self.add_header(rec, where)
+        else:
+            raise RecordsError(
+                f"{where}: unknown record `type` {kind!r}; expected `header` or `step` "
+                "(docs/records.md)."
+            )
+
+    def build(self, *, require_headers: bool) -> Records:
+        if not self.cols["step"] and not self.headers:
+            raise RecordsError(
+                f"no timing records in {', '.join(self.sources) or 'the input'}. Point "
+                "`jaxpace report` at a run directory written by `Pacer.export`."
+            )
+        if require_headers and not self.headers:
+            raise RecordsError("no header line found; expected docs/records.md files.")
+        run_ids = sorted({str(h["run_id"]) for h, _ in self.headers})
+        if len(run_ids) > 1:
+            where = "; ".join(f"{w}: `{h['run_id']}`" for h, w in self.headers)
+            raise RecordsError(
+                f"records of {len(run_ids)} different runs are mixed: run ids "
+                f"{', '.join(f'`{r}`' for r in run_ids)} ({where}). Put each run's files in "
+                "its own directory and report on one at a time."
+            )
+        by_proc: dict[int, tuple[dict, str]] = {}
+        for h, w in self.headers:
+            p = int(h["process_index"])
+            if p in by_proc:
+                raise RecordsError(
+                    f"two headers claim `process_index` {p}: {by_proc[p][1]} and {w}. A run "
+                    "directory holds one file per process; remove the duplicate."
+                )
+            by_proc[p] = (h, w)
+        headers = tuple(h for _, (h, _) in sorted(by_proc.items()))
+        counts = {int(h["process_count"]) for h in headers}
+        if len(counts) > 1:
+            raise RecordsError(
+                f"headers disagree on `process_count`: {sorted(counts)}; the files do not "
+                "belong to one run."
+            )
+        process_count = counts.pop() if counts else None
+        notes = list(self.notes)
+        partial = self.partial
+        if process_count is not None:
+            missing = sorted(set(range(process_count)) - set(by_proc))
+            if missing:
+                partial = True
+                notes.append(
+                    f"PARTIAL: records of {len(missing)} of {process_count} processes are "
+                    f"missing (process {', '.join(map(str, missing))}); their ranks are "
+                    "absent, so lateness is relative to the ranks that reported."
+                )
+        granularities = {str(h.get("granularity", "process")) for h in headers}
+        granularity = "device" if "device" in granularities else "process"
+        sites = tuple(sorted(self.site_index, key=self.site_index.get))
+        order = np.argsort(np.array(sites, dtype=object)) if sites else np.zeros(0, int)
+        remap = np.empty(len(sites), dtype=np.int64)
+        remap[order] = np.arange(len(sites))
+        columns = {k: np.asarray(self.cols[k], dtype=np.int64) for k in _INT_FIELDS}
+        columns["site"] = remap[np.asarray(self.cols["site"], dtype=np.int64)]
+        columns["engaged"] = np.asarray(self.cols["engaged"], dtype=bool)
+        columns["device"] = np.asarray(self.cols["device"], dtype=np.int64)
+        unknown = sorted(set(np.unique(columns["process"]).tolist()) - set(by_proc))
+        if by_proc and unknown:
+            notes.append(
+                f"step records name process {', '.join(map(str, unknown))} without a header "
+                "for it; their hosts are unknown."
+            )
+        return Records(
+            headers=headers,
+            sites=tuple(sorted(sites)),
+            columns=columns,
+            run_id=run_ids[0] if run_ids else None,
+            process_count=process_count,
+            granularity=granularity,
+            partial=partial,
+            notes=tuple(notes),
+            sources=tuple(self.sources),
+        )
+
+
+def _check_int(rec: Mapping[str, Any], key: str, where: str) -> None:
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RecordsError(f"{where}: `{key}` must be an integer, got {v!r}.")
+
+
+def _read_file(builder: _Builder, path: Path) -> None:
+    builder.sources.append(str(path))
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise RecordsError(f"cannot read records file {path}: {e.strerror or e}.") from None
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    ends_with_newline = text.endswith("\n")
+    if ends_with_newline:
+        lines.pop()
+    # Index of the last non-empty line: a process killed mid-write leaves it cut short.
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    if last < 0:
+        builder.partial = True
+        builder.notes.append(f"PARTIAL: {path} is empty (the process wrote nothing).")
+        return
+    first_seen = False
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        where = f"{path}:{i + 1}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == last and not ends_with_newline:
+                builder.partial = True
+                builder.notes.append(
+                    f"PARTIAL: {where}: last line is cut short (the process was probably "
+                    "killed while writing); skipped it."
+                )
+                continue
+            raise RecordsError(
+                f"{where}: not valid JSON ({e.msg} at column {e.colno}): {line[:80]!r}. "
+                "Records files hold one JSON object per line (docs/records.md); remove or "
+                "fix that line."
+            ) from None
+        if not first_seen:
+            first_seen = True
+            if not (isinstance(rec, Mapping) and rec.get("type") == "header"):
+                raise RecordsError(
+                    f'{where}: first line is not a header (`"type": "header"`); this does '
+                    "not look like a jaxpace records file (docs/records.md)."
+                )
+        builder.add(rec, where)
+
+
+def load_records(
+    source: str | os.PathLike | Iterable[Mapping[str, Any]] | Records,
+) -> Records:
+    """Reads timing records from a JSONL file, a run directory, or a list of dicts.
+
+    A directory contributes every `*.jsonl` file in it (one per process). A last
+    line cut short (a killed process) is skipped and the result marked
+    `partial`; so is a run whose headers announce more processes than have
+    files. Anything else malformed raises.
+
+    Args:
+      source: a path to one JSONL file or a directory of them; or an iterable
+        of record dicts (headers optional), e.g. `Pacer.records()`; or
+        `Records` (returned as is).
+
+    Returns:
+      The `Records` of one run.
+
+    Raises:
+      RecordsError: unreadable or malformed input (names file and line), files of
+        different runs mixed, or no records at all.
+
+    >>> from jaxpace.report import synthetic_records
+    >>> recs = load_records(synthetic_records(num_ranks=2, num_steps=3))
+    >>> len(recs), recs.ranks.tolist(), recs.partial
+    (6, [0, 1], False)
+    """
+    if isinstance(source, Records):
+        return source
+    builder = _Builder()
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        if path.is_dir():
+            files = sorted(path.glob("*.jsonl"))
+            if not files:
+                raise RecordsError(
+                    f"no `*.jsonl` records files in directory {path}. Expected the files "
+                    "`Pacer.export` writes (`records-p0.jsonl`, ...)."
+                )
+        elif path.is_file():
+            files = [path]
+        else:
+            raise RecordsError(
+                f"records path {path} does not exist; pass a run directory or a JSONL file."
+            )
+        for f in files:
+            _read_file(builder, f)
+        return builder.build(require_headers=True)
+    if isinstance(source, Mapping) or not isinstance(source, Iterable):
+        raise RecordsError(
+            f"cannot read records from a {type(source).__name__}; pass a path, a run "
+            "directory, or a list of record dicts."
+        )
+    builder.sources.append("<memory>")
+    for i, rec in enumerate(source):
+        builder.add(rec, f"<memory>[{i}]")
+    return builder.build(require_headers=False)
