@@ -1,0 +1,397 @@
+"""Vectorized NumPy cluster simulator that drives the real pacing policies step by step."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jaxpace._policy import Observation, PacingPolicy, adaptive, fixed, no_pacing
+from jaxpace.errors import ScenarioError
+from jaxpace.sim import _collectives as coll
+from jaxpace.sim._scenario import Scenario, load_scenario
+
+__all__ = ["Comparison", "SimResult", "collective_cost_s", "compare", "resolve_policy", "simulate"]
+
+# Random draws are generated in blocks of this many steps, so memory stays
+# bounded at 1024 nodes and results do not depend on anything but the seed.
+_BLOCK_STEPS = 256
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """Outcome of one simulated run.
+
+    Attributes:
+      scenario: scenario name.
+      policy: the policy's name.
+      nodes / ranks / steps: cluster size and run length.
+      seed: the seed of every random draw.
+      step_times_s: `(steps,)` iteration times (collective end to collective end).
+      mean_step_s / p99_step_s: mean and 99th percentile of `step_times_s`.
+      cv: iteration-time coefficient of variation, std/mean (>= 0).
+      throughput_per_s: rank-steps per second, `ranks / mean_step_s` (global
+        samples/s at one sample per rank and step).
+      ideal_step_s: one median rank's compute plus the one-node collective, no
+        noise and no waiting: the step a perfectly scaling job would take.
+      scaling_efficiency: `ideal_step_s / mean_step_s`, in (0, 1] in practice.
+      total_delay_s: pacing sleep summed over ranks and steps (rank-seconds).
+      engaged_fraction: share of steps on which any rank slept, `[0, 1]`.
+      mean_spin_s: mean time a rank spent inside the collective waiting for the
+        last arriver (excluding its own pacing sleep).
+    """
+
+    scenario: str
+    policy: str
+    nodes: int
+    ranks: int
+    steps: int
+    seed: int
+    step_times_s: np.ndarray
+    mean_step_s: float
+    p99_step_s: float
+    cv: float
+    throughput_per_s: float
+    ideal_step_s: float
+    scaling_efficiency: float
+    total_delay_s: float
+    engaged_fraction: float
+    mean_spin_s: float
+
+    def summary(self) -> dict[str, Any]:
+        """Every scalar field as a JSON-ready dict (no per-step array)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "step_times_s"
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """The same run with and without pacing, on the same random draws.
+
+    Attributes:
+      baseline: the run with `no_pacing()`.
+      paced: the run with the pacing policy.
+      throughput_gain: `paced.throughput_per_s / baseline.throughput_per_s - 1`;
+        positive means pacing helped.
+    """
+
+    baseline: SimResult
+    paced: SimResult
+
+    @property
+    def throughput_gain(self) -> float:
+        return self.paced.throughput_per_s / self.baseline.throughput_per_s - 1.0
+
+
+def resolve_policy(
+    spec: str | PacingPolicy | None, scenario: Scenario | None = None
+) -> PacingPolicy:
+    """Turns `none`, `adaptive`, `fixed:SECONDS` or a `PacingPolicy` into a policy.
+
+    `adaptive` uses the scenario's `pacing.adaptive` settings.
+
+    >>> resolve_policy("fixed:0.002").name
+    'fixed(delay_s=0.002)'
+    >>> resolve_policy(None).name
+    'no_pacing()'
+    """
+    if spec is None or isinstance(spec, PacingPolicy):
+        return no_pacing() if spec is None else spec
+    text = str(spec).strip()
+    if text in ("none", "no_pacing"):
+        return no_pacing()
+    if text == "adaptive":
+        return adaptive(**(scenario.pacing.adaptive if scenario is not None else {}))
+    if text.startswith("fixed:"):
+        try:
+            value = float(text.split(":", 1)[1])
+        except ValueError:
+            raise ScenarioError(
+                f"`--policy {text}`: expected `fixed:SECONDS`, e.g. `fixed:0.002`."
+            ) from None
+        return fixed(value)
+    raise ScenarioError(
+        f"Unknown policy `{text}`. Valid choices: `none`, `adaptive`, `fixed:SECONDS`."
+    )
+
+
+def collective_cost_s(scenario: Scenario, nodes: int) -> tuple[float, float]:
+    """Returns `(intra_s, inter_s)`: the all-reduce's intra- and inter-node terms, uncontended.
+
+    The inter-node bandwidth is that of the slowest rank (a far-NUMA GPU when
+    the scenario has any): a ring runs at its slowest link.
+
+    >>> s = load_scenario("pure-bsp")
+    >>> intra, inter = collective_cost_s(s, 1)
+    >>> inter
+    0.0
+    """
+    c, g, q = scenario.collective, scenario.gpus_per_node, nodes
+    p = g * q
+    beta_l = 1.0 / (c.bw_intra_gbps * 1e9)
+    far = scenario.locality.far_fraction > 0 and round(scenario.locality.far_fraction * g) > 0
+    bw_factor = scenario.locality.far_bw_factor if far else 1.0
+    beta_n = 1.0 / (c.bw_inter_gbps * 1e9 * bw_factor)
+    if c.algorithm == "hierarchical":
+        return (
+            coll.hierarchical_intra_s(g, c.n_bytes, c.alpha_intra_s, beta_l),
+            coll.hierarchical_inter_s(g, q, c.n_bytes, c.alpha_inter_s, beta_n),
+        )
+    fn = coll.ring_allreduce_s if c.algorithm == "ring" else coll.tree_allreduce_s
+    if q == 1:
+        return fn(p, c.n_bytes, c.alpha_intra_s, beta_l), 0.0
+    return 0.0, fn(p, c.n_bytes, c.alpha_inter_s, beta_n)
+
+
+class _Draws:
+    """All randomness of a run, generated block by block from one seed.
+
+    Nothing here depends on the policy, so two runs with the same seed see the
+    same compute times and contention (common random numbers).
+    """
+
+    def __init__(self, scenario: Scenario, nodes: int, seed: int):
+        self.s = scenario
+        self.nodes, self.g = nodes, scenario.gpus_per_node
+        self.ranks = nodes * self.g
+        ss = np.random.SeedSequence(seed)
+        (s_static, s_jit, s_strag, s_therm, s_net) = ss.spawn(5)
+        self.r_jit = np.random.default_rng(s_jit)
+        self.r_strag = np.random.default_rng(s_strag)
+        self.r_therm = np.random.default_rng(s_therm)
+        self.r_net = np.random.default_rng(s_net)
+        cm, loc = scenario.compute, scenario.locality
+        r = np.random.default_rng(s_static)
+        static = np.exp(cm.static_sigma * r.standard_normal(self.ranks))
+        static *= np.where(r.random(self.ranks) < cm.outlier_prob, cm.outlier_factor, 1.0)
+        n_far = round(loc.far_fraction * self.g)
+        local = np.arange(self.ranks) % self.g
+        self.far = local >= self.g - n_far
+        self.base = cm.base_s * static * np.where(self.far, 1.0 + loc.far_compute_penalty, 1.0)
+        th = scenario.thermal
+        self.therm_x = th.sigma * self.r_therm.standard_normal(nodes)
+        self.busy_until = np.zeros(
+            self.ranks, dtype=np.int64
+        )  # straggler episode end (global step)
+        self.busy_mag = np.ones(self.ranks)
+        intra, inter = collective_cost_s(scenario, nodes)
+        self.intra_s, self.inter_s = intra, inter
+        fab = scenario.fabric
+        self.leaves = math.ceil(nodes / fab.nodes_per_leaf)
+        self.uplinks = max(1, round(fab.nodes_per_leaf / fab.oversubscription))
+
+    def block(self, k0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Returns `(compute_s (n, ranks), t_coll_s (n,))` for steps `k0 .. k0+n-1`."""
+        s, R = self.s, self.ranks
+        jit = np.exp(s.compute.jitter_sigma * self.r_jit.standard_normal((n, R)))
+        comp = self.base * jit
+        # Episodic stragglers: Markov on/off per rank, heavy-tailed dwell and magnitude.
+        st = s.stragglers
+        if st.onset_prob > 0:
+            mult = np.ones((n, R))
+            carry = self.busy_until > k0
+            if carry.any():
+                idx = np.nonzero(carry)[0]
+                for i in idx:
+                    mult[: min(n, self.busy_until[i] - k0), i] = self.busy_mag[i]
+            onset = self.r_strag.random((n, R)) < st.onset_prob
+            ks, is_ = np.nonzero(onset)
+            order = np.lexsort((ks, is_))
+            ks, is_ = ks[order], is_[order]
+            u_d = self.r_strag.random(len(ks))
+            u_m = self.r_strag.random(len(ks))
+            dwell = np.minimum(
+                st.dwell_max_steps, np.floor(st.dwell_min_steps * u_d ** (-1.0 / st.dwell_alpha))
+            ).astype(np.int64)
+            mag = np.minimum(
+                st.magnitude_max, st.magnitude_min * u_m ** (-1.0 / st.magnitude_alpha)
+            )
+            for j in range(len(ks)):
+                i, k = is_[j], k0 + ks[j]
+                if self.busy_until[i] > k:
+                    continue  # already in an episode: the chain is "on"
+                self.busy_until[i] = k + dwell[j]
+                self.busy_mag[i] = mag[j]
+                mult[ks[j] : ks[j] + dwell[j], i] = mag[j]
+            comp *= mult
+        # Per-node thermal drift, AR(1) in log space.
+        th = s.thermal
+        if th.sigma > 0:
+            x = np.empty((n, self.nodes))
+            eps = (
+                self.r_therm.standard_normal((n, self.nodes)) * th.sigma * math.sqrt(1 - th.rho**2)
+            )
+            cur = self.therm_x
+            for t in range(n):
+                cur = th.rho * cur + eps[t]
+                x[t] = cur
+            self.therm_x = cur
+            comp *= np.repeat(np.exp(x), self.g, axis=1)
+        # Contention on the inter-node term: ECMP collisions across leaves, background traffic.
+        factor = np.ones(n)
+        fab = s.fabric
+        if self.leaves > 1 and self.inter_s > 0:
+            factor *= coll.ecmp_max_load(fab.ecmp_flows, self.uplinks, self.r_net, n)
+        u_mean = s.coupling.shared_links
+        if u_mean > 0 and self.inter_s > 0:
+            conc = 10.0
+            u = self.r_net.beta(u_mean * conc, (1 - u_mean) * conc, size=n)
+            factor /= 1.0 - np.minimum(u, 0.95)
+        return comp, self.intra_s + self.inter_s * factor
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ScenarioError(f"`{name}` must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+def simulate(
+    scenario: str | Scenario,
+    *,
+    nodes: int,
+    steps: int = 2000,
+    policy: str | PacingPolicy | None = None,
+    seed: int = 0,
+    lag_steps: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SimResult:
+    """Simulates `steps` synchronous training steps on `nodes` nodes.
+
+    Each step: every rank computes (static speed × jitter × straggler episode
+    × node thermal drift, plus couplings), sleeps the delay its policy decided
+    `lag_steps` steps earlier, enters the all-reduce; the step ends at
+    `max_i(arrival_i + delay_i) + T_coll`. Then the policy sees every rank's
+    natural earliness (`w_i - min_j w_j`, `w` = wait including its own sleep)
+    and the step time, exactly as in the runtime. Deterministic for a seed; the
+    random draws do not depend on the policy.
+
+    Args:
+      scenario: a preset name, a JSON path or a `Scenario`.
+      nodes: number of nodes (ranks = nodes × `gpus_per_node`).
+      steps: number of steps.
+      policy: `None`/`"none"` (no pacing), `"adaptive"` (the scenario's
+        settings), `"fixed:SECONDS"`, or any `PacingPolicy`.
+      seed: seed of every random draw.
+      lag_steps: decision-to-sleep lag; default the scenario's (2).
+      progress: called with the number of steps done, every few hundred steps.
+
+    Returns:
+      A `SimResult`.
+
+    Raises:
+      ScenarioError: bad scenario, policy spec, `nodes` or `steps`.
+
+    >>> r = simulate("pure-bsp", nodes=2, steps=200, seed=1)
+    >>> r.ranks, r.steps, bool(r.cv < 0.05), r.engaged_fraction
+    (16, 200, True, 0.0)
+    """
+    sc = load_scenario(scenario)
+    nodes = _check_positive_int("nodes", nodes)
+    steps = _check_positive_int("steps", steps)
+    lag = _check_positive_int("lag_steps", sc.pacing.lag_steps if lag_steps is None else lag_steps)
+    pol = resolve_policy(policy, sc)
+    draws = _Draws(sc, nodes, seed)
+    R, g = draws.ranks, sc.gpus_per_node
+    cp = sc.coupling
+    k_spin, k_pow, k_host = cp.spin_compute, cp.power_budget, cp.host_runahead * cp.host_fraction
+    overlap_s = cp.overlap_fraction * sc.compute.base_s
+    node_coupled = (k_pow > 0 or k_host > 0) and g > 1
+
+    state = pol.init(R)
+    pending = [np.zeros(R) for _ in range(lag)]
+    carry = np.zeros(R)
+    step_times = np.empty(steps)
+    total_delay = 0.0
+    engaged = 0
+    spin_sum = 0.0
+    k = 0
+    while k < steps:
+        n = min(_BLOCK_STEPS, steps - k)
+        comp, t_coll = draws.block(k, n)
+        for t in range(n):
+            slot = (k + t) % lag
+            d = pending[slot]
+            a = comp[t] + carry if k_spin > 0 else comp[t]
+            if node_coupled:
+                A = a.reshape(-1, g)
+                Am = A[:, None, :]
+                Ai = A[:, :, None]
+                Em = Am + d.reshape(-1, g)[:, None, :]
+                adj = np.zeros_like(A)
+                if k_pow > 0:  # (c) node-mates asleep free power for those still computing
+                    adj -= k_pow * np.clip(np.minimum(Ai, Em) - Am, 0.0, None).sum(axis=2) / (g - 1)
+                if k_host > 0:  # (d) node-mates' hosts spin-waiting steal CPU from host-bound work
+                    adj += k_host * np.clip(Ai - Em, 0.0, None).sum(axis=2) / (g - 1)
+                a = (A + adj).reshape(-1)
+            e = a + d
+            last = e.max()
+            spin = last - e
+            w = last - a
+            step = last + t_coll[t]
+            step_times[k + t] = step
+            if k_spin > 0:  # (b) spinning kernels slow the compute overlapped with them
+                carry = k_spin * np.minimum(spin, overlap_s)
+            if d.any():
+                engaged += 1
+                total_delay += float(d.sum())
+            spin_sum += float(spin.sum())
+            delays, state = pol.update(
+                Observation(earliness_s=w - w.min(), step_time_s=float(step)), state
+            )
+            pending[slot] = np.asarray(delays, dtype=np.float64)
+        k += n
+        if progress is not None:
+            progress(k)
+
+    mean = float(step_times.mean())
+    ideal = sc.compute.base_s + collective_cost_s(sc, 1)[0]
+    return SimResult(
+        scenario=sc.name,
+        policy=pol.name,
+        nodes=nodes,
+        ranks=R,
+        steps=steps,
+        seed=seed,
+        step_times_s=step_times,
+        mean_step_s=mean,
+        p99_step_s=float(np.percentile(step_times, 99)),
+        cv=float(step_times.std() / mean),
+        throughput_per_s=R / mean,
+        ideal_step_s=ideal,
+        scaling_efficiency=ideal / mean,
+        total_delay_s=total_delay,
+        engaged_fraction=engaged / steps,
+        mean_spin_s=spin_sum / (steps * R),
+    )
+
+
+def compare(
+    scenario: str | Scenario,
+    *,
+    nodes: int,
+    steps: int = 2000,
+    policy: str | PacingPolicy = "adaptive",
+    seed: int = 0,
+    lag_steps: int | None = None,
+) -> Comparison:
+    """Runs `scenario` with and without pacing on the same random draws.
+
+    Both runs use the same seed, and no draw depends on the policy, so every
+    difference between them is caused by pacing (common random numbers).
+
+    >>> c = compare("pure-bsp", nodes=2, steps=200)
+    >>> c.throughput_gain <= 0.0
+    True
+    """
+    base = simulate(scenario, nodes=nodes, steps=steps, policy=None, seed=seed, lag_steps=lag_steps)
+    paced = simulate(
+        scenario, nodes=nodes, steps=steps, policy=policy, seed=seed, lag_steps=lag_steps
+    )
+    return Comparison(baseline=base, paced=paced)

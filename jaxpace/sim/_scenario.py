@@ -1,0 +1,406 @@
+"""Simulator scenarios: frozen dataclasses loaded from JSON presets or user files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from jaxpace.errors import ScenarioError
+
+__all__ = [
+    "CollectiveModel",
+    "ComputeModel",
+    "CouplingModel",
+    "FabricModel",
+    "LocalityModel",
+    "PacingSettings",
+    "Scenario",
+    "StragglerModel",
+    "ThermalModel",
+    "load_scenario",
+    "preset_names",
+]
+
+
+def _rng(lo: float, hi: float, *, integer: bool = False, lo_open: bool = False) -> dict:
+    return {"lo": lo, "hi": hi, "integer": integer, "lo_open": lo_open}
+
+
+def _validate(obj: Any, prefix: str) -> None:
+    """Checks every numeric field of a config dataclass against its `metadata` range."""
+    for f in dataclasses.fields(obj):
+        spec = f.metadata
+        value = getattr(obj, f.name)
+        where = f"{prefix}.{f.name}" if prefix else f.name
+        if "choices" in spec:
+            if value not in spec["choices"]:
+                choices = ", ".join(f"`{c}`" for c in spec["choices"])
+                raise ScenarioError(f"`{where}` must be one of {choices}, got {value!r}.")
+            continue
+        if "lo" not in spec:
+            continue
+        lo, hi = spec["lo"], spec["hi"]
+        bound = f"{'(' if spec['lo_open'] else '['}{lo}, {hi}]"
+        kind = "an integer" if spec["integer"] else "a number"
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and spec["integer"] and int(value) != value:
+            ok = False
+        if ok:
+            v = float(value)
+            ok = math.isfinite(v) and lo <= v <= hi and not (spec["lo_open"] and v == lo)
+        if not ok:
+            raise ScenarioError(f"`{where}` must be {kind} in {bound}, got {value!r}.")
+        if spec["integer"]:
+            object.__setattr__(obj, f.name, int(value))
+        else:
+            object.__setattr__(obj, f.name, float(value))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ComputeModel:
+    """Per-rank compute time of one step (the work before the collective).
+
+    Attributes:
+      base_s: nominal compute seconds per step of a median rank.
+      static_sigma: log-σ of the per-rank static speed factor (same-SKU spread).
+      outlier_prob: chance a rank is a static outlier.
+      outlier_factor: slowdown of an outlier rank (e.g. 1.5).
+      jitter_sigma: log-σ of the per-step, per-rank lognormal jitter.
+    """
+
+    base_s: float = dataclasses.field(default=0.1, metadata=_rng(0.0, 3600.0, lo_open=True))
+    static_sigma: float = dataclasses.field(default=0.02, metadata=_rng(0.0, 1.0))
+    outlier_prob: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
+    outlier_factor: float = dataclasses.field(default=1.5, metadata=_rng(1.0, 10.0))
+    jitter_sigma: float = dataclasses.field(default=0.02, metadata=_rng(0.0, 1.0))
+
+    def __post_init__(self) -> None:
+        _validate(self, "compute")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StragglerModel:
+    """Markov-modulated episodic stragglers (fail-slow GPUs, noisy neighbours).
+
+    A rank not in an episode starts one with probability `onset_prob` per step.
+    The episode lasts `dwell` steps, Pareto-distributed (`dwell_min_steps`, shape
+    `dwell_alpha`, capped at `dwell_max_steps`), and multiplies the rank's compute
+    by a magnitude `min(magnitude_max, magnitude_min · Pareto(magnitude_alpha))`.
+    """
+
+    onset_prob: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
+    dwell_min_steps: int = dataclasses.field(default=1, metadata=_rng(1, 10**6, integer=True))
+    dwell_alpha: float = dataclasses.field(default=1.5, metadata=_rng(0.1, 100.0))
+    dwell_max_steps: int = dataclasses.field(default=1000, metadata=_rng(1, 10**7, integer=True))
+    magnitude_min: float = dataclasses.field(default=2.0, metadata=_rng(1.0, 100.0))
+    magnitude_alpha: float = dataclasses.field(default=100.0, metadata=_rng(0.1, 1000.0))
+    magnitude_max: float = dataclasses.field(default=3.0, metadata=_rng(1.0, 100.0))
+
+    def __post_init__(self) -> None:
+        _validate(self, "stragglers")
+        if self.magnitude_max < self.magnitude_min:
+            raise ScenarioError(
+                f"`stragglers.magnitude_max` ({self.magnitude_max}) must be >= "
+                f"`stragglers.magnitude_min` ({self.magnitude_min})."
+            )
+        if self.dwell_max_steps < self.dwell_min_steps:
+            raise ScenarioError(
+                f"`stragglers.dwell_max_steps` ({self.dwell_max_steps}) must be >= "
+                f"`stragglers.dwell_min_steps` ({self.dwell_min_steps})."
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ThermalModel:
+    """Per-node AR(1) drift of the log compute time: stationary log-σ `sigma`, lag-1 `rho`."""
+
+    sigma: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
+    rho: float = dataclasses.field(default=0.99, metadata=_rng(0.0, 1.0))
+
+    def __post_init__(self) -> None:
+        _validate(self, "thermal")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalityModel:
+    """PCIe/NUMA path from GPU to NIC.
+
+    Attributes:
+      far_fraction: share of each node's GPUs on the far NUMA node from their NIC.
+      far_bw_factor: their inter-node bandwidth relative to a near GPU, `(0, 1]`;
+        a rail ring runs at its slowest member's bandwidth.
+      far_compute_penalty: relative extra pre-collective time of a far GPU
+        (host-staged input copies crossing the socket link), e.g. 0.02.
+    """
+
+    far_fraction: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
+    far_bw_factor: float = dataclasses.field(default=1.0, metadata=_rng(0.0, 1.0, lo_open=True))
+    far_compute_penalty: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
+
+    def __post_init__(self) -> None:
+        _validate(self, "locality")
+
+
+ALGORITHMS = ("ring", "tree", "hierarchical")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CollectiveModel:
+    """The gradient all-reduce at the end of each step (alpha-beta costs).
+
+    Attributes:
+      algorithm: `ring`, `tree` or `hierarchical` (see `jaxpace.sim` cost functions).
+      n_bytes: bytes per rank.
+      alpha_intra_s / bw_intra_gbps: NVLink per-hop latency and bandwidth (GB/s).
+      alpha_inter_s / bw_inter_gbps: network per-hop latency and per-NIC bandwidth.
+    """
+
+    algorithm: str = dataclasses.field(default="hierarchical", metadata={"choices": ALGORITHMS})
+    n_bytes: float = dataclasses.field(default=5e8, metadata=_rng(0.0, 1e13))
+    alpha_intra_s: float = dataclasses.field(default=2e-6, metadata=_rng(0.0, 1.0))
+    bw_intra_gbps: float = dataclasses.field(default=370.0, metadata=_rng(0.0, 1e5, lo_open=True))
+    alpha_inter_s: float = dataclasses.field(default=6e-6, metadata=_rng(0.0, 1.0))
+    bw_inter_gbps: float = dataclasses.field(default=46.0, metadata=_rng(0.0, 1e5, lo_open=True))
+
+    def __post_init__(self) -> None:
+        _validate(self, "collective")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FabricModel:
+    """Rail-optimized two-tier Clos.
+
+    Each rail has a leaf switch per scalable unit of `nodes_per_leaf` nodes; a
+    leaf has `nodes_per_leaf / oversubscription` uplinks to the spine. Once a job
+    spans several leaves, `ecmp_flows` elephant flows per leaf hash onto those
+    uplinks and the inter-node term is stretched by the busiest uplink's flow
+    count (a link shared by m flows gives each 1/m of its bandwidth); higher
+    oversubscription means fewer uplinks and more collisions.
+    """
+
+    nodes_per_leaf: int = dataclasses.field(default=32, metadata=_rng(1, 10**6, integer=True))
+    oversubscription: float = dataclasses.field(default=1.0, metadata=_rng(1.0, 64.0))
+    ecmp_flows: int = dataclasses.field(default=8, metadata=_rng(0, 10**4, integer=True))
+
+    def __post_init__(self) -> None:
+        _validate(self, "fabric")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CouplingModel:
+    """Couplings between ranks beyond the bulk-synchronous rule; 0 switches one off.
+
+    Attributes:
+      shared_links: (a) mean utilization, `[0, 0.9]`, of the inter-node links by
+        other tenants' traffic; each step samples `u ~ Beta` with that mean and
+        stretches the inter-node term by `1/(1-u)`.
+      spin_compute: (b) fraction `[0, 1]` of an early rank's spin time inside the
+        collective that it loses from the compute overlapped with it, paid on
+        its next compute segment, up to `overlap_fraction * compute.base_s`.
+      overlap_fraction: compute overlapped with collectives, `[0, 1]`.
+      power_budget: (c) relative speed-up `[0, 1]` of a computing GPU while all
+        its node-mates sleep instead of spinning (shared node power budget).
+      host_runahead: (d) relative slowdown `[0, 10]` of a rank's host-bound work
+        while all its node-mates' hosts spin-wait (run-ahead dispatch, proxy
+        threads) instead of sleeping.
+      host_fraction: share of each step that is host-bound, `[0, 1]`.
+    """
+
+    shared_links: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 0.9))
+    spin_compute: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
+    overlap_fraction: float = dataclasses.field(default=0.3, metadata=_rng(0.0, 1.0))
+    power_budget: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
+    host_runahead: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 10.0))
+    host_fraction: float = dataclasses.field(default=0.1, metadata=_rng(0.0, 1.0))
+
+    def __post_init__(self) -> None:
+        _validate(self, "coupling")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PacingSettings:
+    """How the simulated runtime paces: decision lag plus `adaptive` settings.
+
+    Attributes:
+      lag_steps: a decision made from step k's observation is slept before step
+        `k + lag_steps`'s collective (2 in the real runtime: waits ride in-band
+        with the next collective).
+      adaptive: keyword arguments of `jaxpace.adaptive` used when the policy is
+        `adaptive` (validated by `AdaptiveConfig`).
+    """
+
+    lag_steps: int = dataclasses.field(default=2, metadata=_rng(1, 1000, integer=True))
+    adaptive: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _validate(self, "pacing")
+        from jaxpace._policy import AdaptiveConfig
+
+        valid = {f.name for f in dataclasses.fields(AdaptiveConfig)}
+        for key in self.adaptive:
+            if key not in valid:
+                raise ScenarioError(
+                    f"Unknown field `pacing.adaptive.{key}`. Valid fields: "
+                    + ", ".join(f"`{v}`" for v in sorted(valid))
+                    + "."
+                )
+        try:
+            AdaptiveConfig(**self.adaptive)
+        except ValueError as e:
+            raise ScenarioError(f"`pacing.adaptive`: {e}") from None
+
+
+_SECTIONS: dict[str, type] = {
+    "compute": ComputeModel,
+    "stragglers": StragglerModel,
+    "thermal": ThermalModel,
+    "locality": LocalityModel,
+    "collective": CollectiveModel,
+    "fabric": FabricModel,
+    "coupling": CouplingModel,
+    "pacing": PacingSettings,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """A simulated cluster: hardware, noise, couplings and pacing settings.
+
+    Build one with `load_scenario` (a preset name or a JSON file), or directly
+    and change it with `dataclasses.replace`.
+
+    >>> s = load_scenario("pure-bsp")
+    >>> s.name, s.gpus_per_node, s.coupling.spin_compute
+    ('pure-bsp', 8, 0.0)
+    """
+
+    name: str = "custom"
+    description: str = ""
+    gpus_per_node: int = dataclasses.field(default=8, metadata=_rng(1, 1024, integer=True))
+    compute: ComputeModel = dataclasses.field(default_factory=ComputeModel)
+    stragglers: StragglerModel = dataclasses.field(default_factory=StragglerModel)
+    thermal: ThermalModel = dataclasses.field(default_factory=ThermalModel)
+    locality: LocalityModel = dataclasses.field(default_factory=LocalityModel)
+    collective: CollectiveModel = dataclasses.field(default_factory=CollectiveModel)
+    fabric: FabricModel = dataclasses.field(default_factory=FabricModel)
+    coupling: CouplingModel = dataclasses.field(default_factory=CouplingModel)
+    pacing: PacingSettings = dataclasses.field(default_factory=PacingSettings)
+
+    def __post_init__(self) -> None:
+        _validate(self, "")
+        for key, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, key), cls):
+                raise ScenarioError(
+                    f"`{key}` must be a {cls.__name__}, got {type(getattr(self, key)).__name__}."
+                )
+
+    @classmethod
+    def from_dict(cls, data: dict, *, source: str = "<dict>") -> Scenario:
+        """Builds a scenario from plain data (the JSON layout); missing fields keep defaults.
+
+        Raises:
+          ScenarioError: an unknown or invalid field (the message names it and
+            lists the valid ones).
+        """
+        if not isinstance(data, dict):
+            raise ScenarioError(
+                f"{source}: a scenario must be a JSON object, got {type(data).__name__}."
+            )
+        top = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in top:
+                raise ScenarioError(
+                    f"{source}: unknown field `{key}`. Valid fields: "
+                    + ", ".join(f"`{t}`" for t in sorted(top))
+                    + "."
+                )
+            if key in _SECTIONS:
+                section = _SECTIONS[key]
+                if not isinstance(value, dict):
+                    raise ScenarioError(f"{source}: `{key}` must be an object, got {value!r}.")
+                valid = {f.name for f in dataclasses.fields(section)}
+                for sub in value:
+                    if sub not in valid:
+                        raise ScenarioError(
+                            f"{source}: unknown field `{key}.{sub}`. Valid fields: "
+                            + ", ".join(f"`{v}`" for v in sorted(valid))
+                            + "."
+                        )
+                try:
+                    kwargs[key] = section(**value)
+                except ScenarioError as e:
+                    raise ScenarioError(f"{source}: {e}") from None
+            else:
+                kwargs[key] = value
+        try:
+            return cls(**kwargs)
+        except ScenarioError as e:
+            raise ScenarioError(f"{source}: {e}") from None
+
+    def to_dict(self) -> dict:
+        """The JSON layout of this scenario (round-trips through `from_dict`)."""
+        return dataclasses.asdict(self)
+
+
+def preset_names() -> list[str]:
+    """Names of the scenarios shipped with jaxpace, sorted.
+
+    >>> "paper" in preset_names() and "pure-bsp" in preset_names()
+    True
+    """
+    root = resources.files("jaxpace.sim") / "scenarios"
+    return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def load_scenario(name_or_path: str | Path | Scenario) -> Scenario:
+    """Loads a preset by name (`paper`, `pure-bsp`, ...) or a user JSON file by path.
+
+    Args:
+      name_or_path: a preset name, a path to a `.json` file, or a `Scenario`
+        (returned unchanged).
+
+    Raises:
+      ScenarioError: unknown preset (the message lists them), unreadable file,
+        or an invalid field.
+
+    >>> load_scenario("paper").gpus_per_node
+    8
+    >>> load_scenario("nope")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    jaxpace.errors.ScenarioError: Unknown scenario `nope`: not a preset and not a file. Presets: ...
+    """
+    if isinstance(name_or_path, Scenario):
+        return name_or_path
+    text = str(name_or_path)
+    path = Path(text)
+    if text in preset_names():
+        source = f"preset `{text}`"
+        raw = (resources.files("jaxpace.sim") / "scenarios" / f"{text}.json").read_text()
+    elif path.suffix == ".json" or path.exists():
+        source = str(path)
+        try:
+            raw = path.read_text()
+        except OSError as e:
+            raise ScenarioError(
+                f"Cannot read scenario file `{path}`: {e}. Pass an existing JSON file."
+            ) from None
+    else:
+        presets = ", ".join(f"`{p}`" for p in preset_names())
+        raise ScenarioError(
+            f"Unknown scenario `{text}`: not a preset and not a file. Presets: {presets}; "
+            "or pass a path to a JSON scenario file."
+        )
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ScenarioError(
+            f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}."
+        ) from None
+    data.setdefault("name", text if source.startswith("preset") else path.stem)
+    return Scenario.from_dict(data, source=source)
