@@ -298,7 +298,10 @@ def _expected_earliness(history: np.ndarray, filled: int, quantile: float) -> np
     rows = history[:filled]
     out = np.full(history.shape[1], np.nan)
     have = np.isfinite(rows).any(axis=0)
-    if have.any():
+    if have.all() and np.isfinite(rows).all():
+        # Fast path: nanquantile is ~70x slower than quantile at 8k ranks.
+        out[:] = np.quantile(rows, quantile, axis=0)
+    elif have.any():
         out[have] = np.nanquantile(rows[:, have], quantile, axis=0)
     return out
 

@@ -15,6 +15,9 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
+# Scripts run under `jaxpace launch`; they parse argv at import, so no doctest import.
+collect_ignore = ["scripts", "fixtures"]
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "tests" / "scripts"
 

@@ -1,0 +1,1 @@
+../jaxpace/examples/train.py

@@ -1,0 +1,1 @@
+"""Runnable examples shipped with jaxpace (`python -m jaxpace.examples.train`)."""
