@@ -101,13 +101,21 @@ def _check_bound(axes: tuple) -> dict:
     missing = [a for a in axes if a not in sizes]
     if missing:
         bound = ", ".join(f"`{a}`" for a in sizes) or "none"
-        raise UnboundAxisError(
+        raise _UnboundAxis(
             f"unbound axis name: {missing[0]!r}. jaxpace collectives must be called inside "
             f"`jax.shard_map`, `jax.pmap` or `jax.vmap(axis_name=...)` that binds the axis; "
             f"bound here: {bound}. Did you mean one of those, or call it outside the mapped "
             "function?"
         )
     return sizes
+
+
+class _UnboundAxis(UnboundAxisError, AssertionError):
+    """`UnboundAxisError` that is also an `AssertionError`.
+
+    `jax.lax` raises `NameError` for an unbound axis outside any mapping and an
+    (empty) `AssertionError` inside `shard_map`; this is both, with a message.
+    """
 
 
 def _measurement_mode(axes: tuple) -> tuple[str | None, Any]:
@@ -172,7 +180,7 @@ def _leader_table(pacer, am) -> tuple[np.ndarray, str]:
 
 def _linear_shard_index(am):
     idx = jnp.int32(0)
-    for name, size in zip(am.axis_names, am.axis_sizes):
+    for name, size in zip(am.axis_names, am.axis_sizes, strict=True):
         idx = idx * size + lax.axis_index(name)
     return idx
 
@@ -197,6 +205,27 @@ def _token(leaves) -> jax.Array:
     return lax.stop_gradient(tok)
 
 
+def _tie_first_element(leaf, never):
+    """`leaf` with element 0 replaced by `select(never, 0, element 0)`: the same bits."""
+    ndim = jnp.ndim(leaf)
+    one = (1,) * ndim
+    first = lax.slice(leaf, (0,) * ndim, one) if ndim else leaf
+    upd = lax.select(jnp.broadcast_to(never, jnp.shape(first)), jnp.zeros_like(first), first)
+    if not ndim:
+        return upd
+    return lax.dynamic_update_slice(leaf, upd, (0,) * ndim)
+
+
+def _dependency_leaf(leaves) -> int | None:
+    """Index of the smallest non-empty array leaf (cheapest to tie a dependency to)."""
+    best, best_size = None, None
+    for i, leaf in enumerate(leaves):
+        size = int(np.prod(jnp.shape(leaf)))
+        if size > 0 and (best_size is None or size < best_size):
+            best, best_size = i, size
+    return best
+
+
 def _group_size(axes: tuple, sizes: dict, axis_index_groups) -> int:
     if axis_index_groups is not None:
         return len(axis_index_groups[0])
@@ -210,32 +239,116 @@ def _group_size(axes: tuple, sizes: dict, axis_index_groups) -> int:
 
 
 def collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
-    """Measured `lax.psum`/`lax.pmean` on behalf of `pacer`."""
+    """Measured `lax.psum`/`lax.pmean` on behalf of `pacer`.
+
+    Every pass-through decision below is made at trace time from static facts
+    (axis kinds, tracer kinds, the mesh, settings agreed at consensus), so every
+    process traces the same program.
+    """
+    try:
+        return _collective(pacer, kind, x, axis_name, axis_index_groups, site)
+    except NotImplementedError as e:
+        if str(e).strip():
+            raise
+        # JAX raises a bare `NotImplementedError()` for some calls (e.g.
+        # `axis_index_groups` inside `shard_map`): same type, clearer message.
+        raise NotImplementedError(
+            f"`jax.lax.{kind}` does not support this call here (JAX raised a bare "
+            f"NotImplementedError): axis_name={axis_name!r}, "
+            f"axis_index_groups={axis_index_groups!r}. `axis_index_groups` works under "
+            "`jax.pmap` only; inside `jax.shard_map` or `jax.vmap`, reduce over a mesh axis "
+            "(or a sub-mesh made with `shard_map(axis_names=...)`) instead."
+        ) from e
+
+
+def _collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
     lax_fn = _LAX[kind]
-    axes = _axes(axis_name)
+
+    def plain():
+        return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
+
     if site is None:
         site = _caller_site()
     elif not isinstance(site, str) or not site:
         raise TypeError(f"`site` must be a non-empty string, got {site!r}.")
+    axes = _axes(axis_name)
+    if not axes or any(isinstance(a, int) for a in axes):
+        # `psum(x, ())` is the identity and integer axes are positional in lax:
+        # nothing crosses devices, so nothing to time (lax raises where it must).
+        return plain()
     if not pacer.config.enabled:
-        return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
-    leaves, treedef = jax.tree_util.tree_flatten(x)
-    if not leaves or any(not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)) and not hasattr(leaf, "shape") for leaf in leaves):
-        return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
-    # Unbound / unknown axes: let lax raise its own error type when it has one,
-    # but ours is clearer, and is a NameError subclass like lax's.
+        pacer._on_trace()  # freezes settings; `enabled` is agreed like the rest
+        return plain()
+    leaves = jax.tree_util.tree_leaves(x)
+    if not leaves or any(not isinstance(leaf, _SCALARS) and not hasattr(leaf, "shape")
+                         for leaf in leaves):
+        # Empty trees, or operands lax rejects: lax's own result or error.
+        return plain()
+    # Unbound axes: ours names the axis and the bound ones (JAX's is often an
+    # empty AssertionError); it subclasses both NameError and AssertionError.
     sizes = _check_bound(axes)
+    # Settings are frozen and agreed across processes before any decision.
+    pacer._on_trace()
     reason, am = _measurement_mode(axes)
     if reason is None and any(not _is_traced(leaf) for leaf in leaves):
         # Python scalars / numpy constants (e.g. the `psum(1, axis)` idiom): lax
         # folds these to the axis size; there is nothing to time.
         reason = "constant operand (folded by jax.lax, nothing to time)"
+    if reason is None and any(_is_linear(leaf) for leaf in leaves):
+        reason = (
+            "tangent/cotangent under autodiff (a linear value JAX will transpose; host "
+            "callbacks cannot be transposed)"
+        )
+    if reason is None and _inside_remat():
+        reason = (
+            "inside jax.checkpoint/remat (JAX rejects host callbacks in remat partial-eval "
+            "under grad); move the collective outside the checkpointed function to time it"
+        )
+    if reason is None and not pacer._callbacks_ok:
+        reason = (
+            "no CPU backend for host callbacks (add `cpu` to JAX_PLATFORMS, e.g. "
+            "JAX_PLATFORMS=cuda,cpu, to measure)"
+        )
     if reason is not None:
         pacer._note_unmeasured(site, reason)
-        return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
-    pacer._on_trace()
+        return plain()
     return _measured(pacer, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups,
                      site, sizes, am)
+
+
+_SCALARS = (jax.Array, np.ndarray, np.generic, int, float, bool, complex)
+
+
+def _is_linear(leaf) -> bool:
+    """Whether `leaf` is an unknown of a partial-eval trace (a tangent JAX will transpose)."""
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        return isinstance(leaf, pe.JaxprTracer) and not leaf.pval.is_known()
+    except Exception:  # noqa: BLE001 - internal API moved: assume not linear
+        return False
+
+
+_REMAT_FILE = os.path.join("jax", "_src", "ad_checkpoint.py")
+
+
+def _inside_remat() -> bool:
+    """Whether this call is being traced by `jax.checkpoint` (remat).
+
+    JAX traces a checkpointed function to a jaxpr eagerly, before it knows
+    whether it will be differentiated, and rejects every IO effect in it under
+    grad. There is no public flag for "inside remat", so look for
+    `jax._src.ad_checkpoint` on the stack (trace time only, never per step).
+    """
+    f = inspect.currentframe()
+    try:
+        while f is not None:
+            if f.f_code.co_filename.endswith(_REMAT_FILE):
+                return True
+            f = f.f_back
+        return False
+    finally:
+        del f
 
 
 def _is_traced(leaf) -> bool:
@@ -264,17 +377,25 @@ def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
 
     def post_cb(reduced, flag, rank):
         r = jax.process_index() if granularity == "process" else int(rank)
-        pacer._post(site_obj, r, int(flag), np.asarray(reduced), scale)
+        pacer._post(site_obj, r, int(flag), np.asarray(reduced) if exchange else None, scale)
         return np.int32(0)
 
-    payload_shape = (
-        jax.ShapeDtypeStruct((3 * num_slots,), jnp.float32),
+    # Without exchange (measure-only or fixed delays) the user's operands are the
+    # all-reduce's only operands, exactly as in lax: the pre-callback is tied in
+    # through a select that never picks its other side (bitwise the leaf), since
+    # CPU/gloo runs each operand of a variadic all-reduce as its own collective.
+    # With exchange, the payload is one more (tiny) operand of the same op.
+    exchange = pacer.policy.needs_exchange
+    n_pay = 3 * num_slots if exchange else 0
+    pre_shape = (
+        jax.ShapeDtypeStruct((n_pay,), jnp.float32),
         jax.ShapeDtypeStruct((), jnp.int32),
     )
 
     @jax.custom_batching.custom_vmap
     def measured(x):
-        leaves = jax.tree_util.tree_leaves(x)
+        leaves, tdef = jax.tree_util.tree_flatten(x)
+        dep = _dependency_leaf(leaves)
         tok = _token(leaves)
         rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
         if table is not None:
@@ -284,13 +405,25 @@ def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
 
         def call_pre(args):
             t, r = args
-            return io_callback(pre_cb, payload_shape, t, r, ordered=False)
+            return io_callback(pre_cb, pre_shape, t, r, ordered=False)
 
         def skip_pre(args):
-            return (jnp.zeros((3 * num_slots,), jnp.float32), jnp.int32(0))
+            return (jnp.zeros((n_pay,), jnp.float32), jnp.int32(0))
 
         payload, flag = lax.cond(is_leader, call_pre, skip_pre, (tok, rank))
-        out, reduced = lax_fn((x, payload), axis_name, axis_index_groups=axis_index_groups)
+        if exchange or dep is None:
+            out, reduced = lax_fn((x, payload), axis_name, axis_index_groups=axis_index_groups)
+        else:
+            leaf = leaves[dep]
+            # `flag` is never negative, so this rewrites the leaf's first element
+            # with itself, bit for bit; XLA cannot know that, so the collective
+            # waits for the pre-callback. An in-place one-element update, not a
+            # pass over the whole leaf (a full select cost 2x at 1M elements).
+            leaves = list(leaves)
+            leaves[dep] = _tie_first_element(leaf, flag < 0)
+            x_dep = jax.tree_util.tree_unflatten(tdef, leaves)
+            out = lax_fn(x_dep, axis_name, axis_index_groups=axis_index_groups)
+            reduced = _token([jax.tree_util.tree_leaves(out)[dep]]).reshape((1,))
 
         def call_post(args):
             red, fl, r = args
@@ -331,7 +464,7 @@ def _tangent(lax_fn, xt, y, axis_name, axis_index_groups):
     t_leaves, t_def = jax.tree_util.tree_flatten(xt)
     y_leaves = jax.tree_util.tree_leaves(y)
     out = []
-    for t, yl in zip(t_leaves, y_leaves):
+    for t, yl in zip(t_leaves, y_leaves, strict=True):
         if getattr(t, "dtype", None) == dtypes.float0:
             tdt = dtypes.float0 if not jnp.issubdtype(yl.dtype, jnp.inexact) else yl.dtype
             if tdt == dtypes.float0:

@@ -71,10 +71,13 @@ class Recorder:
         row = self._buf[step % self.capacity]
         if int(row["step"]) != step:
             return None
+        wait = done_ns - int(row["arrive_ns"])
+        if wait < 0:  # a clock that went backwards: drop the record, trust nothing
+            row["step"] = -1
+            return None
         row["done_ns"] = done_ns
         row["engaged"] = engaged
-        wait = done_ns - int(row["arrive_ns"])
-        return wait if wait >= 0 else None
+        return wait
 
     def completed(self) -> np.ndarray:
         """Returns the finished rows, ordered by step."""

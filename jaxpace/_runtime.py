@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from jaxpace import _policy
-from jaxpace._probe import Clock, Recorder, RateLimitedLog, Sink, interruptible_sleep
+from jaxpace._probe import Clock, RateLimitedLog, Recorder, Sink, interruptible_sleep
 from jaxpace.errors import ConfigError, ConfigMismatchError, TracedConfigChangeError
 
 __all__ = ["Pacer", "PacerConfig", "SiteStats", "default_pacer", "configure"]
@@ -116,6 +116,7 @@ class _RankState:
         self.pending_delay_s = 0.0
         self.policy_state = policy.init(num_slots)
         self.engaged = False
+        self.backed_off = False
         self.steps = 0
         self.steps_paced = 0
         self.total_delay_ns = 0
@@ -147,9 +148,34 @@ class _Site:
         return st
 
 
-def _now_ns(clock: Clock) -> int:
-    t = clock()
-    return int(t)
+_CLOCK_MAX_NS = 2**62
+
+
+def _now_ns(clock: Clock) -> int | None:
+    """One clock reading in integer ns, or None when it is unusable.
+
+    NaN, inf, negative, absurdly large or non-numeric readings (and a raising
+    clock) give None: the step is then simply not timed, never a delay.
+    """
+    try:
+        t = clock()
+        if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)):
+            return None
+        if not math.isfinite(t) or t < 0 or t >= _CLOCK_MAX_NS:
+            return None
+        return int(t)
+    except Exception:  # noqa: BLE001 - a broken clock means "not timed"
+        return None
+
+
+def _host_callbacks_available() -> bool:
+    """Whether JAX has a CPU backend to run host callbacks on (checked once per Pacer)."""
+    try:
+        import jax
+
+        return bool(jax.local_devices(backend="cpu"))
+    except Exception:  # noqa: BLE001 - e.g. JAX_PLATFORMS=cuda
+        return False
 
 
 class Pacer:
@@ -225,6 +251,7 @@ class Pacer:
         self.sink_dropped = 0
         self.sink_errors = 0
         self._fault_hook = None  # tests: called inside callbacks to inject faults
+        self._callbacks_ok_cache: bool | None = None
         _install_sigterm_release(self)
 
     # ------------------------------------------------------------------ config
@@ -260,6 +287,18 @@ class Pacer:
             if bad:
                 raise ConfigError(f"unknown setting(s) {bad}; valid: {sorted(fields)}.")
             self._config = dataclasses.replace(self._config, **changes)
+
+    @property
+    def _callbacks_ok(self) -> bool:
+        if self._callbacks_ok_cache is None:
+            self._callbacks_ok_cache = _host_callbacks_available()
+            if not self._callbacks_ok_cache:
+                log.warning(
+                    "jaxpace: JAX has no CPU backend, so host callbacks cannot run; every "
+                    "jaxpace collective is the plain jax.lax one (unmeasured). Add `cpu` to "
+                    "JAX_PLATFORMS (e.g. JAX_PLATFORMS=cuda,cpu) to measure."
+                )
+        return self._callbacks_ok_cache
 
     # ------------------------------------------------------------------ collectives
 
@@ -298,7 +337,7 @@ class Pacer:
 
     def _note_unmeasured(self, site: str, reason: str) -> None:
         with self._lock:
-            if site not in self._unmeasured:
+            if self._unmeasured.get(site) != reason:
                 log.info("jaxpace: collective at %s is not measured: %s", site, reason)
             self._unmeasured[site] = reason
 
@@ -310,15 +349,19 @@ class Pacer:
         Never raises: any error gives "no delay" and an all-zero payload.
         """
         n = site.num_slots
-        payload = np.zeros(3 * n, dtype=np.float32)
+        exchange = self._policy.needs_exchange
+        payload = np.zeros(3 * n if exchange else 0, dtype=np.float32)
         try:
+            if self._fault_hook is not None:
+                # Before the clock: a hook that sleeps models a late arrival.
+                self._fault_hook("pre", site.name, rank, site.rank(rank).next_step)
             t = _now_ns(self.clock)
             st = site.rank(rank)
             with st.lock:
                 step = st.next_step
                 st.next_step += 1
-                sampled = step % self._config.sample_every == 0
-                if sampled and 0 <= rank < n:
+                sampled = step % self._config.sample_every == 0 and t is not None
+                if exchange and sampled and 0 <= rank < n:
                     if math.isfinite(st.prev_wait_s):
                         payload[rank] = st.prev_wait_s
                         payload[n + rank] = 1.0
@@ -326,10 +369,7 @@ class Pacer:
                         payload[2 * n + rank] = st.prev_step_s
                 delay_s = st.pending_delay_s
                 st.pending_delay_s = 0.0
-            if self._fault_hook is not None:
-                self._fault_hook("pre", site.name, rank, step)
-            delay_s = min(max(float(delay_s), 0.0), self._policy.max_delay_s) if math.isfinite(
-                delay_s) else 0.0
+            delay_s = _clamp_delay(delay_s, self._policy.max_delay_s)
             slept = interruptible_sleep(delay_s, self._stop)
             if sampled:
                 with st.lock:
@@ -339,17 +379,24 @@ class Pacer:
             return payload, np.int32((step + 1) if sampled else 0)
         except Exception as e:  # noqa: BLE001 - callbacks must never raise
             self._count_error(site, "pre", e)
-            return np.zeros(3 * n, dtype=np.float32), np.int32(0)
+            return np.zeros(3 * n if self._policy.needs_exchange else 0, dtype=np.float32), np.int32(0)
 
-    def _post(self, site: _Site, rank: int, flag: int, reduced: np.ndarray, scale: float) -> None:
+    def _post(self, site: _Site, rank: int, flag: int, reduced: np.ndarray | None, scale: float) -> None:
         """Post-collective callback body: close the record, run the policy."""
         try:
             t = _now_ns(self.clock)
             if flag <= 0:
                 return
+            if t is None:
+                st = site.rank(rank)
+                with st.lock:  # untimed: pace nothing from it
+                    st.prev_wait_s = math.nan
+                    st.prev_step_s = math.nan
+                    st.pending_delay_s = 0.0
+                return
             step = int(flag) - 1
             n = site.num_slots
-            vec = np.asarray(reduced, dtype=np.float64).reshape(-1) * scale
+            vec = None if reduced is None else np.asarray(reduced, dtype=np.float64).reshape(-1) * scale
             if self._fault_hook is not None:
                 self._fault_hook("post", site.name, rank, step)
             st = site.rank(rank)
@@ -368,22 +415,31 @@ class Pacer:
                     if row["delay_ns"] > 0:
                         st.steps_paced += 1
                         st.total_delay_ns += int(row["delay_ns"])
-                # In-band vector of everyone's previous waits.
-                waits = _policy.sanitize_seconds(vec[:n])
-                present = vec[n : 2 * n] > 0.5
-                waits[~present] = np.nan
-                if np.isfinite(waits).any():
-                    earliness = waits - np.nanmin(waits)
-                    steps_s = _policy.sanitize_seconds(vec[2 * n :])
-                    steps_s[~present | (steps_s <= 0)] = np.nan
-                    step_time = float(np.nanmedian(steps_s)) if np.isfinite(steps_s).any() else math.nan
-                    obs = _policy.Observation(earliness_s=earliness, step_time_s=step_time)
+                if vec is None:
+                    # No exchange: only this rank's own view (fixed / measure-only).
+                    earliness = np.full(n, np.nan)
+                    obs = _policy.Observation(earliness_s=earliness, step_time_s=st.prev_step_s)
                     delays, st.policy_state = self._policy.update(obs, st.policy_state)
                     d = float(np.asarray(delays, dtype=np.float64).reshape(-1)[rank]) if rank < n else 0.0
-                    st.pending_delay_s = d if math.isfinite(d) else 0.0
-                    st.engaged = bool(getattr(st.policy_state, "engaged", False))
-                    st.early_hist[st.early_n % len(st.early_hist)] = earliness
-                    st.early_n += 1
+                    st.pending_delay_s = _clamp_delay(d, self._policy.max_delay_s)
+                else:
+                    # In-band vector of everyone's previous waits.
+                    waits = _policy.sanitize_seconds(vec[:n])
+                    present = vec[n : 2 * n] > 0.5
+                    waits[~present] = np.nan
+                    if np.isfinite(waits).any():
+                        earliness = waits - np.nanmin(waits)
+                        steps_s = _policy.sanitize_seconds(vec[2 * n :])
+                        steps_s[~present | (steps_s <= 0)] = np.nan
+                        step_time = float(np.nanmedian(steps_s)) if np.isfinite(steps_s).any() else math.nan
+                        obs = _policy.Observation(earliness_s=earliness, step_time_s=step_time)
+                        delays, st.policy_state = self._policy.update(obs, st.policy_state)
+                        d = float(np.asarray(delays, dtype=np.float64).reshape(-1)[rank]) if rank < n else 0.0
+                        st.pending_delay_s = _clamp_delay(d, self._policy.max_delay_s)
+                        st.engaged = bool(getattr(st.policy_state, "engaged", False))
+                        self._note_backoff(site, st)
+                        st.early_hist[st.early_n % len(st.early_hist)] = earliness
+                        st.early_n += 1
             if self._sinks:
                 self._emit(
                     {
@@ -397,6 +453,20 @@ class Pacer:
                 )
         except Exception as e:  # noqa: BLE001 - callbacks must never raise
             self._count_error(site, "post", e)
+
+    def _note_backoff(self, site: _Site, st: _RankState) -> None:
+        """Logs (once per episode) that the policy refused to chase a skew."""
+        backed_off = bool(getattr(st.policy_state, "backed_off", False))
+        if backed_off and not st.backed_off:
+            log.warning(
+                "jaxpace: at %s the arrival spread (%.3f s) is far beyond max_delay_s=%g; "
+                "pacing backs off instead of chasing it. Fix the straggler at its source "
+                "(see `jaxpace report`).",
+                site.name,
+                float(getattr(st.policy_state, "spread_s", math.nan)),
+                self._policy.max_delay_s,
+            )
+        st.backed_off = backed_off
 
     def _count_error(self, site: _Site, where: str, e: Exception) -> None:
         try:
@@ -600,10 +670,22 @@ class Pacer:
 # ---------------------------------------------------------------------- consensus
 
 
+def _clamp_delay(delay_s: Any, max_delay_s: float) -> float:
+    """`delay_s` clamped to `[0, max_delay_s]`; NaN, inf and non-numbers give 0."""
+    try:
+        d = float(delay_s)
+    except (TypeError, ValueError):
+        return 0.0
+    if not math.isfinite(d):
+        return 0.0
+    return min(max(d, 0.0), float(max_delay_s))
+
+
 def _fingerprint(pacer: Pacer) -> str:
     c = pacer.config
     desc = {
         "enabled": c.enabled,
+        "host_callbacks": pacer._callbacks_ok if c.enabled else None,
         "granularity": c.granularity,
         "sample_every": c.sample_every,
         "policy": pacer.policy.name,
