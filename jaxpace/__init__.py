@@ -17,32 +17,30 @@ from jaxpace.topology import make_mesh
 
 __version__ = "0.1.0"
 
-__all__ = sorted(
-    [
-        "AdaptiveConfig",
-        "AdaptiveState",
-        "Clock",
-        "Observation",
-        "Pacer",
-        "PacerConfig",
-        "PacingPolicy",
-        "Sink",
-        "SiteStats",
-        "adaptive",
-        "configure",
-        "default_pacer",
-        "errors",
-        "fixed",
-        "launch",
-        "make_mesh",
-        "no_pacing",
-        "pmean",
-        "psum",
-        "report",
-        "sim",
-        "topology",
-    ]
-)
+__all__ = [
+    "AdaptiveConfig",
+    "AdaptiveState",
+    "Clock",
+    "Observation",
+    "Pacer",
+    "PacerConfig",
+    "PacingPolicy",
+    "Sink",
+    "SiteStats",
+    "adaptive",
+    "configure",
+    "default_pacer",
+    "errors",
+    "fixed",
+    "launch",
+    "make_mesh",
+    "no_pacing",
+    "pmean",
+    "psum",
+    "report",
+    "sim",
+    "topology",
+]
 
 
 def __getattr__(name: str):

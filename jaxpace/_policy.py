@@ -104,9 +104,9 @@ def _check_number(name: str, value: Any, *, lo: float, hi: float, lo_open: bool 
             f"`{name}` must be {kind} in {'(' if lo_open else '['}{lo}, {hi}], "
             f"got {value!r} of type {type(value).__name__}."
         )
-    if integer and int(value) != value:
-        raise ConfigError(f"`{name}` must be an integer, got {value!r}.")
     v = float(value)
+    if integer and (not math.isfinite(v) or int(v) != v):
+        raise ConfigError(f"`{name}` must be an integer in [{lo}, {hi}], got {value!r}.")
     if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
         bound = f"{'(' if lo_open else '['}{lo}, {hi}]"
         raise ConfigError(f"`{name}` must be {kind} in {bound}, got {value!r}. Pass a value in {bound}.")

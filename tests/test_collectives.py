@@ -22,7 +22,7 @@ MESH = jax.make_mesh((8,), ("data",))
 def same_bytes(a, b):
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     assert len(la) == len(lb)
-    for x, y in zip(la, lb):
+    for x, y in zip(la, lb, strict=True):
         x, y = np.asarray(x), np.asarray(y)
         assert x.dtype == y.dtype and x.shape == y.shape, (x.dtype, y.dtype, x.shape, y.shape)
         assert x.reshape(-1).view(np.uint8).tobytes() == y.reshape(-1).view(np.uint8).tobytes(), (x, y)

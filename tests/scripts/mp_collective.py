@@ -64,7 +64,7 @@ def run_phase(policy_name, tag):
     jax.block_until_ready(out)
     same = True
     times = []
-    for k in range(args.steps):
+    for _ in range(args.steps):
         if pid == args.lag_process and args.lag_s > 0:
             time.sleep(args.lag_s)
         t0 = time.perf_counter()
