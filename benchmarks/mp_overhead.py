@@ -13,7 +13,6 @@ args = ap.parse_args()
 pid, _ = jl.init_from_env(platform="cpu")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402

@@ -5,7 +5,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import SCRIPTS
 
 pytestmark = pytest.mark.multiprocess
