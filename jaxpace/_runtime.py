@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -652,12 +653,71 @@ class Pacer:
         d = os.path.dirname(p)
         if d:
             os.makedirs(d, exist_ok=True)
-        tmp = p + ".tmp"
-        with open(tmp, "w") as f:
-            for rec in self.records():
-                f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        os.replace(tmp, p)
+        _write_jsonl(p, self.records())
         return p
+
+    def gather(self, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
+        """Collects every process's records on process 0, at the end of a run.
+
+        Each process publishes its records (compressed) to the `jax.distributed`
+        key-value store; process 0 reads them with a bounded wait. Call it on
+        every process, outside any jitted code (never from a callback).
+
+        Args:
+          timeout_s: how long process 0 waits for each other process.
+
+        Returns:
+          On process 0, all records (each process's header first, then its
+          steps; a process that never published is left out and logged); on
+          other processes None. Single-process: this process's records.
+        """
+        import jax
+
+        recs = self.records()
+        if jax.process_count() == 1:
+            return recs
+        client = _kv_client()
+        if client is None:
+            raise RuntimeError("`gather` needs `jax.distributed.initialize()` (multi-process).")
+        gen = _CONSENSUS_GEN.get("gather", 0)
+        _CONSENSUS_GEN["gather"] = gen + 1
+        prefix = f"jaxpace/records/{self.run_id}/{gen}"
+        me = jax.process_index()
+        blob = zlib.compress("\n".join(json.dumps(r, separators=(",", ":")) for r in recs).encode())
+        client.key_value_set_bytes(f"{prefix}/p{me}", blob)
+        if me != 0:
+            return None
+        out = list(recs)
+        for p in range(1, jax.process_count()):
+            try:
+                data = client.blocking_key_value_get_bytes(f"{prefix}/p{p}", int(timeout_s * 1000))
+            except Exception as e:  # noqa: BLE001 - a dead peer must not hang or crash us
+                log.warning("jaxpace: no records from process %d within %.0fs (%s)", p, timeout_s,
+                            type(e).__name__)
+                continue
+            out.extend(json.loads(line) for line in zlib.decompress(data).decode().splitlines())
+        return out
+
+    def export_all(self, directory: str | os.PathLike, timeout_s: float = 60.0) -> str | None:
+        """`gather` to process 0 and write `records-p{i}.jsonl` for every process there.
+
+        Use when processes do not share a filesystem. Returns the directory on
+        process 0, None elsewhere.
+        """
+        recs = self.gather(timeout_s)
+        if recs is None:
+            return None
+        d = os.fspath(directory)
+        os.makedirs(d, exist_ok=True)
+        by_proc: dict[int, list[dict[str, Any]]] = {}
+        current = None
+        for r in recs:
+            if r.get("type") == "header":
+                current = int(r["process_index"])
+            by_proc.setdefault(current, []).append(r)
+        for proc, rows in by_proc.items():
+            _write_jsonl(os.path.join(d, f"records-p{proc}.jsonl"), rows)
+        return d
 
     def write_trace(self, path: str | os.PathLike) -> str:
         """Writes a Perfetto / Chrome trace JSON of this process's records."""
@@ -665,6 +725,15 @@ class Pacer:
 
         report.write_trace(self.records(), os.fspath(path))
         return os.fspath(path)
+
+
+def _write_jsonl(path: str, records: list[dict[str, Any]]) -> None:
+    """Writes records one JSON object a line, atomically (a reader never sees half a file)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------- consensus

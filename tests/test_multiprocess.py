@@ -100,6 +100,18 @@ def test_records_exported_and_run_id_agreed(paced_run):
         assert len(lines) > 40
 
 
+def test_records_gathered_to_process_0_match_each_process_export(paced_run):
+    out, _ = paced_run
+    from jaxpace import report
+
+    for i in range(4):
+        own = (out / "paced" / f"records-p{i}.jsonl").read_text()
+        gathered = (out / "paced-gathered" / f"records-p{i}.jsonl").read_text()
+        assert gathered == own
+    rep = report.analyze(out / "unpaced-gathered")
+    assert rep.culprit == 1 and not rep.partial
+
+
 def test_config_mismatch_fails_on_every_process(launch):
     proc = launch(["-n", 2, "--local-devices", 1, "--timeout", 120, "--", sys.executable,
                    SCRIPTS / "mp_mismatch.py"], timeout_s=150)

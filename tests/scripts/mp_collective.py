@@ -73,6 +73,8 @@ def run_phase(policy_name, tag):
         times.append(time.perf_counter() - t0)
         same &= bool(np.asarray(a.addressable_data(0)).tobytes() == np.asarray(b.addressable_data(0)).tobytes())
     pacer.export(os.path.join(args.out, tag, f"records-p{pid}.jsonl"))
+    # Also gather every process's records to process 0 (no shared filesystem needed).
+    pacer.export_all(os.path.join(args.out, tag + "-gathered"), timeout_s=60)
     st = pacer.stats()["grads"]
     recs = [r for r in pacer.records() if r["type"] == "step"]
     return {

@@ -1,0 +1,91 @@
+"""Pacer runtime on one process: sinks, stats fields, records, configure rules."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxpace as jp
+
+MESH = jax.make_mesh((8,), ("data",))
+
+
+def _run(pacer, steps=4, site="s"):
+    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data", site=site), mesh=MESH,
+                              in_specs=P("data"), out_specs=P()))
+    x = jax.device_put(jnp.ones((8, 4)), NamedSharding(MESH, P("data")))
+    for _ in range(steps):
+        f(x).block_until_ready()
+
+
+def test_sink_receives_one_summary_per_rank_step_off_the_callback_thread():
+    got, threads = [], set()
+
+    def sink(summary):
+        got.append(summary)
+        threads.add(threading.current_thread().name)
+
+    pacer = jp.Pacer(granularity="device", sinks=[sink])
+    _run(pacer, steps=3)
+    pacer.flush()
+    assert len(got) == 3 * 8
+    assert {g["site"] for g in got} == {"s"}
+    assert sorted({g["rank"] for g in got}) == list(range(8))
+    assert all(g["wait_s"] >= 0 and g["delay_s"] == 0 for g in got)
+    assert threads == {"jaxpace-sinks"}
+    pacer.close()
+
+
+def test_raising_sink_is_counted_and_does_not_disturb_the_step():
+    def bad(summary):
+        raise RuntimeError("logger down")
+
+    pacer = jp.Pacer(sinks=[bad])
+    _run(pacer, steps=3)
+    pacer.flush()
+    assert pacer.sink_errors == 3
+    assert pacer.stats()["s"].errors == 0
+    pacer.close()
+
+
+def test_gather_single_process_returns_own_records():
+    pacer = jp.Pacer()
+    _run(pacer, steps=2)
+    recs = pacer.gather()
+    assert recs[0]["type"] == "header" and len(recs) == 3
+
+
+def test_export_all_writes_per_process_files(tmp_path):
+    pacer = jp.Pacer(granularity="device")
+    _run(pacer, steps=2)
+    d = pacer.export_all(tmp_path / "run")
+    files = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert d is not None and files == ["records-p0.jsonl"]
+    rep = jp.report.analyze(tmp_path / "run", warmup_steps=0)
+    assert rep.num_ranks == 8
+
+
+def test_sample_every_records_only_sampled_steps():
+    pacer = jp.Pacer(sample_every=3)
+    _run(pacer, steps=7)
+    steps = [r["step"] for r in pacer.records() if r["type"] == "step"]
+    assert steps == [0, 3, 6]
+
+
+def test_capacity_bounds_records():
+    pacer = jp.Pacer(capacity=4)
+    _run(pacer, steps=10)
+    steps = [r["step"] for r in pacer.records() if r["type"] == "step"]
+    assert steps == [6, 7, 8, 9]
+
+
+def test_configure_default_pacer_rules():
+    p = jp.default_pacer()
+    if not p._traced:
+        jp.configure(policy=jp.no_pacing())
+    jax.vmap(lambda v: jp.psum(v, "i"), axis_name="i")(jnp.ones(2))
+    with pytest.raises(jp.errors.TracedConfigChangeError):
+        jp.configure(policy=jp.adaptive())
