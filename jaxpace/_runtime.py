@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import json
@@ -924,7 +925,17 @@ def _install_sigterm_release(pacer: Pacer) -> None:
                 if signal.SIGTERM in data:
                     _release_all()
 
-        _install_sigterm_release._sock = (r, w)  # type: ignore[attr-defined]
+        def close_at_exit() -> None:
+            try:
+                prev_fd = signal.set_wakeup_fd(-1)
+                if prev_fd not in (-1, w.fileno()):
+                    signal.set_wakeup_fd(prev_fd)  # someone else's since: leave it
+            except (ValueError, OSError):
+                pass
+            w.close()
+            r.close()
+
         threading.Thread(target=watch, name="jaxpace-sigterm", daemon=True).start()
+        atexit.register(close_at_exit)
     except (ValueError, OSError):
         pass
