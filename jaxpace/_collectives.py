@@ -138,8 +138,6 @@ def _leader_table(pacer, am) -> tuple[np.ndarray, str]:
     names = tuple(am.axis_names)
     shape = tuple(am.axis_sizes)
     total = int(np.prod(shape)) if shape else 1
-    devices = None
-    source = "assumed"
     candidates = []
     if pacer.mesh is not None:
         candidates.append(("Pacer(mesh=...)", pacer.mesh))
@@ -153,27 +151,33 @@ def _leader_table(pacer, am) -> tuple[np.ndarray, str]:
         pass
     from jaxpace import _mesh_registry
 
-    for m in _mesh_registry.recent():
-        candidates.append(("jaxpace.make_mesh", m))
-    for src, m in candidates:
+    def fits(m) -> bool:
         try:
-            if tuple(m.axis_names) == names and tuple(m.devices.shape) == shape:
-                devices = m.devices.reshape(-1)
-                source = src
-                break
+            return tuple(m.axis_names) == names and tuple(m.devices.shape) == shape
         except Exception:  # noqa: BLE001
-            continue
-    table = np.zeros(total, dtype=bool)
-    if devices is not None:
+            return False
+
+    def table_of(m) -> np.ndarray:
+        table = np.zeros(total, dtype=bool)
         seen = set()
-        for i, d in enumerate(devices):
+        for i, d in enumerate(m.devices.reshape(-1)):
             p = getattr(d, "process_index", 0)
             if p not in seen:
                 seen.add(p)
                 table[i] = True
-        return table, source
+        return table
+
+    for src, m in candidates:
+        if fits(m):
+            return table_of(m), src
+    # Meshes from jaxpace.make_mesh: usable only if every one of this shape
+    # agrees (the one inside shard_map is not known by identity).
+    registered = [table_of(m) for m in _mesh_registry.recent() if fits(m)]
+    if registered and all((t == registered[0]).all() for t in registered):
+        return registered[0], "jaxpace.make_mesh"
     nproc = jax.process_count()
     block = max(total // max(nproc, 1), 1)
+    table = np.zeros(total, dtype=bool)
     table[::block] = True
     return table, "assumed process-contiguous blocks (as jax.make_mesh and pmap lay out)"
 
@@ -362,11 +366,12 @@ def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
     group = _group_size(axes, sizes, axis_index_groups)
     if granularity == "process":
         num_slots = jax.process_count()
-        table, _source = _leader_table(pacer, am)
+        table, source = _leader_table(pacer, am)
     else:
         num_slots = group
-        table = None
+        table, source = None, "every shard (granularity='device')"
     site_obj = pacer._site(site, num_slots)
+    site_obj.layout = source
     scale = float(group) if kind == "pmean" else 1.0
 
     def pre_cb(tok, rank):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -446,5 +445,3 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
     fields = ", ".join(f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c))
     return PacingPolicy(init_fn, update_fn, name=f"adaptive({fields})", max_delay_s=c.max_delay_s)
 
-
-PolicyFactory = Callable[..., PacingPolicy]

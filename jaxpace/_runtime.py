@@ -85,6 +85,10 @@ class SiteStats:
       backed_off: the policy refused to chase a skew beyond its bounds.
       ab_effect: `{"paced_step_s", "unpaced_step_s", "rejected"}` when the A/B
         guard ran, else None.
+      layout: which shards measure: the source of the concrete mesh used to
+        find each process's first shard ("Pacer(mesh=...)", "jax.set_mesh",
+        "jaxpace.make_mesh", or an assumption of process-contiguous blocks), or
+        every shard at device granularity.
     """
 
     site: str
@@ -102,6 +106,7 @@ class SiteStats:
     errors: int = 0
     backed_off: bool = False
     ab_effect: dict[str, Any] | None = None
+    layout: str | None = None
 
 
 class _RankState:
@@ -115,6 +120,7 @@ class _RankState:
         self.prev_step_s = math.nan
         self.last_done_ns: int | None = None
         self.last_arrive_ns: int | None = None
+        self.open_step: int | None = None  # arrived, not yet done
         self.pending_delay_s = 0.0
         self.policy_state = policy.init(num_slots)
         self.engaged = False
@@ -138,6 +144,7 @@ class _Site:
         self.ranks: dict[int, _RankState] = {}
         self.lock = threading.Lock()
         self.errors = 0
+        self.layout: str | None = None  # how each process's measuring shard was found
 
     def rank(self, r: int) -> _RankState:
         st = self.ranks.get(r)
@@ -345,7 +352,7 @@ class Pacer:
 
     # ------------------------------------------------------------------ callbacks (host)
 
-    def _pre(self, site: _Site, rank: int, step_hint: int | None = None) -> tuple[np.ndarray, np.int32]:
+    def _pre(self, site: _Site, rank: int) -> tuple[np.ndarray, np.int32]:
         """Pre-collective callback body: record arrival, sleep the pending delay.
 
         Never raises: any error gives "no delay" and an all-zero payload.
@@ -371,6 +378,19 @@ class Pacer:
                         payload[2 * n + rank] = st.prev_step_s
                 delay_s = st.pending_delay_s
                 st.pending_delay_s = 0.0
+                if sampled:
+                    if st.open_step is not None:
+                        # Two arrivals before one exit: two shards of this process
+                        # measure this collective, or one site name is traced twice.
+                        self._errlog.warning(
+                            f"{site.name}:overlap",
+                            "jaxpace: two measured arrivals at %s overlap on one rank (%d); "
+                            "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`) and "
+                            "give collectives traced from one line in a loop distinct `site=`.",
+                            site.name,
+                            rank,
+                        )
+                    st.open_step = step
             delay_s = _clamp_delay(delay_s, self._policy.max_delay_s)
             slept = interruptible_sleep(delay_s, self._stop)
             if sampled:
@@ -381,7 +401,7 @@ class Pacer:
             return payload, np.int32((step + 1) if sampled else 0)
         except Exception as e:  # noqa: BLE001 - callbacks must never raise
             self._count_error(site, "pre", e)
-            return np.zeros(3 * n if self._policy.needs_exchange else 0, dtype=np.float32), np.int32(0)
+            return np.zeros_like(payload), np.int32(0)
 
     def _post(self, site: _Site, rank: int, flag: int, reduced: np.ndarray | None, scale: float) -> None:
         """Post-collective callback body: close the record, run the policy."""
@@ -403,6 +423,7 @@ class Pacer:
                 self._fault_hook("post", site.name, rank, step)
             st = site.rank(rank)
             with st.lock:
+                st.open_step = None
                 wait_ns = st.recorder.done(step, t, st.engaged)
                 st.prev_wait_s = wait_ns / 1e9 if wait_ns is not None else math.nan
                 if st.last_done_ns is not None and t > st.last_done_ns:
@@ -419,11 +440,7 @@ class Pacer:
                         st.total_delay_ns += int(row["delay_ns"])
                 if vec is None:
                     # No exchange: only this rank's own view (fixed / measure-only).
-                    earliness = np.full(n, np.nan)
-                    obs = _policy.Observation(earliness_s=earliness, step_time_s=st.prev_step_s)
-                    delays, st.policy_state = self._policy.update(obs, st.policy_state)
-                    d = float(np.asarray(delays, dtype=np.float64).reshape(-1)[rank]) if rank < n else 0.0
-                    st.pending_delay_s = _clamp_delay(d, self._policy.max_delay_s)
+                    self._decide(st, rank, np.full(n, np.nan), st.prev_step_s)
                 else:
                     # In-band vector of everyone's previous waits.
                     waits = _policy.sanitize_seconds(vec[:n])
@@ -434,11 +451,7 @@ class Pacer:
                         steps_s = _policy.sanitize_seconds(vec[2 * n :])
                         steps_s[~present | (steps_s <= 0)] = np.nan
                         step_time = float(np.nanmedian(steps_s)) if np.isfinite(steps_s).any() else math.nan
-                        obs = _policy.Observation(earliness_s=earliness, step_time_s=step_time)
-                        delays, st.policy_state = self._policy.update(obs, st.policy_state)
-                        d = float(np.asarray(delays, dtype=np.float64).reshape(-1)[rank]) if rank < n else 0.0
-                        st.pending_delay_s = _clamp_delay(d, self._policy.max_delay_s)
-                        st.engaged = bool(getattr(st.policy_state, "engaged", False))
+                        self._decide(st, rank, earliness, step_time)
                         self._note_backoff(site, st)
                         st.early_hist[st.early_n % len(st.early_hist)] = earliness
                         st.early_n += 1
@@ -455,6 +468,15 @@ class Pacer:
                 )
         except Exception as e:  # noqa: BLE001 - callbacks must never raise
             self._count_error(site, "post", e)
+
+    def _decide(self, st: _RankState, rank: int, earliness: np.ndarray, step_time_s: float) -> None:
+        """Runs the policy on one observation and stores this rank's next delay (lock held)."""
+        obs = _policy.Observation(earliness_s=earliness, step_time_s=step_time_s)
+        delays, st.policy_state = self._policy.update(obs, st.policy_state)
+        delays = np.asarray(delays, dtype=np.float64).reshape(-1)
+        st.pending_delay_s = _clamp_delay(delays[rank] if rank < len(delays) else 0.0,
+                                          self._policy.max_delay_s)
+        st.engaged = bool(getattr(st.policy_state, "engaged", False))
 
     def _note_backoff(self, site: _Site, st: _RankState) -> None:
         """Logs (once per episode) that the policy refused to chase a skew."""
@@ -551,7 +573,7 @@ class Pacer:
         for name, site in sorted(self._sites.items()):
             ranks = sorted(site.ranks)
             s = SiteStats(site=name, measured=True, unmeasured_reason=None, ranks=ranks,
-                          errors=site.errors)
+                          errors=site.errors, layout=site.layout)
             waits, hists = [], []
             for r in ranks:
                 st = site.ranks[r]

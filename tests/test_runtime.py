@@ -89,3 +89,42 @@ def test_configure_default_pacer_rules():
     jax.vmap(lambda v: jp.psum(v, "i"), axis_name="i")(jnp.ones(2))
     with pytest.raises(jp.errors.TracedConfigChangeError):
         jp.configure(policy=jp.adaptive())
+
+
+def test_stats_say_how_measuring_shards_were_found(monkeypatch):
+    from jaxpace import _mesh_registry
+
+    monkeypatch.setattr(_mesh_registry, "_MESHES", type(_mesh_registry._MESHES)(maxlen=16))
+    pacer = jp.Pacer()
+    _run(pacer, steps=1)
+    assert "process-contiguous" in pacer.stats()["s"].layout
+    pacer = jp.Pacer(mesh=MESH)
+    _run(pacer, steps=1)
+    assert pacer.stats()["s"].layout == "Pacer(mesh=...)"
+    mesh = jp.make_mesh((8,), ("data",))
+    pacer = jp.Pacer()
+    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data", site="m"), mesh=mesh,
+                              in_specs=P("data"), out_specs=P()))
+    f(jax.device_put(jnp.ones((8, 2)), NamedSharding(mesh, P("data")))).block_until_ready()
+    assert pacer.stats()["m"].layout == "jaxpace.make_mesh"
+
+
+def test_two_measuring_shards_in_one_process_are_reported(caplog):
+    """A mesh whose layout disagrees with reality gives a clear warning, not bad silence."""
+    import dataclasses
+
+    import numpy as np
+
+    @dataclasses.dataclass(frozen=True)
+    class FakeDevice:
+        id: int
+        process_index: int
+
+    class FakeMesh:
+        axis_names = ("data",)
+        devices = np.array([FakeDevice(i, i % 2) for i in range(8)], dtype=object)
+
+    pacer = jp.Pacer(mesh=FakeMesh())
+    with caplog.at_level("WARNING", logger="jaxpace"):
+        _run(pacer, steps=2, site="wrong")
+    assert "two measured arrivals at wrong overlap" in caplog.text
