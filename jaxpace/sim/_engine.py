@@ -121,8 +121,13 @@ def resolve_policy(
     )
 
 
-def collective_cost_s(scenario: Scenario, nodes: int) -> tuple[float, float]:
+def collective_cost_s(
+    scenario: Scenario, nodes: int, *, n_bytes: float | None = None
+) -> tuple[float, float]:
     """Returns `(intra_s, inter_s)`: the all-reduce's intra- and inter-node terms, uncontended.
+
+    `n_bytes` defaults to the scenario's whole gradient (`collective.n_bytes`);
+    the engine passes one bucket's share, `n_bytes / buckets`.
 
     The inter-node bandwidth is that of the slowest rank (a far-NUMA GPU when
     the scenario has any): a ring runs at its slowest link.
@@ -133,6 +138,7 @@ def collective_cost_s(scenario: Scenario, nodes: int) -> tuple[float, float]:
     0.0
     """
     c, g, q = scenario.collective, scenario.gpus_per_node, nodes
+    n = c.n_bytes if n_bytes is None else float(n_bytes)
     p = g * q
     beta_l = 1.0 / (c.bw_intra_gbps * 1e9)
     far = scenario.locality.far_fraction > 0 and round(scenario.locality.far_fraction * g) > 0
@@ -140,13 +146,94 @@ def collective_cost_s(scenario: Scenario, nodes: int) -> tuple[float, float]:
     beta_n = 1.0 / (c.bw_inter_gbps * 1e9 * bw_factor)
     if c.algorithm == "hierarchical":
         return (
-            coll.hierarchical_intra_s(g, c.n_bytes, c.alpha_intra_s, beta_l),
-            coll.hierarchical_inter_s(g, q, c.n_bytes, c.alpha_inter_s, beta_n),
+            coll.hierarchical_intra_s(g, n, c.alpha_intra_s, beta_l),
+            coll.hierarchical_inter_s(g, q, n, c.alpha_inter_s, beta_n),
         )
     fn = coll.ring_allreduce_s if c.algorithm == "ring" else coll.tree_allreduce_s
     if q == 1:
-        return fn(p, c.n_bytes, c.alpha_intra_s, beta_l), 0.0
-    return 0.0, fn(p, c.n_bytes, c.alpha_inter_s, beta_n)
+        return fn(p, n, c.alpha_intra_s, beta_l), 0.0
+    return 0.0, fn(p, n, c.alpha_inter_s, beta_n)
+
+
+def _ideal_step_s(scenario: Scenario) -> float:
+    """One median rank's step on one node with no noise: forward, bucketed backward, all-reduces."""
+    cm, B = scenario.compute, scenario.collective.buckets
+    t_b = sum(collective_cost_s(scenario, 1, n_bytes=scenario.collective.n_bytes / B))
+    end = 0.0
+    for j in range(B):
+        x = cm.base_s * (1.0 - cm.backward_fraction + cm.backward_fraction * (j + 1) / B)
+        end = max(x, end) + t_b
+    return end
+
+
+def _advance(
+    t: np.ndarray,
+    work: np.ndarray,
+    spin_u: np.ndarray,
+    spin_v: np.ndarray,
+    ptr: np.ndarray,
+    nk: int,
+    slow: float,
+    ar: np.ndarray,
+) -> np.ndarray:
+    """Runs `work` seconds of compute from times `t`, `slow`x slower inside spin intervals.
+
+    Rank `i`'s spin intervals are `[spin_u[m, i], spin_v[m])` for `m < nk`,
+    disjoint and in time order. `ptr[i]` is the first interval that may still
+    end after `t[i]`; it is advanced in place. Vectorized over ranks: one pass
+    over all ranks handles the interval `ptr` points at; the few ranks whose
+    compute then runs into a further interval go through `_advance_loop`.
+    """
+    if nk == 0:
+        return t + work
+    p = np.minimum(ptr, nk - 1)
+    v = spin_v[p]
+    start = np.maximum(t, spin_u[p, ar])
+    rem = work - (start - t)  # work left when the spin starts
+    cap = np.maximum(v - start, 0.0) / slow  # work that fits inside the spin
+    after = np.maximum(v, start)
+    out = np.where(rem <= 0, t + work, np.where(rem <= cap, start + rem * slow, after + rem - cap))
+    passed = rem > cap
+    ptr += passed
+    np.minimum(ptr, nk, out=ptr)
+    q = np.minimum(ptr, nk - 1)
+    bad = passed & (ptr < nk) & (out > spin_u[q, ar])
+    if bad.any():
+        idx = np.nonzero(bad)[0]
+        out[idx] = after[idx]
+        _advance_loop(out, (rem - cap)[idx], idx, spin_u, spin_v, ptr, nk, slow)
+    return out
+
+
+def _advance_loop(
+    t: np.ndarray,
+    w: np.ndarray,
+    idx: np.ndarray,
+    spin_u: np.ndarray,
+    spin_v: np.ndarray,
+    ptr: np.ndarray,
+    nk: int,
+    slow: float,
+) -> None:
+    """`_advance` for ranks `idx` with work `w` left, interval by interval; updates `t` in place."""
+    while idx.size:
+        p = ptr[idx]
+        ti = t[idx]
+        start = np.maximum(ti, spin_u[p, idx])
+        gap = start - ti
+        cap = np.maximum(spin_v[p] - start, 0.0) / slow
+        before = w <= gap
+        inside = ~before & (w - gap <= cap)
+        t[idx] = np.where(
+            before, ti + w, np.where(inside, start + (w - gap) * slow, np.maximum(spin_v[p], start))
+        )
+        passed = ~(before | inside)
+        w = w - gap - cap
+        idx, w = idx[passed], w[passed]
+        ptr[idx] += 1
+        out = ptr[idx] >= nk
+        t[idx[out]] += w[out]
+        idx, w = idx[~out], w[~out]
 
 
 class _Draws:
@@ -161,7 +248,9 @@ class _Draws:
         self.nodes, self.g = nodes, scenario.gpus_per_node
         self.ranks = nodes * self.g
         ss = np.random.SeedSequence(seed)
-        (s_static, s_jit, s_strag, s_therm, s_net) = ss.spawn(5)
+        # A sixth child for the bucket jitter leaves the first five streams unchanged.
+        (s_static, s_jit, s_strag, s_therm, s_net, s_bucket) = ss.spawn(6)
+        self.r_bucket = np.random.default_rng(s_bucket)
         self.r_jit = np.random.default_rng(s_jit)
         self.r_strag = np.random.default_rng(s_strag)
         self.r_therm = np.random.default_rng(s_therm)
@@ -180,14 +269,25 @@ class _Draws:
             self.ranks, dtype=np.int64
         )  # straggler episode end (global step)
         self.busy_mag = np.ones(self.ranks)
-        intra, inter = collective_cost_s(scenario, nodes)
-        self.intra_s, self.inter_s = intra, inter
+        c = scenario.collective
+        intra, inter = collective_cost_s(scenario, nodes, n_bytes=c.n_bytes / c.buckets)
+        self.intra_s, self.inter_s = intra, inter  # one bucket's all-reduce
         fab = scenario.fabric
         self.leaves = math.ceil(nodes / fab.nodes_per_leaf)
         self.uplinks = max(1, round(fab.nodes_per_leaf / fab.oversubscription))
 
+    def bucket_jitter(self) -> np.ndarray | None:
+        """`(buckets, ranks)` lognormal factors on each bucket's backward compute, or None."""
+        sig = self.s.compute.bucket_jitter_sigma
+        if sig <= 0:
+            return None
+        return np.exp(sig * self.r_bucket.standard_normal((self.s.collective.buckets, self.ranks)))
+
     def block(self, k0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Returns `(compute_s (n, ranks), t_coll_s (n,))` for steps `k0 .. k0+n-1`."""
+        """Returns `(compute_s (n, ranks), t_coll_s (n,))` for steps `k0 .. k0+n-1`.
+
+        `t_coll_s` is one bucket's all-reduce (the whole gradient when `buckets` is 1).
+        """
         s, R = self.s, self.ranks
         jit = np.exp(s.compute.jitter_sigma * self.r_jit.standard_normal((n, R)))
         comp = self.base * jit
@@ -265,12 +365,17 @@ def simulate(
     """Simulates `steps` synchronous training steps on `nodes` nodes.
 
     Each step: every rank computes (static speed × jitter × straggler episode
-    × node thermal drift, plus couplings), sleeps the delay its policy decided
-    `lag_steps` steps earlier, enters the all-reduce; the step ends at
-    `max_i(arrival_i + delay_i) + T_coll`. Then the policy sees every rank's
-    natural earliness (`w_i - min_j w_j`, `w` = wait including its own sleep)
-    and the step time, exactly as in the runtime. Deterministic for a seed; the
-    random draws do not depend on the policy.
+    × node thermal drift, plus couplings (c)/(d)): a forward pass, then the
+    backward in `collective.buckets` buckets. Bucket `j`'s all-reduce is
+    launched when the rank finishes that bucket (after any pacing sleep the
+    policy decided `lag_steps` steps earlier, in host order) and overlaps later
+    buckets' compute; it ends at `max(max_i launch_ij, end_j-1) + T_coll`.
+    While a rank's launched kernel spins for a late peer, its compute runs
+    `1 + spin_compute` times slower (coupling (b)). The step ends with the last
+    bucket's collective. Each pacing site's policy then sees every rank's
+    earliness (`w_i - min_j w_j`, `w` = wait including its own sleep) and the
+    step time, exactly as in the runtime. Deterministic for a seed; the random
+    draws do not depend on the policy.
 
     Args:
       scenario: a preset name, a JSON path or a `Scenario`.
@@ -299,59 +404,91 @@ def simulate(
     pol = resolve_policy(policy, sc)
     draws = _Draws(sc, nodes, seed)
     R, g = draws.ranks, sc.gpus_per_node
-    cp = sc.coupling
+    B = sc.collective.buckets
+    cp, cm = sc.coupling, sc.compute
     k_spin, k_pow, k_host = cp.spin_compute, cp.power_budget, cp.host_runahead * cp.host_fraction
-    overlap_s = cp.overlap_fraction * sc.compute.base_s
     node_coupled = (k_pow > 0 or k_host > 0) and g > 1
+    spin_coupled = k_spin > 0 and B > 1
+    slow = 1.0 + k_spin
+    fwd_frac, bwd_frac = 1.0 - cm.backward_fraction, cm.backward_fraction / B
+    n_sites = B if sc.pacing.sites == "every_bucket" else 1
 
-    state = pol.init(R)
-    pending = [np.zeros(R) for _ in range(lag)]
-    carry = np.zeros(R)
+    states = [pol.init(R) for _ in range(n_sites)]
+    # pending[slot][site]: the delays decided `lag` steps before the step using `slot`.
+    pending = [np.zeros((n_sites, R)) for _ in range(lag)]
     step_times = np.empty(steps)
     total_delay = 0.0
     engaged = 0
     spin_sum = 0.0
+    spin_u = np.empty((B, R))  # this step's spin intervals [spin_u[j, i], spin_v[j])
+    spin_v = np.empty(B)
+    ar = np.arange(R)
     k = 0
     while k < steps:
         n = min(_BLOCK_STEPS, steps - k)
         comp, t_coll = draws.block(k, n)
         for t in range(n):
             slot = (k + t) % lag
-            d = pending[slot]
-            a = comp[t] + carry if k_spin > 0 else comp[t]
+            D = pending[slot]
+            a = comp[t]
             if node_coupled:
+                d0 = D[0]
                 A = a.reshape(-1, g)
                 Am = A[:, None, :]
                 Ai = A[:, :, None]
-                Em = Am + d.reshape(-1, g)[:, None, :]
+                Em = Am + d0.reshape(-1, g)[:, None, :]
                 adj = np.zeros_like(A)
                 if k_pow > 0:  # (c) node-mates asleep free power for those still computing
                     adj -= k_pow * np.clip(np.minimum(Ai, Em) - Am, 0.0, None).sum(axis=2) / (g - 1)
                 if k_host > 0:  # (d) node-mates' hosts spin-waiting steal CPU from host-bound work
                     adj += k_host * np.clip(Ai - Em, 0.0, None).sum(axis=2) / (g - 1)
                 a = (A + adj).reshape(-1)
-            e = a + d
-            last = e.max()
-            spin = last - e
-            w = last - a
-            step = last + t_coll[t]
+            bucket_work = a * bwd_frac
+            jit = draws.bucket_jitter()
+            x = a * fwd_frac  # compute clock: when the rank's compute reached its position
+            ptr = np.zeros(R, dtype=np.int64)  # first spin interval that may still lie ahead
+            launch_prev = np.zeros(R)
+            end_prev = 0.0
+            tc = t_coll[t]
+            obs_w = []
+            for j in range(B):
+                w = bucket_work if jit is None else bucket_work * jit[j]
+                if spin_coupled and j > 0:
+                    x = _advance(x, w, spin_u, spin_v, ptr, j, slow, ar)
+                else:
+                    x = x + w
+                d = D[j] if j < n_sites else None
+                launch = x if d is None else x + d
+                if j > 0:  # the host launches the buckets' collectives in order
+                    launch = np.maximum(launch, launch_prev)
+                last = max(float(launch.max()), end_prev)  # all ranks in: transfer starts
+                start = np.minimum(np.maximum(launch, end_prev), last)  # own kernel starts
+                spin_sum += float((last - start).sum())
+                spin_u[j] = start
+                spin_v[j] = last
+                if j < n_sites:
+                    obs_w.append(last - x)  # wait since natural arrival, own sleep included
+                end_prev = last + tc
+                launch_prev = launch
+            step = end_prev
             step_times[k + t] = step
-            if k_spin > 0:  # (b) spinning kernels slow the compute overlapped with them
-                carry = k_spin * np.minimum(spin, overlap_s)
-            if d.any():
+            if D.any():
                 engaged += 1
-                total_delay += float(d.sum())
-            spin_sum += float(spin.sum())
-            delays, state = pol.update(
-                Observation(earliness_s=w - w.min(), step_time_s=float(step)), state
-            )
-            pending[slot] = np.asarray(delays, dtype=np.float64)
+                total_delay += float(D.sum())
+            new = np.empty((n_sites, R))
+            for j in range(n_sites):
+                w = obs_w[j]
+                delays, states[j] = pol.update(
+                    Observation(earliness_s=w - w.min(), step_time_s=float(step)), states[j]
+                )
+                new[j] = np.asarray(delays, dtype=np.float64)
+            pending[slot] = new
         k += n
         if progress is not None:
             progress(k)
 
     mean = float(step_times.mean())
-    ideal = sc.compute.base_s + collective_cost_s(sc, 1)[0]
+    ideal = _ideal_step_s(sc)
     return SimResult(
         scenario=sc.name,
         policy=pol.name,

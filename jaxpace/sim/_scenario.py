@@ -70,6 +70,12 @@ class ComputeModel:
       outlier_prob: chance a rank is a static outlier.
       outlier_factor: slowdown of an outlier rank (e.g. 1.5).
       jitter_sigma: log-σ of the per-step, per-rank lognormal jitter.
+      backward_fraction: share of the step's compute that is the backward pass,
+        split evenly over `collective.buckets` gradient buckets (the rest is the
+        forward pass, before any bucket). `[0, 1]`; ~2/3 for transformers.
+      bucket_jitter_sigma: log-σ of an extra lognormal jitter on each rank's
+        backward compute of each bucket, independent across buckets (kernel-level
+        noise at millisecond scale). `[0, 1]`.
     """
 
     base_s: float = dataclasses.field(default=0.1, metadata=_rng(0.0, 3600.0, lo_open=True))
@@ -77,6 +83,8 @@ class ComputeModel:
     outlier_prob: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
     outlier_factor: float = dataclasses.field(default=1.5, metadata=_rng(1.0, 10.0))
     jitter_sigma: float = dataclasses.field(default=0.02, metadata=_rng(0.0, 1.0))
+    backward_fraction: float = dataclasses.field(default=2.0 / 3.0, metadata=_rng(0.0, 1.0))
+    bucket_jitter_sigma: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
 
     def __post_init__(self) -> None:
         _validate(self, "compute")
@@ -150,17 +158,23 @@ ALGORITHMS = ("ring", "tree", "hierarchical")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CollectiveModel:
-    """The gradient all-reduce at the end of each step (alpha-beta costs).
+    """The gradient all-reduce of each step (alpha-beta costs), optionally bucketed.
 
     Attributes:
       algorithm: `ring`, `tree` or `hierarchical` (see `jaxpace.sim` cost functions).
-      n_bytes: bytes per rank.
+      n_bytes: bytes per rank (all buckets together).
+      buckets: number of gradient buckets `B` (data-parallel backward, as in
+        PyTorch DDP / bucketed `psum`s): bucket `j`'s all-reduce of `n_bytes / B`
+        is launched when a rank finishes that bucket's backward compute and
+        overlaps the backward compute of later buckets. 1 = one all-reduce after
+        all compute (the plain BSP step). `[1, 256]`.
       alpha_intra_s / bw_intra_gbps: NVLink per-hop latency and bandwidth (GB/s).
       alpha_inter_s / bw_inter_gbps: network per-hop latency and per-NIC bandwidth.
     """
 
     algorithm: str = dataclasses.field(default="hierarchical", metadata={"choices": ALGORITHMS})
     n_bytes: float = dataclasses.field(default=5e8, metadata=_rng(0.0, 1e13))
+    buckets: int = dataclasses.field(default=1, metadata=_rng(1, 256, integer=True))
     alpha_intra_s: float = dataclasses.field(default=2e-6, metadata=_rng(0.0, 1.0))
     bw_intra_gbps: float = dataclasses.field(default=370.0, metadata=_rng(0.0, 1e5, lo_open=True))
     alpha_inter_s: float = dataclasses.field(default=6e-6, metadata=_rng(0.0, 1.0))
@@ -198,10 +212,12 @@ class CouplingModel:
       shared_links: (a) mean utilization, `[0, 0.9]`, of the inter-node links by
         other tenants' traffic; each step samples `u ~ Beta` with that mean and
         stretches the inter-node term by `1/(1-u)`.
-      spin_compute: (b) fraction `[0, 1]` of an early rank's spin time inside the
-        collective that it loses from the compute overlapped with it, paid on
-        its next compute segment, up to `overlap_fraction * compute.base_s`.
-      overlap_fraction: compute overlapped with collectives, `[0, 1]`.
+      spin_compute: (b) slowdown `s` `[0, 1]` of a rank's backward compute while
+        one of its gradient-bucket all-reduce kernels is launched and spinning
+        for a peer that has not launched yet: compute runs `1 + s` times slower
+        (SMs and memory bandwidth taken by the spinning NCCL kernel). Needs
+        `collective.buckets >= 2`: only then is compute overlapped with a
+        collective. Plausible 0.05-0.5.
       power_budget: (c) relative speed-up `[0, 1]` of a computing GPU while all
         its node-mates sleep instead of spinning (shared node power budget).
       host_runahead: (d) relative slowdown `[0, 10]` of a rank's host-bound work
@@ -212,13 +228,15 @@ class CouplingModel:
 
     shared_links: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 0.9))
     spin_compute: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
-    overlap_fraction: float = dataclasses.field(default=0.3, metadata=_rng(0.0, 1.0))
     power_budget: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 1.0))
     host_runahead: float = dataclasses.field(default=0.0, metadata=_rng(0.0, 10.0))
     host_fraction: float = dataclasses.field(default=0.1, metadata=_rng(0.0, 1.0))
 
     def __post_init__(self) -> None:
         _validate(self, "coupling")
+
+
+PACING_SITES = ("first_bucket", "every_bucket")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -229,11 +247,18 @@ class PacingSettings:
       lag_steps: a decision made from step k's observation is slept before step
         `k + lag_steps`'s collective (2 in the real runtime: waits ride in-band
         with the next collective).
+      sites: where the runtime paces when the step has several gradient buckets:
+        `first_bucket` (one pacing site, the first bucket's all-reduce: it
+        observes that bucket's earliness and delays that bucket's launch;
+        later launches keep host order) or `every_bucket` (each bucket's
+        all-reduce is its own site with its own policy state, as when every
+        bucket's `psum` goes through the pacer).
       adaptive: keyword arguments of `jaxpace.adaptive` used when the policy is
         `adaptive` (validated by `AdaptiveConfig`).
     """
 
     lag_steps: int = dataclasses.field(default=2, metadata=_rng(1, 1000, integer=True))
+    sites: str = dataclasses.field(default="first_bucket", metadata={"choices": PACING_SITES})
     adaptive: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
