@@ -10,7 +10,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IMBALANCE_PROFILES", "cli_main", "configure_parser", "run_demo"]
+import numpy as np
+
+__all__ = ["IMBALANCE_PROFILES", "PHASES", "cli_main", "configure_parser", "run_demo"]
+
+# The phases the demo runs, each from the same initial parameters.
+PHASES = {
+    "off": "measure only",
+    "exchange": "exchange, no pacing",
+    "on": "pacing on (adaptive)",
+}
 
 # name -> (persistent lag of one process in s, per-step straggle probability, straggle s)
 IMBALANCE_PROFILES: dict[str, tuple[float, float, float]] = {
@@ -24,7 +33,7 @@ IMBALANCE_PROFILES: dict[str, tuple[float, float, float]] = {
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", type=int, default=4, help="processes (default 4)")
     p.add_argument("--devices", type=int, default=2, help="CPU devices per process (default 2)")
-    p.add_argument("--steps", type=int, default=60, help="train steps per phase (default 60)")
+    p.add_argument("--steps", type=int, default=60, help="train steps per phase (default 60; three phases)")
     p.add_argument("--imbalance", choices=sorted(IMBALANCE_PROFILES), default="slow+episodic",
                    help="injected imbalance (default: one slow process + random stragglers)")
     p.add_argument("--slow-process", type=int, default=1, help="which process is slow")
@@ -38,25 +47,22 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 class _Progress:
     """A text stream for `launch` that drives a rich progress bar and keeps a log."""
 
-    def __init__(self, progress, tasks: dict[str, Any], log_path: Path) -> None:
+    def __init__(self, progress, task: Any, log) -> None:
         self.progress = progress
-        self.tasks = tasks
-        self.log = open(log_path, "w")  # noqa: SIM115 - closed by close()
+        self.task = task
+        self.log = log
 
     def write(self, s: str) -> int:
         self.log.write(s)
         for line in s.splitlines():
             if "PROGRESS " in line:
                 parts = line.split("PROGRESS ", 1)[1].split()
-                if len(parts) == 3 and parts[0] in self.tasks:
-                    self.progress.update(self.tasks[parts[0]], completed=int(parts[1]))
+                if len(parts) == 2 and parts[0].isdigit():
+                    self.progress.update(self.task, completed=int(parts[0]))
         return len(s)
 
     def flush(self) -> None:
         self.log.flush()
-
-    def close(self) -> None:
-        self.log.close()
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -76,8 +82,20 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"`--max-delay-ms` must be in (0, 1000], got {args.max_delay_ms}.")
 
 
+def _job_step_times(results: list[dict], phase: str, warmup: int) -> np.ndarray:
+    """Per step, the slowest process's wall time: the job's step time (s)."""
+    times = np.array([r[phase]["step_times_s"] for r in results])  # processes x steps
+    return times.max(axis=0)[warmup:]
+
+
 def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
-    """Runs the demo and returns its summary (also written to OUT/demo-summary.json)."""
+    """Runs the demo and returns its summary (also written to OUT/demo-summary.json).
+
+    Two launches of `jaxpace.examples.train` on the same injected imbalance:
+    1. diagnosis: measure only, analyzed by `jaxpace.report` (HTML, trace);
+    2. A/B: measure only, exchange without pacing, and pacing on, interleaved
+       step by step (A B C A B C ...) so machine noise hits all three alike.
+    """
     from rich.console import Console
     from rich.panel import Panel
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -95,99 +113,103 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
         lag_s = args.lag_ms / 1000.0
     console.print(
         f"[bold]jaxpace demo[/]: {args.processes} processes x {args.devices} CPU devices, "
-        f"Flax/Optax MLP, {args.steps} steps with pacing off, then on.\n"
+        f"Flax/Optax MLP, {args.steps} steps to diagnose, then {args.steps} steps each of "
+        f"{', '.join(PHASES.values())}, interleaved.\n"
         f"Injected imbalance '{args.imbalance}': process {args.slow_process} is "
         f"{lag_s * 1e3:.0f} ms late every step"
         + (f"; any process may straggle {straggle_s * 1e3:.0f} ms with p={p_straggle}"
            if p_straggle else "")
         + "."
     )
-    cmd = [
+    common = [
         sys.executable, "-m", "jaxpace.examples.train", "--steps", str(args.steps),
-        "--pacing", "off,on", "--lag-s", str(lag_s), "--lag-process", str(args.slow_process),
+        "--lag-s", str(lag_s), "--lag-process", str(args.slow_process),
         "--straggle-p", str(p_straggle), "--straggle-s", str(straggle_s),
         "--max-delay-s", str(args.max_delay_ms / 1000.0), "--seed", str(args.seed),
-        "--out", str(out), "--progress",
+        "--progress",
     ]
+    jobs = {
+        "diagnose": ("diagnose (measure only)", ["--pacing", "off"]),
+        "ab": ("A/B: " + " | ".join(PHASES.values()), ["--pacing", ",".join(PHASES)]),
+    }
     t0 = time.monotonic()
+    log_path = out / "launch.log"
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        tasks = {"off": progress.add_task("pacing off (measure)", total=args.steps),
-                 "on": progress.add_task("pacing on (adaptive)", total=args.steps)}
-        stream = _Progress(progress, tasks, out / "launch.log")
-        try:
-            res = launch.launch(cmd, num_processes=args.processes, local_devices=args.devices,
+                  TimeElapsedColumn(), console=console, transient=False) as progress, \
+            open(log_path, "w") as log:
+        for name, (label, extra) in jobs.items():
+            stream = _Progress(progress, progress.add_task(label, total=args.steps), log)
+            res = launch.launch(common + extra + ["--out", str(out / name)],
+                                num_processes=args.processes, local_devices=args.devices,
                                 timeout_s=args.timeout, stream=stream)
-        finally:
-            stream.close()
-    if not res.ok:
-        raise LaunchError(launch.describe_failure(res, args.timeout) +
-                          f"\nFull log: {out / 'launch.log'}")
-    results = [json.loads((out / f"result-p{i}.json").read_text()) for i in range(args.processes)]
+            if not res.ok:
+                raise LaunchError(launch.describe_failure(res, args.timeout)
+                                  + f"\nFull log: {log_path}")
 
-    rep_off = report.analyze(out / "off")
-    rep_on = report.analyze(out / "on")
-    report.print_summary(rep_off, console=console)
+    def load(job: str) -> list[dict]:
+        return [json.loads((out / job / f"result-p{i}.json").read_text())
+                for i in range(args.processes)]
+
+    diag, ab = load("diagnose"), load("ab")
+    rep = report.analyze(out / "diagnose" / "off")
+    report.print_summary(rep, console=console)
     paths = {
-        "html": str(report.write_html(rep_off, out / "report.html")),
-        "trace": str(report.write_trace(out / "off", out / "trace.json")),
-        "html_paced": str(report.write_html(rep_on, out / "report-paced.html")),
-        "trace_paced": str(report.write_trace(out / "on", out / "trace-paced.json")),
-        "json": str(report.write_json(rep_off, out / "report.json")),
+        "html": str(report.write_html(rep, out / "report.html")),
+        "trace": str(report.write_trace(out / "diagnose" / "off", out / "trace.json")),
+        "json": str(report.write_json(rep, out / "report.json")),
     }
 
-    same_params = all(r["off"]["params_sha256"] == r["on"]["params_sha256"] for r in results)
-    losses = results[0]["off"]["losses"]
+    same_params = all(len({r[ph]["params_sha256"] for ph in PHASES}) == 1 for r in ab)
+    losses = diag[0]["off"]["losses"]
+    warmup = min(5, args.steps // 4)
 
-    def phase_row(rep) -> dict[str, float]:
-        early = [r for r in rep.ranks if r.rank != rep.culprit] or list(rep.ranks)
+    def phase_row(phase: str) -> dict[str, float]:
+        steps = _job_step_times(ab, phase, warmup)
+        prep = report.analyze(out / "ab" / phase, warmup_steps=warmup)
+        early = [r for r in prep.ranks if r.rank != rep.culprit] or list(prep.ranks)
         return {
-            "mean_step_ms": rep.iteration.mean_s * 1e3,
-            "cv": rep.iteration.cv,
-            "p99_step_ms": rep.iteration.p99_s * 1e3,
-            "early_sync_wait_ms": float(sum(r.sync_wait_s for r in early) / len(early) * 1e3),
-            "early_delay_ms": float(sum(r.delay_s for r in early) / len(early) * 1e3),
+            "mean_step_ms": float(steps.mean() * 1e3),
+            "p99_step_ms": float(np.percentile(steps, 99) * 1e3),
+            "cv": float(steps.std() / steps.mean()),
+            "early_sync_wait_ms": float(np.mean([r.sync_wait_s for r in early]) * 1e3),
+            "early_delay_ms": float(np.mean([r.delay_s for r in early]) * 1e3),
         }
 
-    off, on = phase_row(rep_off), phase_row(rep_on)
-    # Name early ranks with the culprit of the unpaced run in both phases.
-    on_early = [r for r in rep_on.ranks if r.rank != rep_off.culprit]
-    if on_early:
-        on["early_sync_wait_ms"] = float(sum(r.sync_wait_s for r in on_early) / len(on_early) * 1e3)
-        on["early_delay_ms"] = float(sum(r.delay_s for r in on_early) / len(on_early) * 1e3)
-
-    t = Table(title="Pacing effect (same job, same data)")
+    rows = {ph: phase_row(ph) for ph in PHASES}
+    off, exch, on = rows["off"], rows["exchange"], rows["on"]
+    t = Table(title="Pacing A/B (interleaved; same data, same start)")
     t.add_column("")
-    t.add_column("pacing off", justify="right")
-    t.add_column("pacing on", justify="right")
-    for key, label, fmt in (("mean_step_ms", "mean step (ms)", "{:.1f}"),
-                            ("p99_step_ms", "p99 step (ms)", "{:.1f}"),
-                            ("cv", "step-time CV", "{:.3f}"),
+    for label in PHASES.values():
+        t.add_column(label, justify="right")
+    for key, label, fmt in (("mean_step_ms", "job step, mean (ms)", "{:.1f}"),
+                            ("p99_step_ms", "job step, p99 (ms)", "{:.1f}"),
+                            ("cv", "job step CV", "{:.3f}"),
                             ("early_sync_wait_ms", "early ranks' sync wait (ms/step)", "{:.2f}"),
                             ("early_delay_ms", "early ranks' pacing sleep (ms/step)", "{:.2f}")):
-        t.add_row(label, fmt.format(off[key]), fmt.format(on[key]))
+        t.add_row(label, *(fmt.format(rows[ph][key]) for ph in PHASES))
     console.print(t)
 
-    culprit = rep_off.culprit
+    culprit = rep.culprit
     verdict = (
-        f"Culprit: rank {culprit} (process {rep_off.culprit_process}), "
-        f"{rep_off.rank_stats(culprit).excess_lateness_s * 1e3:.1f} ms later than a typical rank, "
-        f"last to arrive in {rep_off.rank_stats(culprit).last_fraction:.0%} of steps."
+        f"Culprit: rank {culprit} (process {rep.culprit_process}), "
+        f"{rep.rank_stats(culprit).excess_lateness_s * 1e3:.1f} ms later than a typical rank, "
+        f"last to arrive in {rep.rank_stats(culprit).last_fraction:.0%} of steps."
         if culprit is not None else "No persistent culprit: arrivals are balanced."
     )
-    detected = sorted((m for m in rep_off.failure_modes if m.detected and m.name != "balanced"),
+    detected = sorted((m for m in rep.failure_modes if m.detected and m.name != "balanced"),
                       key=lambda m: -m.score)
     mode_lines = [f"  {m.name} (score {m.score:.2f}): {m.evidence[0]}" for m in detected]
     lines = [
         verdict,
         "Failure modes detected:" if mode_lines else "Failure mode: balanced.",
         *mode_lines,
-        f"Pacing moved {off['early_sync_wait_ms'] - on['early_sync_wait_ms']:.1f} ms/step of "
-        f"waiting-in-collective into bounded sleeps; mean step {off['mean_step_ms']:.1f} -> "
-        f"{on['mean_step_ms']:.1f} ms. Here nothing is shared that early ranks could free, so "
-        "pacing cannot speed the step up, and CPU/gloo runs the in-band exchange as one more "
-        "small all-reduce (NCCL groups it); see docs/concepts.md.",
-        f"Training: loss {losses[0]:.4f} -> {losses[-1]:.4f}; parameters with pacing off and on "
+        f"Pacing moved {exch['early_sync_wait_ms'] - on['early_sync_wait_ms']:.1f} ms/step of "
+        "the early ranks' waiting-in-collective into bounded sleeps. Job step: measure only "
+        f"{off['mean_step_ms']:.1f} ms, exchange {exch['mean_step_ms']:.1f} ms, paced "
+        f"{on['mean_step_ms']:.1f} ms. Nothing on this machine is shared that early ranks "
+        "could free, so pacing is not expected to shorten steps here (docs/concepts.md).",
+        f"Training: loss {losses[0]:.4f} -> {losses[-1]:.4f}; parameters after measure-only, "
+        "exchange and paced training "
         + ("are bitwise identical." if same_params else "DIFFER (this is a bug)."),
         f"Report: {paths['html']}",
         f"Perfetto trace (open in https://ui.perfetto.dev): {paths['trace']}",
@@ -195,13 +217,14 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     console.print(Panel("\n".join(lines), title="Diagnosis", expand=False))
     summary = {
         "culprit_rank": culprit,
-        "culprit_process": rep_off.culprit_process,
+        "culprit_process": rep.culprit_process,
         "slow_process": args.slow_process if lag_s > 0 else None,
-        "primary_mode": rep_off.primary_mode,
+        "primary_mode": rep.primary_mode,
         "params_identical": same_params,
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "pacing_off": off,
+        "exchange_only": exch,
         "pacing_on": on,
         "files": paths,
         "elapsed_s": time.monotonic() - t0,

@@ -24,6 +24,15 @@ import sys
 import time
 
 
+def _phases(text: str) -> str:
+    phases = text.split(",")
+    bad = [p for p in phases if p not in ("off", "exchange", "on")]
+    if bad or not phases:
+        raise argparse.ArgumentTypeError(
+            f"phases must be a comma list of off, exchange, on; got {text!r}")
+    return text
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
@@ -32,9 +41,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--collective", choices=["jaxpace", "lax"], default="jaxpace")
-    p.add_argument("--pacing", choices=["off", "on", "off,on"], default="off",
-                   help="'off' measures only; 'on' uses jaxpace.adaptive; 'off,on' runs both "
-                        "from the same start (the demo does this)")
+    p.add_argument("--pacing", type=_phases, default="off",
+                   help="comma list of phases, each from the same start: 'off' measures only; "
+                        "'exchange' also exchanges waits in-band but never paces (isolates the "
+                        "exchange's cost); 'on' paces with jaxpace.adaptive. The demo runs "
+                        "'off,exchange,on'")
     p.add_argument("--max-delay-s", type=float, default=0.03)
     p.add_argument("--granularity", choices=["process", "device"], default="process")
     p.add_argument("--lag-s", type=float, default=0.0,
@@ -102,17 +113,13 @@ def main(argv=None) -> int:
         return tuple(jax.make_array_from_callback(a.shape, data_sharding, lambda i, a=a: a[i])
                      for a in (x, y))
 
-    def run(pacing_on: bool, tag: str):
-        policy = (jp.adaptive(threshold_s=0.002, max_delay_s=args.max_delay_s, gain=0.9,
-                              warmup_steps=3, engage_steps=4, window=8)
-                  if pacing_on else jp.no_pacing())
-        pacer = jp.Pacer(policy=policy, granularity=args.granularity)
-        tx = optax.adam(args.lr)
+    tx = optax.adam(args.lr)
 
-        def loss_fn(params, x, y):
-            model = nnx.merge(graphdef, params)
-            return jnp.mean((model(x) - y) ** 2)
+    def loss_fn(params, x, y):
+        model = nnx.merge(graphdef, params)
+        return jnp.mean((model(x) - y) ** 2)
 
+    def make_step(pacer):
         def local_step(params, opt_state, x, y):
             # Mark the replicated parameters as varying over "data" first:
             # otherwise autodiff itself inserts the gradient all-reduce (the
@@ -127,46 +134,60 @@ def main(argv=None) -> int:
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, loss
 
-        step_fn = jax.jit(jax.shard_map(
+        return jax.jit(jax.shard_map(
             local_step, mesh=mesh,
             in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P(), P())))
-        params = params0
-        opt_state = jax.device_put(tx.init(params0), NamedSharding(mesh, P()))
-        rnd = random.Random(args.seed * 1000 + pid)
-        losses, times = [], []
-        for k in range(args.steps):
+
+    def make_phase(phase: str) -> dict:
+        if phase == "off":
+            policy = jp.no_pacing()
+        else:
+            # 'exchange': the same exchange and policy code, with a threshold the
+            # spread never reaches, so it never sleeps.
+            policy = jp.adaptive(threshold_s=0.002 if phase == "on" else 5.0,
+                                 max_delay_s=args.max_delay_s, gain=0.9, warmup_steps=3,
+                                 engage_steps=4, window=8)
+        pacer = jp.Pacer(policy=policy, granularity=args.granularity)
+        return {"name": phase, "pacer": pacer, "step": make_step(pacer), "params": params0,
+                "opt": jax.device_put(tx.init(params0), NamedSharding(mesh, P())),
+                # Same straggler draws in every phase: a fair comparison.
+                "rnd": random.Random(args.seed * 1000 + pid), "losses": [], "times": []}
+
+    # Several phases run interleaved, step by step (A B C A B C ...), each its own
+    # training run from the same start, so machine noise hits them alike.
+    phases = [make_phase(p) for p in args.pacing.split(",")]
+    for k in range(args.steps):
+        x, y = batch_for(k)
+        for ph in phases:
             # Injected imbalance: one persistently slow process, plus random
             # episodic stragglers anywhere (a slow data loader, a hiccup).
             if pid == args.lag_process and args.lag_s > 0:
                 time.sleep(args.lag_s)
-            if args.straggle_p > 0 and rnd.random() < args.straggle_p:
+            if args.straggle_p > 0 and ph["rnd"].random() < args.straggle_p:
                 time.sleep(args.straggle_s)
-            x, y = batch_for(k)
             t0 = time.perf_counter()
-            params, opt_state, loss = step_fn(params, opt_state, x, y)
-            losses.append(float(loss))  # also waits for the step
-            times.append(time.perf_counter() - t0)
-            if args.progress and pid == 0:
-                print(f"PROGRESS {tag} {k + 1} {args.steps}", flush=True)
-        leaves = jax.tree.leaves(params)
+            ph["params"], ph["opt"], loss = ph["step"](ph["params"], ph["opt"], x, y)
+            ph["losses"].append(float(loss))  # also waits for the step
+            ph["times"].append(time.perf_counter() - t0)
+        if args.progress and pid == 0:
+            print(f"PROGRESS {k + 1} {args.steps}", flush=True)
+
+    results = {"process": pid, "processes": nproc, "devices": jax.device_count()}
+    for ph in phases:
+        leaves = jax.tree.leaves(ph["params"])
         digest = hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in leaves)).hexdigest()
-        res = {"losses": losses, "step_times_s": times, "params_sha256": digest,
-               "pacing": pacing_on, "collective": args.collective}
+        res = {"losses": ph["losses"], "step_times_s": ph["times"], "params_sha256": digest,
+               "phase": ph["name"], "collective": args.collective}
         if args.out and args.collective == "jaxpace":
-            pacer.export(os.path.join(args.out, tag, f"records-p{pid}.jsonl"))
-            st = pacer.stats().get("grads")
+            ph["pacer"].export(os.path.join(args.out, ph["name"], f"records-p{pid}.jsonl"))
+            st = ph["pacer"].stats().get("grads")
             if st is not None:
                 res.update(steps_paced=st.steps_paced, total_delay_s=st.total_delay_s,
                            errors=st.errors, engaged=st.engaged)
-        return res
-
-    results = {"process": pid, "processes": nproc, "devices": jax.device_count()}
-    for phase in args.pacing.split(","):
-        results[phase] = run(phase == "on", phase)
+        results[ph["name"]] = res
         if pid == 0:
-            r = results[phase]
-            print(f"[{phase}] loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}, "
-                  f"params sha256 {r['params_sha256'][:16]}", flush=True)
+            print(f"[{ph['name']}] loss {res['losses'][0]:.4f} -> {res['losses'][-1]:.4f}, "
+                  f"params sha256 {digest[:16]}", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"result-p{pid}.json"), "w") as f:
