@@ -392,30 +392,10 @@ def render_html(report: Report) -> str:
     )
     if report.pacing is not None:
         p = report.pacing
-        parts.append(
-            "<h2>Pacing effect</h2>"
-            + _table(
-                ["", "steps", "step time", "CV", "sync wait", "delay"],
-                [
-                    [
-                        "not engaged",
-                        str(p.unengaged_steps),
-                        _ms(p.unengaged_step_s),
-                        f"{p.unengaged_cv:.3f}",
-                        _ms(p.unengaged_sync_wait_s),
-                        _ms(p.unengaged_delay_s),
-                    ],
-                    [
-                        "engaged",
-                        str(p.engaged_steps),
-                        _ms(p.engaged_step_s),
-                        f"{p.engaged_cv:.3f}",
-                        _ms(p.engaged_sync_wait_s),
-                        _ms(p.engaged_delay_s),
-                    ],
-                ],
-            )
-        )
+        from jaxpace.report import pacing_table
+
+        table = pacing_table(p)
+        parts.append("<h2>Pacing effect</h2>" + _table(table[0], table[1:]))
     if report.notes:
         parts.append(
             "<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul>"

@@ -356,6 +356,30 @@ def _jsonable(x: Any) -> Any:
 # --------------------------------------------------------------------------- arrays
 
 
+def pacing_table(p: PacingEffect) -> list[list[str]]:
+    """The pacing-effect table as text rows (header first), for terminal and HTML."""
+    return [
+        ["", "steps", "step time", "CV", "sync wait", "delay"],
+        ["not engaged", str(p.unengaged_steps), _ms(p.unengaged_step_s),
+         f"{p.unengaged_cv:.3f}", _ms(p.unengaged_sync_wait_s), _ms(p.unengaged_delay_s)],
+        ["engaged", str(p.engaged_steps), _ms(p.engaged_step_s), f"{p.engaged_cv:.3f}",
+         _ms(p.engaged_sync_wait_s), _ms(p.engaged_delay_s)],
+    ]
+
+
+def _pick_site(recs: Records, site: str | None) -> str:
+    """`site` if the records have it (else a clear error); by default the busiest site."""
+    if site is None:
+        counts = np.bincount(recs.columns["site"], minlength=len(recs.sites))
+        return recs.sites[int(np.argmax(counts))]
+    if site not in recs.sites:
+        raise RecordsError(
+            f"site `{site}` is not in the records; available sites: "
+            f"{', '.join(f'`{s}`' for s in recs.sites)}."
+        )
+    return site
+
+
 def _site_data(records: Records, site: str) -> tuple[_SiteData, list[str], bool]:
     """Dense arrays of one site; returns (data, notes, partial)."""
     notes: list[str] = []
@@ -676,14 +700,7 @@ def analyze(
             f"no step records in {', '.join(recs.sources)} (headers only); the run stopped "
             "before its first measured collective."
         )
-    if site is None:
-        counts = np.bincount(recs.columns["site"], minlength=len(recs.sites))
-        site = recs.sites[int(np.argmax(counts))]
-    elif site not in recs.sites:
-        raise RecordsError(
-            f"site `{site}` is not in the records; available sites: "
-            f"{', '.join(f'`{s}`' for s in recs.sites)}."
-        )
+    site = _pick_site(recs, site)
     data, site_notes, site_partial = _site_data(recs, site)
     notes = list(recs.notes) + site_notes
     if len(recs.sites) > 1:
@@ -1129,28 +1146,11 @@ def _summary_renderable(report: Report, max_ranks: int = 12) -> Any:
     if report.pacing is not None:
         p = report.pacing
         pt = Table(title="Pacing effect")
-        pt.add_column("")
-        pt.add_column("steps", justify="right")
-        pt.add_column("step time", justify="right")
-        pt.add_column("CV", justify="right")
-        pt.add_column("sync wait", justify="right")
-        pt.add_column("delay", justify="right")
-        pt.add_row(
-            "not engaged",
-            str(p.unengaged_steps),
-            _ms(p.unengaged_step_s),
-            f"{p.unengaged_cv:.3f}",
-            _ms(p.unengaged_sync_wait_s),
-            _ms(p.unengaged_delay_s),
-        )
-        pt.add_row(
-            "engaged",
-            str(p.engaged_steps),
-            _ms(p.engaged_step_s),
-            f"{p.engaged_cv:.3f}",
-            _ms(p.engaged_sync_wait_s),
-            _ms(p.engaged_delay_s),
-        )
+        header, *rows = pacing_table(p)
+        for i, col in enumerate(header):
+            pt.add_column(col, justify="right" if i else "left")
+        for row in rows:
+            pt.add_row(*row)
         parts.append(pt)
     if report.notes:
         parts.append(Text("Notes:\n" + "\n".join(f"- {n}" for n in report.notes)))
@@ -1231,14 +1231,7 @@ def write_trace(
         recs = load_records(records_or_report)
         if len(recs) == 0:
             raise RecordsError("no step records to draw (headers only).")
-        if site is None:
-            counts = np.bincount(recs.columns["site"], minlength=len(recs.sites))
-            site = recs.sites[int(np.argmax(counts))]
-        elif site not in recs.sites:
-            raise RecordsError(
-                f"site `{site}` is not in the records; available sites: "
-                f"{', '.join(f'`{s}`' for s in recs.sites)}."
-            )
+        site = _pick_site(recs, site)
         data, _, _ = _site_data(recs, site)
         label = site
     p = Path(path)
