@@ -24,8 +24,10 @@ def machine() -> str:
     import jax
 
     dev = jax.devices()[0]
-    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
-            f"jax {jax.__version__}, {dev.platform}:{dev.device_kind} x{jax.device_count()}")
+    return (
+        f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"jax {jax.__version__}, {dev.platform}:{dev.device_kind} x{jax.device_count()}"
+    )
 
 
 def _interleaved(fns: dict, args, reps: int) -> dict:
@@ -45,8 +47,11 @@ def _interleaved(fns: dict, args, reps: int) -> dict:
     out = {}
     for k, ts in times.items():
         a = np.array(ts)
-        out[k] = {"median_s": float(np.median(a)), "p25_s": float(np.percentile(a, 25)),
-                  "p75_s": float(np.percentile(a, 75))}
+        out[k] = {
+            "median_s": float(np.median(a)),
+            "p25_s": float(np.percentile(a, 25)),
+            "p75_s": float(np.percentile(a, 75)),
+        }
     return out
 
 
@@ -64,8 +69,13 @@ def single_process(sizes, leaves_list, reps) -> list[dict]:
     for size in sizes:
         for n_leaves in leaves_list:
             per = max(size // n_leaves, 1)
-            tree = [jax.device_put(jnp.full((jax.device_count(), per), 0.5, jnp.float32),
-                                   NamedSharding(mesh, P("data"))) for _ in range(n_leaves)]
+            tree = [
+                jax.device_put(
+                    jnp.full((jax.device_count(), per), 0.5, jnp.float32),
+                    NamedSharding(mesh, P("data")),
+                )
+                for _ in range(n_leaves)
+            ]
             specs = ([P("data")] * n_leaves,)
             pacers = {
                 "measure/process": jp.Pacer(),
@@ -73,21 +83,41 @@ def single_process(sizes, leaves_list, reps) -> list[dict]:
                 "adaptive(balanced)": jp.Pacer(policy=jp.adaptive()),
                 "measure/sample_every=10": jp.Pacer(sample_every=10),
             }
-            fns = {"lax": jax.jit(jax.shard_map(lambda t: lax.pmean(t, "data"), mesh=mesh,
-                                                in_specs=specs, out_specs=[P()] * n_leaves))}
+            fns = {
+                "lax": jax.jit(
+                    jax.shard_map(
+                        lambda t: lax.pmean(t, "data"),
+                        mesh=mesh,
+                        in_specs=specs,
+                        out_specs=[P()] * n_leaves,
+                    )
+                )
+            }
             for name, pc in pacers.items():
-                fns[name] = jax.jit(jax.shard_map(lambda t, pc=pc: pc.pmean(t, "data", site="b"),
-                                                  mesh=mesh, in_specs=specs,
-                                                  out_specs=[P()] * n_leaves))
+                fns[name] = jax.jit(
+                    jax.shard_map(
+                        lambda t, pc=pc: pc.pmean(t, "data", site="b"),
+                        mesh=mesh,
+                        in_specs=specs,
+                        out_specs=[P()] * n_leaves,
+                    )
+                )
             res = _interleaved(fns, (tree,), reps)
             base = res["lax"]["median_s"]
-            row = {"elements": per * n_leaves, "leaves": n_leaves, "lax_median_s": base,
-                   "ratios": {k: v["median_s"] / base for k, v in res.items() if k != "lax"},
-                   "raw": res}
+            row = {
+                "elements": per * n_leaves,
+                "leaves": n_leaves,
+                "lax_median_s": base,
+                "ratios": {k: v["median_s"] / base for k, v in res.items() if k != "lax"},
+                "raw": res,
+            }
             rows.append(row)
-            print(f"  1x{jax.device_count()} {per * n_leaves:>9,} el {n_leaves:>3} leaves: lax "
-                  f"{base * 1e3:7.3f} ms | " + " | ".join(
-                      f"{k} {v:.3f}x" for k, v in row["ratios"].items()), flush=True)
+            print(
+                f"  1x{jax.device_count()} {per * n_leaves:>9,} el {n_leaves:>3} leaves: lax "
+                f"{base * 1e3:7.3f} ms | "
+                + " | ".join(f"{k} {v:.3f}x" for k, v in row["ratios"].items()),
+                flush=True,
+            )
     return rows
 
 
@@ -98,8 +128,11 @@ def callback_cost(reps=2000) -> dict:
     import numpy as np
     from jax.experimental import io_callback
 
-    f = jax.jit(lambda x: io_callback(lambda v: np.int32(0), jax.ShapeDtypeStruct((), jnp.int32),
-                                      x, ordered=False))
+    f = jax.jit(
+        lambda x: io_callback(
+            lambda v: np.int32(0), jax.ShapeDtypeStruct((), jnp.int32), x, ordered=False
+        )
+    )
     g = jax.jit(lambda x: x + 1)
     x = jnp.int32(1)
     res = _interleaved({"callback": f, "noop": g}, (x,), reps)
@@ -144,34 +177,65 @@ def train_step(reps=40) -> dict:
             u, opt = tx.update(g, opt, params)
             return optax.apply_updates(params, u), opt
 
-        return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
-                                     out_specs=(P(), P())))
+        return jax.jit(
+            jax.shard_map(
+                step, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P())
+            )
+        )
 
     pm, ps = jp.Pacer(), jp.Pacer(sample_every=10)
-    fns = {"lax": make(lambda g: lax.pmean(g, "data")),
-           "measure": make(lambda g: pm.pmean(g, "data", site="t")),
-           "measure/sample_every=10": make(lambda g: ps.pmean(g, "data", site="t"))}
+    fns = {
+        "lax": make(lambda g: lax.pmean(g, "data")),
+        "measure": make(lambda g: pm.pmean(g, "data", site="t")),
+        "measure/sample_every=10": make(lambda g: ps.pmean(g, "data", site="t")),
+    }
     res = _interleaved(fns, (params, opt, x, y), reps)
     base = res["lax"]["median_s"]
     n_params = sum(v.size for v in jax.tree.leaves(params))
-    out = {"params": int(n_params), "lax_median_s": base,
-           "overhead_pct": {k: (v["median_s"] / base - 1) * 100 for k, v in res.items()
-                            if k != "lax"}}
-    print(f"  train step ({n_params:,} params): lax {base * 1e3:.2f} ms | " + " | ".join(
-        f"{k} {v:+.1f}%" for k, v in out["overhead_pct"].items()), flush=True)
+    out = {
+        "params": int(n_params),
+        "lax_median_s": base,
+        "overhead_pct": {k: (v["median_s"] / base - 1) * 100 for k, v in res.items() if k != "lax"},
+    }
+    print(
+        f"  train step ({n_params:,} params): lax {base * 1e3:.2f} ms | "
+        + " | ".join(f"{k} {v:+.1f}%" for k, v in out["overhead_pct"].items()),
+        flush=True,
+    )
     return out
 
 
 def _launch(args, timeout=300):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    return subprocess.run([sys.executable, "-m", "jaxpace", "launch", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxpace", "launch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def multi_process(out_dir: Path, reps: int) -> dict:
-    proc = _launch(["-n", 4, "--local-devices", 2, "--timeout", 280, "--", sys.executable,
-                    HERE / "mp_overhead.py", "--out", out_dir / "mp.json", "--reps", reps])
+    proc = _launch(
+        [
+            "-n",
+            4,
+            "--local-devices",
+            2,
+            "--timeout",
+            280,
+            "--",
+            sys.executable,
+            HERE / "mp_overhead.py",
+            "--out",
+            out_dir / "mp.json",
+            "--reps",
+            reps,
+        ]
+    )
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
     return json.loads((out_dir / "mp.json").read_text())
@@ -183,9 +247,25 @@ def detection(out_dir: Path, lags_ms) -> list[dict]:
     rows = []
     for lag in lags_ms:
         d = out_dir / f"det{lag}"
-        proc = _launch(["-n", 4, "--local-devices", 2, "--timeout", 200, "--", sys.executable,
-                        REPO / "tests" / "scripts" / "mp_collective.py", "--lag-s", lag / 1e3,
-                        "--steps", 60, "--out", d])
+        proc = _launch(
+            [
+                "-n",
+                4,
+                "--local-devices",
+                2,
+                "--timeout",
+                200,
+                "--",
+                sys.executable,
+                REPO / "tests" / "scripts" / "mp_collective.py",
+                "--lag-s",
+                lag / 1e3,
+                "--steps",
+                60,
+                "--out",
+                d,
+            ]
+        )
         if proc.returncode != 0:
             rows.append({"lag_ms": lag, "error": proc.stderr[-500:]})
             continue
@@ -194,7 +274,9 @@ def detection(out_dir: Path, lags_ms) -> list[dict]:
         steps = sorted(set.intersection(*[set(m) for m in maps]))[5:]
         hits = [int(np.argmin([m[s] for m in maps])) == 1 for s in steps]
         rows.append({"lag_ms": lag, "steps": len(steps), "identified_share": float(np.mean(hits))})
-        print(f"  detection: lag {lag} ms -> identified in {np.mean(hits):.0%} of steps", flush=True)
+        print(
+            f"  detection: lag {lag} ms -> identified in {np.mean(hits):.0%} of steps", flush=True
+        )
     return rows
 
 
@@ -219,34 +301,57 @@ def write_markdown(results: dict, path: Path) -> None:
         lines.append(
             f"| {r['elements']:,} | {r['leaves']} | {r['lax_median_s'] * 1e3:.3f} ms | "
             f"{q['measure/process']:.3f}x | {q['measure/device']:.3f}x | "
-            f"{q['adaptive(balanced)']:.3f}x | {q['measure/sample_every=10']:.3f}x |")
+            f"{q['adaptive(balanced)']:.3f}x | {q['measure/sample_every=10']:.3f}x |"
+        )
     mp = results.get("multi_process", {})
     lines += ["", "## Collective overhead, 4 processes x 2 CPU devices (gloo)", ""]
     if "rows" in mp:
-        lines += ["| elements | leaves | lax median | measure/process | measure/device | adaptive (balanced) |",
-                  "|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| elements | leaves | lax median | measure/process | measure/device | adaptive (balanced) |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in mp["rows"]:
             q = r["ratios"]
-            lines.append(f"| {r['elements']:,} | {r['leaves']} | {r['lax_median_s'] * 1e3:.2f} ms | "
-                         f"{q['measure/process']:.3f}x | {q['measure/device']:.3f}x | "
-                         f"{q['adaptive(balanced)']:.3f}x |")
-        lines += ["", "On CPU, XLA runs each operand of a variadic all-reduce as its own gloo "
-                  "collective, so the in-band exchange payload of pacing policies costs one more "
-                  "small all-reduce there (about the `lax` time of a 1-leaf reduce). NCCL groups "
-                  "the operands of one all-reduce."]
+            lines.append(
+                f"| {r['elements']:,} | {r['leaves']} | {r['lax_median_s'] * 1e3:.2f} ms | "
+                f"{q['measure/process']:.3f}x | {q['measure/device']:.3f}x | "
+                f"{q['adaptive(balanced)']:.3f}x |"
+            )
+        lines += [
+            "",
+            "On CPU, XLA runs each operand of a variadic all-reduce as its own gloo "
+            "collective, so the in-band exchange payload of pacing policies costs one more "
+            "small all-reduce there (about the `lax` time of a 1-leaf reduce). NCCL groups "
+            "the operands of one all-reduce.",
+        ]
     else:
         lines.append(f"(failed: {mp.get('error', 'not run')})")
     t = results["train_step"]
-    lines += ["", "## Realistic train step (1 process, 8 CPU devices)", "",
-              f"MLP 256-1024-1024-1 ({t['params']:,} parameters), forward + backward + Adam, "
-              f"local gradients reduced by `pmean`. lax step median {t['lax_median_s'] * 1e3:.2f} ms.",
-              "", "| variant | overhead vs lax |", "|---|---:|"]
+    lines += [
+        "",
+        "## Realistic train step (1 process, 8 CPU devices)",
+        "",
+        f"MLP 256-1024-1024-1 ({t['params']:,} parameters), forward + backward + Adam, "
+        f"local gradients reduced by `pmean`. lax step median {t['lax_median_s'] * 1e3:.2f} ms.",
+        "",
+        "| variant | overhead vs lax |",
+        "|---|---:|",
+    ]
     for k, v in t["overhead_pct"].items():
         lines.append(f"| {k} | {v:+.2f}% |")
-    lines += ["", "## Per-callback cost", "",
-              f"One `io_callback` round trip (jit, CPU): {results['callback']['io_callback_us']:.1f} us."]
-    lines += ["", "## Detection (4 processes x 2 devices, lag injected on process 1)", "",
-              "| injected lag | steps | lagging process had the smallest wait |", "|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Per-callback cost",
+        "",
+        f"One `io_callback` round trip (jit, CPU): {results['callback']['io_callback_us']:.1f} us.",
+    ]
+    lines += [
+        "",
+        "## Detection (4 processes x 2 devices, lag injected on process 1)",
+        "",
+        "| injected lag | steps | lagging process had the smallest wait |",
+        "|---:|---:|---:|",
+    ]
     for r in results["detection"]:
         if "error" in r:
             lines.append(f"| {r['lag_ms']} ms | - | failed |")
@@ -254,9 +359,13 @@ def write_markdown(results: dict, path: Path) -> None:
             lines.append(f"| {r['lag_ms']} ms | {r['steps']} | {r['identified_share']:.0%} |")
     s = results.get("sim")
     if s:
-        lines += ["", "## Simulator throughput", "",
-                  f"{s['ranks']} ranks x {s['steps']:,} steps (`{s['scenario']}`, policy "
-                  f"{s['policy']}): {s['seconds']:.2f} s = {s['rank_steps_per_s']:,.0f} rank-steps/s."]
+        lines += [
+            "",
+            "## Simulator throughput",
+            "",
+            f"{s['ranks']} ranks x {s['steps']:,} steps (`{s['scenario']}`, policy "
+            f"{s['policy']}): {s['seconds']:.2f} s = {s['rank_steps_per_s']:,.0f} rank-steps/s.",
+        ]
     extra = HERE / "NOTES.md"
     if extra.exists():
         lines += ["", extra.read_text().strip()]
@@ -268,8 +377,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
-    ap.add_argument("--gpu", action="store_true",
-                    help="benchmark the accelerators (single process) instead of 8 CPU devices")
+    ap.add_argument(
+        "--gpu",
+        action="store_true",
+        help="benchmark the accelerators (single process) instead of 8 CPU devices",
+    )
     args = ap.parse_args(argv)
     import jax
 

@@ -1,6 +1,6 @@
 """The whole change jaxpace asks of a shard_map train step: one import, one call.
 
-    python examples/replace_psum.py
+python examples/replace_psum.py
 """
 
 import os

@@ -1,6 +1,6 @@
 """The same measured gradient all-reduce under `jax.pmap` (one process, 8 CPU devices).
 
-    python examples/train_pmap.py
+python examples/train_pmap.py
 """
 
 import os

@@ -73,9 +73,13 @@ def _caller_site() -> str:
         f = frame.f_back if frame is not None else None
         while f is not None:
             fn = os.path.abspath(f.f_code.co_filename)
-            if not fn.startswith(_PKG_DIR) and f"{os.sep}jax{os.sep}" not in fn and (
-                f"{os.sep}jax{os.sep}_src" not in fn
-            ) and "contextlib" not in fn and "functools" not in fn:
+            if (
+                not fn.startswith(_PKG_DIR)
+                and f"{os.sep}jax{os.sep}" not in fn
+                and (f"{os.sep}jax{os.sep}_src" not in fn)
+                and "contextlib" not in fn
+                and "functools" not in fn
+            ):
                 return f"{os.path.basename(fn)}:{f.f_lineno}:{f.f_code.co_name}"
             f = f.f_back
         return "unknown"
@@ -284,8 +288,9 @@ def _collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
         pacer._on_trace()  # freezes settings; `enabled` is agreed like the rest
         return plain()
     leaves = jax.tree_util.tree_leaves(x)
-    if not leaves or any(not isinstance(leaf, _SCALARS) and not hasattr(leaf, "shape")
-                         for leaf in leaves):
+    if not leaves or any(
+        not isinstance(leaf, _SCALARS) and not hasattr(leaf, "shape") for leaf in leaves
+    ):
         # Empty trees, or operands lax rejects: lax's own result or error.
         return plain()
     # Unbound axes: ours names the axis and the bound ones (JAX's is often an
@@ -316,8 +321,9 @@ def _collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
     if reason is not None:
         pacer._note_unmeasured(site, reason)
         return plain()
-    return _measured(pacer, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups,
-                     site, sizes, am)
+    return _measured(
+        pacer, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am
+    )
 
 
 _SCALARS = (jax.Array, np.ndarray, np.generic, int, float, bool, complex)
@@ -432,8 +438,9 @@ def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
 
         def call_post(args):
             red, fl, r = args
-            return io_callback(post_cb, jax.ShapeDtypeStruct((), jnp.int32), red, fl, r,
-                               ordered=False)
+            return io_callback(
+                post_cb, jax.ShapeDtypeStruct((), jnp.int32), red, fl, r, ordered=False
+            )
 
         def skip_post(args):
             return jnp.int32(0)
@@ -479,4 +486,3 @@ def _tangent(lax_fn, xt, y, axis_name, axis_index_groups):
         else:
             out.append(lax_fn(t, axis_name, axis_index_groups=axis_index_groups))
     return jax.tree_util.tree_unflatten(t_def, out)
-

@@ -94,8 +94,9 @@ def sanitize_seconds(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _check_number(name: str, value: Any, *, lo: float, hi: float, lo_open: bool = False,
-                  integer: bool = False) -> None:
+def _check_number(
+    name: str, value: Any, *, lo: float, hi: float, lo_open: bool = False, integer: bool = False
+) -> None:
     """Raises `ConfigError` unless `lo <= value <= hi` (or `lo < value` if `lo_open`)."""
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -108,7 +109,9 @@ def _check_number(name: str, value: Any, *, lo: float, hi: float, lo_open: bool 
         raise ConfigError(f"`{name}` must be an integer in [{lo}, {hi}], got {value!r}.")
     if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
         bound = f"{'(' if lo_open else '['}{lo}, {hi}]"
-        raise ConfigError(f"`{name}` must be {kind} in {bound}, got {value!r}. Pass a value in {bound}.")
+        raise ConfigError(
+            f"`{name}` must be {kind} in {bound}, got {value!r}. Pass a value in {bound}."
+        )
 
 
 def _zeros(num_ranks: int) -> np.ndarray:
@@ -140,8 +143,9 @@ def no_pacing() -> PacingPolicy:
     def update_fn(obs: Observation, state: NoPacingState):
         return _zeros(len(obs.earliness_s)), NoPacingState(steps=state.steps + 1)
 
-    return PacingPolicy(init_fn, update_fn, name="no_pacing()", max_delay_s=0.0,
-                        needs_exchange=False)
+    return PacingPolicy(
+        init_fn, update_fn, name="no_pacing()", max_delay_s=0.0, needs_exchange=False
+    )
 
 
 # --------------------------------------------------------------------------- fixed
@@ -178,8 +182,13 @@ def fixed(delay_s: float) -> PacingPolicy:
     def update_fn(obs: Observation, state: FixedState):
         return np.full((len(obs.earliness_s),), delay_s), FixedState(steps=state.steps + 1)
 
-    return PacingPolicy(init_fn, update_fn, name=f"fixed(delay_s={delay_s!r})", max_delay_s=delay_s,
-                        needs_exchange=False)
+    return PacingPolicy(
+        init_fn,
+        update_fn,
+        name=f"fixed(delay_s={delay_s!r})",
+        max_delay_s=delay_s,
+        needs_exchange=False,
+    )
 
 
 # --------------------------------------------------------------------------- adaptive
@@ -347,7 +356,11 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
     c = config
 
     def init_fn(num_ranks: int) -> AdaptiveState:
-        if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
+        if (
+            isinstance(num_ranks, bool)
+            or not isinstance(num_ranks, (int, np.integer))
+            or num_ranks < 1
+        ):
             raise ConfigError(f"`num_ranks` must be a positive integer, got {num_ranks!r}.")
         n = int(num_ranks)
         return AdaptiveState(
@@ -397,7 +410,12 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
             engaged = False
 
         # A/B guard: account the observed step time to the arm that produced it.
-        ab_arm, ab_sum, ab_count, ab_rejected = state.ab_arm, state.ab_sum_s, state.ab_count, state.ab_rejected
+        ab_arm, ab_sum, ab_count, ab_rejected = (
+            state.ab_arm,
+            state.ab_sum_s,
+            state.ab_count,
+            state.ab_rejected,
+        )
         if c.ab_test and engaged and not ab_rejected:
             ab_sum, ab_count = ab_sum.copy(), ab_count.copy()
             t = float(obs.step_time_s)
@@ -444,4 +462,3 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
 
     fields = ", ".join(f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c))
     return PacingPolicy(init_fn, update_fn, name=f"adaptive({fields})", max_delay_s=c.max_delay_s)
-

@@ -61,8 +61,9 @@ class PacerConfig:
             )
         _policy._check_number("sample_every", self.sample_every, lo=1, hi=10**6, integer=True)
         _policy._check_number("capacity", self.capacity, lo=2, hi=10**7, integer=True)
-        _policy._check_number("consensus_timeout_s", self.consensus_timeout_s, lo=0.0,
-                              hi=3600.0, lo_open=True)
+        _policy._check_number(
+            "consensus_timeout_s", self.consensus_timeout_s, lo=0.0, hi=3600.0, lo_open=True
+        )
 
 
 @dataclasses.dataclass
@@ -403,7 +404,9 @@ class Pacer:
             self._count_error(site, "pre", e)
             return np.zeros_like(payload), np.int32(0)
 
-    def _post(self, site: _Site, rank: int, flag: int, reduced: np.ndarray | None, scale: float) -> None:
+    def _post(
+        self, site: _Site, rank: int, flag: int, reduced: np.ndarray | None, scale: float
+    ) -> None:
         """Post-collective callback body: close the record, run the policy."""
         try:
             t = _now_ns(self.clock)
@@ -418,7 +421,11 @@ class Pacer:
                 return
             step = int(flag) - 1
             n = site.num_slots
-            vec = None if reduced is None else np.asarray(reduced, dtype=np.float64).reshape(-1) * scale
+            vec = (
+                None
+                if reduced is None
+                else np.asarray(reduced, dtype=np.float64).reshape(-1) * scale
+            )
             if self._fault_hook is not None:
                 self._fault_hook("post", site.name, rank, step)
             st = site.rank(rank)
@@ -450,7 +457,9 @@ class Pacer:
                         earliness = waits - np.nanmin(waits)
                         steps_s = _policy.sanitize_seconds(vec[2 * n :])
                         steps_s[~present | (steps_s <= 0)] = np.nan
-                        step_time = float(np.nanmedian(steps_s)) if np.isfinite(steps_s).any() else math.nan
+                        step_time = (
+                            float(np.nanmedian(steps_s)) if np.isfinite(steps_s).any() else math.nan
+                        )
                         self._decide(st, rank, earliness, step_time)
                         self._note_backoff(site, st)
                         st.early_hist[st.early_n % len(st.early_hist)] = earliness
@@ -474,8 +483,9 @@ class Pacer:
         obs = _policy.Observation(earliness_s=earliness, step_time_s=step_time_s)
         delays, st.policy_state = self._policy.update(obs, st.policy_state)
         delays = np.asarray(delays, dtype=np.float64).reshape(-1)
-        st.pending_delay_s = _clamp_delay(delays[rank] if rank < len(delays) else 0.0,
-                                          self._policy.max_delay_s)
+        st.pending_delay_s = _clamp_delay(
+            delays[rank] if rank < len(delays) else 0.0, self._policy.max_delay_s
+        )
         st.engaged = bool(getattr(st.policy_state, "engaged", False))
 
     def _note_backoff(self, site: _Site, st: _RankState) -> None:
@@ -572,8 +582,14 @@ class Pacer:
             out[name] = SiteStats(site=name, measured=False, unmeasured_reason=reason, ranks=[])
         for name, site in sorted(self._sites.items()):
             ranks = sorted(site.ranks)
-            s = SiteStats(site=name, measured=True, unmeasured_reason=None, ranks=ranks,
-                          errors=site.errors, layout=site.layout)
+            s = SiteStats(
+                site=name,
+                measured=True,
+                unmeasured_reason=None,
+                ranks=ranks,
+                errors=site.errors,
+                layout=site.layout,
+            )
             waits, hists = [], []
             for r in ranks:
                 st = site.ranks[r]
@@ -715,8 +731,12 @@ class Pacer:
             try:
                 data = client.blocking_key_value_get_bytes(f"{prefix}/p{p}", int(timeout_s * 1000))
             except Exception as e:  # noqa: BLE001 - a dead peer must not hang or crash us
-                log.warning("jaxpace: no records from process %d within %.0fs (%s)", p, timeout_s,
-                            type(e).__name__)
+                log.warning(
+                    "jaxpace: no records from process %d within %.0fs (%s)",
+                    p,
+                    timeout_s,
+                    type(e).__name__,
+                )
                 continue
             out.extend(json.loads(line) for line in zlib.decompress(data).decode().splitlines())
         return out

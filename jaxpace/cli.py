@@ -22,12 +22,23 @@ _DELEGATED = {
 def _launch_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--num-processes", type=int, default=2, help="processes (default 2)")
     p.add_argument("--local-devices", type=int, default=1, help="CPU devices per process")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="kill every rank after this many seconds (default 600)")
-    p.add_argument("--heartbeat-timeout", type=int, default=10,
-                   help="seconds before JAX declares a silent peer dead (default 10)")
-    p.add_argument("--no-cpu", action="store_true",
-                   help="do not force JAX_PLATFORMS=cpu (use the host's accelerators)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="kill every rank after this many seconds (default 600)",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=10,
+        help="seconds before JAX declares a silent peer dead (default 10)",
+    )
+    p.add_argument(
+        "--no-cpu",
+        action="store_true",
+        help="do not force JAX_PLATFORMS=cpu (use the host's accelerators)",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
 

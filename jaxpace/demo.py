@@ -33,13 +33,21 @@ IMBALANCE_PROFILES: dict[str, tuple[float, float, float]] = {
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", type=int, default=4, help="processes (default 4)")
     p.add_argument("--devices", type=int, default=2, help="CPU devices per process (default 2)")
-    p.add_argument("--steps", type=int, default=60, help="train steps per phase (default 60; three phases)")
-    p.add_argument("--imbalance", choices=sorted(IMBALANCE_PROFILES), default="slow+episodic",
-                   help="injected imbalance (default: one slow process + random stragglers)")
+    p.add_argument(
+        "--steps", type=int, default=60, help="train steps per phase (default 60; three phases)"
+    )
+    p.add_argument(
+        "--imbalance",
+        choices=sorted(IMBALANCE_PROFILES),
+        default="slow+episodic",
+        help="injected imbalance (default: one slow process + random stragglers)",
+    )
     p.add_argument("--slow-process", type=int, default=1, help="which process is slow")
     p.add_argument("--lag-ms", type=float, default=None, help="override the slow process's lag")
     p.add_argument("--max-delay-ms", type=float, default=30.0, help="pacing bound (default 30)")
-    p.add_argument("--out", default="jaxpace-demo", help="output directory (default ./jaxpace-demo)")
+    p.add_argument(
+        "--out", default="jaxpace-demo", help="output directory (default ./jaxpace-demo)"
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="kill the job after this many s")
     p.add_argument("--seed", type=int, default=0)
 
@@ -117,15 +125,31 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
         f"{', '.join(PHASES.values())}, interleaved.\n"
         f"Injected imbalance '{args.imbalance}': process {args.slow_process} is "
         f"{lag_s * 1e3:.0f} ms late every step"
-        + (f"; any process may straggle {straggle_s * 1e3:.0f} ms with p={p_straggle}"
-           if p_straggle else "")
+        + (
+            f"; any process may straggle {straggle_s * 1e3:.0f} ms with p={p_straggle}"
+            if p_straggle
+            else ""
+        )
         + "."
     )
     common = [
-        sys.executable, "-m", "jaxpace.examples.train", "--steps", str(args.steps),
-        "--lag-s", str(lag_s), "--lag-process", str(args.slow_process),
-        "--straggle-p", str(p_straggle), "--straggle-s", str(straggle_s),
-        "--max-delay-s", str(args.max_delay_ms / 1000.0), "--seed", str(args.seed),
+        sys.executable,
+        "-m",
+        "jaxpace.examples.train",
+        "--steps",
+        str(args.steps),
+        "--lag-s",
+        str(lag_s),
+        "--lag-process",
+        str(args.slow_process),
+        "--straggle-p",
+        str(p_straggle),
+        "--straggle-s",
+        str(straggle_s),
+        "--max-delay-s",
+        str(args.max_delay_ms / 1000.0),
+        "--seed",
+        str(args.seed),
         "--progress",
     ]
     jobs = {
@@ -134,21 +158,35 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     }
     t0 = time.monotonic()
     log_path = out / "launch.log"
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress, \
-            open(log_path, "w") as log:
+    with (
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress,
+        open(log_path, "w") as log,
+    ):
         for name, (label, extra) in jobs.items():
             stream = _Progress(progress, progress.add_task(label, total=args.steps), log)
-            res = launch.launch(common + extra + ["--out", str(out / name)],
-                                num_processes=args.processes, local_devices=args.devices,
-                                timeout_s=args.timeout, stream=stream)
+            res = launch.launch(
+                common + extra + ["--out", str(out / name)],
+                num_processes=args.processes,
+                local_devices=args.devices,
+                timeout_s=args.timeout,
+                stream=stream,
+            )
             if not res.ok:
-                raise LaunchError(launch.describe_failure(res, args.timeout)
-                                  + f"\nFull log: {log_path}")
+                raise LaunchError(
+                    launch.describe_failure(res, args.timeout) + f"\nFull log: {log_path}"
+                )
 
     def load(job: str) -> list[dict]:
-        return [json.loads((out / job / f"result-p{i}.json").read_text())
-                for i in range(args.processes)]
+        return [
+            json.loads((out / job / f"result-p{i}.json").read_text()) for i in range(args.processes)
+        ]
 
     diag, ab = load("diagnose"), load("ab")
     rep = report.analyze(out / "diagnose" / "off")
@@ -181,11 +219,13 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     t.add_column("")
     for label in PHASES.values():
         t.add_column(label, justify="right")
-    for key, label, fmt in (("mean_step_ms", "job step, mean (ms)", "{:.1f}"),
-                            ("p99_step_ms", "job step, p99 (ms)", "{:.1f}"),
-                            ("cv", "job step CV", "{:.3f}"),
-                            ("early_sync_wait_ms", "early ranks' sync wait (ms/step)", "{:.2f}"),
-                            ("early_delay_ms", "early ranks' pacing sleep (ms/step)", "{:.2f}")):
+    for key, label, fmt in (
+        ("mean_step_ms", "job step, mean (ms)", "{:.1f}"),
+        ("p99_step_ms", "job step, p99 (ms)", "{:.1f}"),
+        ("cv", "job step CV", "{:.3f}"),
+        ("early_sync_wait_ms", "early ranks' sync wait (ms/step)", "{:.2f}"),
+        ("early_delay_ms", "early ranks' pacing sleep (ms/step)", "{:.2f}"),
+    ):
         t.add_row(label, *(fmt.format(rows[ph][key]) for ph in PHASES))
     console.print(t)
 
@@ -194,10 +234,13 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
         f"Culprit: rank {culprit} (process {rep.culprit_process}), "
         f"{rep.rank_stats(culprit).excess_lateness_s * 1e3:.1f} ms later than a typical rank, "
         f"last to arrive in {rep.rank_stats(culprit).last_fraction:.0%} of steps."
-        if culprit is not None else "No persistent culprit: arrivals are balanced."
+        if culprit is not None
+        else "No persistent culprit: arrivals are balanced."
     )
-    detected = sorted((m for m in rep.failure_modes if m.detected and m.name != "balanced"),
-                      key=lambda m: -m.score)
+    detected = sorted(
+        (m for m in rep.failure_modes if m.detected and m.name != "balanced"),
+        key=lambda m: -m.score,
+    )
     mode_lines = [f"  {m.name} (score {m.score:.2f}): {m.evidence[0]}" for m in detected]
     lines = [
         verdict,

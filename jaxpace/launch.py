@@ -160,8 +160,10 @@ def launch(
       ConfigError: bad arguments.
     """
     if not cmd:
-        raise ConfigError("`cmd` is empty: pass the command after `--`, e.g. "
-                          "`jaxpace launch -n 2 -- python train.py`.")
+        raise ConfigError(
+            "`cmd` is empty: pass the command after `--`, e.g. "
+            "`jaxpace launch -n 2 -- python train.py`."
+        )
     for name, v, hi in (("num_processes", num_processes, 64), ("local_devices", local_devices, 64)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
             raise ConfigError(f"`{name}` must be an integer in [1, {hi}], got {v!r}.")

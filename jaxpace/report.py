@@ -360,10 +360,22 @@ def pacing_table(p: PacingEffect) -> list[list[str]]:
     """The pacing-effect table as text rows (header first), for terminal and HTML."""
     return [
         ["", "steps", "step time", "CV", "sync wait", "delay"],
-        ["not engaged", str(p.unengaged_steps), _ms(p.unengaged_step_s),
-         f"{p.unengaged_cv:.3f}", _ms(p.unengaged_sync_wait_s), _ms(p.unengaged_delay_s)],
-        ["engaged", str(p.engaged_steps), _ms(p.engaged_step_s), f"{p.engaged_cv:.3f}",
-         _ms(p.engaged_sync_wait_s), _ms(p.engaged_delay_s)],
+        [
+            "not engaged",
+            str(p.unengaged_steps),
+            _ms(p.unengaged_step_s),
+            f"{p.unengaged_cv:.3f}",
+            _ms(p.unengaged_sync_wait_s),
+            _ms(p.unengaged_delay_s),
+        ],
+        [
+            "engaged",
+            str(p.engaged_steps),
+            _ms(p.engaged_step_s),
+            f"{p.engaged_cv:.3f}",
+            _ms(p.engaged_sync_wait_s),
+            _ms(p.engaged_delay_s),
+        ],
     ]
 
 

@@ -25,15 +25,27 @@ def same_bytes(a, b):
     for x, y in zip(la, lb, strict=True):
         x, y = np.asarray(x), np.asarray(y)
         assert x.dtype == y.dtype and x.shape == y.shape, (x.dtype, y.dtype, x.shape, y.shape)
-        assert x.reshape(-1).view(np.uint8).tobytes() == y.reshape(-1).view(np.uint8).tobytes(), (x, y)
+        assert x.reshape(-1).view(np.uint8).tobytes() == y.reshape(-1).view(np.uint8).tobytes(), (
+            x,
+            y,
+        )
 
 
 def both(fn_of_collective, args, in_specs, out_specs, granularity="device"):
     pacer = jp.Pacer(granularity=granularity)
-    ours = jax.jit(jax.shard_map(lambda *a: fn_of_collective(pacer, *a), mesh=MESH,
-                                 in_specs=in_specs, out_specs=out_specs))
-    ref = jax.jit(jax.shard_map(lambda *a: fn_of_collective(lax, *a), mesh=MESH,
-                                in_specs=in_specs, out_specs=out_specs))
+    ours = jax.jit(
+        jax.shard_map(
+            lambda *a: fn_of_collective(pacer, *a),
+            mesh=MESH,
+            in_specs=in_specs,
+            out_specs=out_specs,
+        )
+    )
+    ref = jax.jit(
+        jax.shard_map(
+            lambda *a: fn_of_collective(lax, *a), mesh=MESH, in_specs=in_specs, out_specs=out_specs
+        )
+    )
     return ours(*args), ref(*args), pacer, ours, ref
 
 
@@ -42,8 +54,24 @@ def put(x):
 
 
 SPECIAL = np.array(
-    [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 1.17e-38, 3.4e38, -3.4e38, 1.0, -1.0,
-     np.float32(np.nan) * -1, 2.5e-40, 7.0, 0.1],
+    [
+        np.nan,
+        np.inf,
+        -np.inf,
+        -0.0,
+        0.0,
+        1e-45,
+        -1e-45,
+        1.17e-38,
+        3.4e38,
+        -3.4e38,
+        1.0,
+        -1.0,
+        np.float32(np.nan) * -1,
+        2.5e-40,
+        7.0,
+        0.1,
+    ],
     dtype=np.float32,
 )
 
@@ -67,12 +95,19 @@ def test_bitwise_dtypes(kind, dtype, granularity):
         return getattr(mod, kind)(v, "data")
 
     try:
-        expected = jax.jit(jax.shard_map(lambda v: f(lax, v), mesh=MESH, in_specs=P("data"),
-                                         out_specs=P()))(x)
+        expected = jax.jit(
+            jax.shard_map(lambda v: f(lax, v), mesh=MESH, in_specs=P("data"), out_specs=P())
+        )(x)
     except Exception as e:  # lax rejects it: so must we, with the same type.
         with pytest.raises(type(e)):
-            jax.jit(jax.shard_map(lambda v: f(jp.Pacer(granularity=granularity), v), mesh=MESH,
-                                  in_specs=P("data"), out_specs=P()))(x)
+            jax.jit(
+                jax.shard_map(
+                    lambda v: f(jp.Pacer(granularity=granularity), v),
+                    mesh=MESH,
+                    in_specs=P("data"),
+                    out_specs=P(),
+                )
+            )(x)
         return
     a, b, *_ = both(f, (x,), P("data"), P(), granularity)
     same_bytes(a, b)
@@ -88,7 +123,10 @@ def test_bitwise_special_values_and_mixed_tree(kind):
         "ints": put(jnp.arange(16, dtype=jnp.int32).reshape(8, 2)),
         "bf16": put(jnp.asarray(np.tile(SPECIAL, (8, 1)), jnp.bfloat16)),
         "none": None,
-        "nested": [put(-jnp.zeros((8, 4), jnp.float32)), (put(jnp.full((8, 1), 1e-42, jnp.float32)),)],
+        "nested": [
+            put(-jnp.zeros((8, 4), jnp.float32)),
+            (put(jnp.full((8, 1), 1e-42, jnp.float32)),),
+        ],
     }
     specs = jax.tree.map(lambda _: P("data"), tree)
 
@@ -111,10 +149,12 @@ def test_bitwise_special_values_and_mixed_tree(kind):
 def test_bitwise_property(values, kind):
     x = put(jnp.asarray(np.array(values, np.float32).reshape(8, -1)))
     pacer = jp.Pacer(granularity="device")
-    ours = jax.shard_map(lambda v: getattr(pacer, kind)(v, "data"), mesh=MESH, in_specs=P("data"),
-                         out_specs=P())
-    ref = jax.shard_map(lambda v: getattr(lax, kind)(v, "data"), mesh=MESH, in_specs=P("data"),
-                        out_specs=P())
+    ours = jax.shard_map(
+        lambda v: getattr(pacer, kind)(v, "data"), mesh=MESH, in_specs=P("data"), out_specs=P()
+    )
+    ref = jax.shard_map(
+        lambda v: getattr(lax, kind)(v, "data"), mesh=MESH, in_specs=P("data"), out_specs=P()
+    )
     same_bytes(jax.jit(ours)(x), jax.jit(ref)(x))
 
 
@@ -130,13 +170,26 @@ def _allreduce_shapes(hlo: str) -> list[str]:
 def test_hlo_same_allreduce_count_and_shapes(granularity, policy):
     x = put(jnp.ones((8, 1024), jnp.float32))
     tree = {"w": x, "b": put(jnp.ones((8, 3), jnp.bfloat16))}
-    pacer = jp.Pacer(policy=jp.adaptive() if policy == "adaptive" else None,
-                     granularity=granularity)
+    pacer = jp.Pacer(
+        policy=jp.adaptive() if policy == "adaptive" else None, granularity=granularity
+    )
     specs = ({"w": P("data"), "b": P("data")},)
-    ours = jax.jit(jax.shard_map(lambda t: pacer.pmean(t, "data"), mesh=MESH, in_specs=specs,
-                                 out_specs={"w": P(), "b": P()}))
-    ref = jax.jit(jax.shard_map(lambda t: lax.pmean(t, "data"), mesh=MESH, in_specs=specs,
-                                out_specs={"w": P(), "b": P()}))
+    ours = jax.jit(
+        jax.shard_map(
+            lambda t: pacer.pmean(t, "data"),
+            mesh=MESH,
+            in_specs=specs,
+            out_specs={"w": P(), "b": P()},
+        )
+    )
+    ref = jax.jit(
+        jax.shard_map(
+            lambda t: lax.pmean(t, "data"),
+            mesh=MESH,
+            in_specs=specs,
+            out_specs={"w": P(), "b": P()},
+        )
+    )
     same_bytes(ours(tree), ref(tree))
     h_ours = ours.lower(tree).compile().as_text()
     h_ref = ref.lower(tree).compile().as_text()
@@ -160,8 +213,12 @@ def test_gradients_bitwise(kind):
 
     def grads(mod):
         pacer = jp.Pacer(granularity="device") if mod is None else mod
-        g = jax.shard_map(jax.value_and_grad(lambda w, v: loss(pacer, w, v)), mesh=MESH,
-                          in_specs=(P(), P("data")), out_specs=(P(), P()))
+        g = jax.shard_map(
+            jax.value_and_grad(lambda w, v: loss(pacer, w, v)),
+            mesh=MESH,
+            in_specs=(P(), P("data")),
+            out_specs=(P(), P()),
+        )
         return jax.jit(g)(w, x)
 
     same_bytes(grads(None), grads(lax))
@@ -181,16 +238,22 @@ def test_jvp_vjp_hessian_bitwise():
             h = jax.hessian(lambda u: jnp.sum(mod.pmean(u**3, "data")))(v[0])
             return t, y, ct, h
 
-        return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("data"),
-                                     out_specs=(P(), P(), P("data"), P("data"))))
+        return jax.jit(
+            jax.shard_map(
+                body, mesh=MESH, in_specs=P("data"), out_specs=(P(), P(), P("data"), P("data"))
+            )
+        )
 
     same_bytes(make(jp.Pacer(granularity="device"))(x), make(lax)(x))
 
 
 def test_records_and_stats_per_device():
     pacer = jp.Pacer(granularity="device")
-    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data", site="s"), mesh=MESH,
-                              in_specs=P("data"), out_specs=P()))
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: pacer.psum(v, "data", site="s"), mesh=MESH, in_specs=P("data"), out_specs=P()
+        )
+    )
     x = put(jnp.ones((8, 4)))
     for _ in range(5):
         f(x).block_until_ready()
@@ -206,8 +269,11 @@ def test_records_and_stats_per_device():
 
 def test_once_per_process_by_default():
     pacer = jp.Pacer()
-    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data", site="p"), mesh=MESH,
-                              in_specs=P("data"), out_specs=P()))
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: pacer.psum(v, "data", site="p"), mesh=MESH, in_specs=P("data"), out_specs=P()
+        )
+    )
     x = put(jnp.ones((8, 4)))
     for _ in range(3):
         f(x).block_until_ready()
@@ -250,8 +316,9 @@ def test_pmap():
 
 def test_unbound_axis_names_bound_axes():
     pacer = jp.Pacer()
-    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "dta"), mesh=MESH, in_specs=P("data"),
-                              out_specs=P()))
+    f = jax.jit(
+        jax.shard_map(lambda v: pacer.psum(v, "dta"), mesh=MESH, in_specs=P("data"), out_specs=P())
+    )
     with pytest.raises(UnboundAxisError, match=r"dta.*`data`"):
         f(put(jnp.ones((8, 2))))
     with pytest.raises(NameError):  # same base type as lax's own error
@@ -296,8 +363,14 @@ def test_pre_callback_is_a_real_dependency():
             time.sleep(hold_s)
 
     pacer._fault_hook = hook
-    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data", site="dep"), mesh=MESH,
-                              in_specs=P("data"), out_specs=P()))
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: pacer.psum(v, "data", site="dep"),
+            mesh=MESH,
+            in_specs=P("data"),
+            out_specs=P(),
+        )
+    )
     x = put(jnp.ones((8, 4)))
     for _ in range(3):
         f(x).block_until_ready()
@@ -309,8 +382,9 @@ def test_pre_callback_is_a_real_dependency():
 
 def test_disabled_is_plain_lax():
     pacer = jp.Pacer(enabled=False)
-    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data"), mesh=MESH, in_specs=P("data"),
-                              out_specs=P()))
+    f = jax.jit(
+        jax.shard_map(lambda v: pacer.psum(v, "data"), mesh=MESH, in_specs=P("data"), out_specs=P())
+    )
     x = put(jnp.ones((8, 2)))
     assert "callback" not in f.lower(x).as_text()
     assert pacer.stats() == {}
@@ -320,9 +394,15 @@ def test_axis_size_idiom_and_python_scalars():
     pacer = jp.Pacer()
 
     def body(v):
-        return pacer.psum(1, "data"), lax.psum(1, "data"), pacer.pmean(2.0, "data"), lax.pmean(2.0, "data")
+        return (
+            pacer.psum(1, "data"),
+            lax.psum(1, "data"),
+            pacer.pmean(2.0, "data"),
+            lax.pmean(2.0, "data"),
+        )
 
     out = jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("data"), out_specs=P()))(
-        put(jnp.ones((8, 1))))
+        put(jnp.ones((8, 1)))
+    )
     same_bytes(out[0], out[1])
     same_bytes(out[2], out[3])

@@ -17,9 +17,27 @@ def test_demo_end_to_end(tmp_path):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxpace", "demo", "--steps", "30", "--imbalance", "slow",
-         "--lag-ms", "25", "--out", str(out), "--timeout", "240"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "jaxpace",
+            "demo",
+            "--steps",
+            "30",
+            "--imbalance",
+            "slow",
+            "--lag-ms",
+            "25",
+            "--out",
+            str(out),
+            "--timeout",
+            "240",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     summary = json.loads((out / "demo-summary.json").read_text())
@@ -29,8 +47,12 @@ def test_demo_end_to_end(tmp_path):
     assert "bitwise identical" in proc.stdout
     # Pacing moved the early ranks' waiting into sleeps (A/B, interleaved).
     assert summary["pacing_on"]["early_delay_ms"] > 0
-    assert summary["exchange_only"]["early_delay_ms"] == 0 == summary["pacing_off"]["early_delay_ms"]
-    assert summary["pacing_on"]["early_sync_wait_ms"] < summary["exchange_only"]["early_sync_wait_ms"]
+    assert (
+        summary["exchange_only"]["early_delay_ms"] == 0 == summary["pacing_off"]["early_delay_ms"]
+    )
+    assert (
+        summary["pacing_on"]["early_sync_wait_ms"] < summary["exchange_only"]["early_sync_wait_ms"]
+    )
     for phase in ("pacing_off", "exchange_only", "pacing_on"):
         assert summary[phase]["mean_step_ms"] > 0 and summary[phase]["cv"] >= 0
     trace = json.loads((out / "trace.json").read_text())
@@ -52,10 +74,29 @@ def test_example_multiprocess_matches_lax_to_the_bit(tmp_path):
     res = {}
     for coll in ("jaxpace", "lax"):
         out = tmp_path / coll
-        proc = run_launch(["-n", 4, "--local-devices", 2, "--timeout", 200, "--", sys.executable,
-                           "-m", "jaxpace.examples.train", "--steps", "25", "--collective", coll,
-                           "--pacing", "off" if coll == "lax" else "off,exchange,on", "--out", out],
-                          timeout_s=240)
+        proc = run_launch(
+            [
+                "-n",
+                4,
+                "--local-devices",
+                2,
+                "--timeout",
+                200,
+                "--",
+                sys.executable,
+                "-m",
+                "jaxpace.examples.train",
+                "--steps",
+                "25",
+                "--collective",
+                coll,
+                "--pacing",
+                "off" if coll == "lax" else "off,exchange,on",
+                "--out",
+                out,
+            ],
+            timeout_s=240,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         res[coll] = [json.loads((out / f"result-p{i}.json").read_text()) for i in range(4)]
     ref = res["lax"][0]["off"]
@@ -73,9 +114,23 @@ def test_example_single_process_loss_decreases_and_matches_lax(tmp_path):
     env.pop("XLA_FLAGS", None)
     for coll in ("jaxpace", "lax"):
         proc = subprocess.run(
-            [sys.executable, "-m", "jaxpace.examples.train", "--steps", "25", "--collective", coll,
-             "--out", str(tmp_path / coll)],
-            capture_output=True, text=True, timeout=200, env=env, cwd=REPO)
+            [
+                sys.executable,
+                "-m",
+                "jaxpace.examples.train",
+                "--steps",
+                "25",
+                "--collective",
+                coll,
+                "--out",
+                str(tmp_path / coll),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=200,
+            env=env,
+            cwd=REPO,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         res[coll] = json.loads((tmp_path / coll / "result-p0.json").read_text())["off"]
     assert res["jaxpace"]["params_sha256"] == res["lax"]["params_sha256"]

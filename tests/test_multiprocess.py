@@ -28,10 +28,33 @@ def _per_step(results, phase, key):
 def paced_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mp")
     proc = __import__("conftest").run_launch(
-        ["-n", 4, "--local-devices", 2, "--timeout", 240, "--", sys.executable,
-         SCRIPTS / "mp_collective.py", "--lag-s", LAG_S, "--lag-process", 1, "--steps", 50,
-         "--phases", "unpaced,paced", "--policy", "adaptive", "--gain", "1.0",
-         "--max-delay-s", 0.03, "--out", out],
+        [
+            "-n",
+            4,
+            "--local-devices",
+            2,
+            "--timeout",
+            240,
+            "--",
+            sys.executable,
+            SCRIPTS / "mp_collective.py",
+            "--lag-s",
+            LAG_S,
+            "--lag-process",
+            1,
+            "--steps",
+            50,
+            "--phases",
+            "unpaced,paced",
+            "--policy",
+            "adaptive",
+            "--gain",
+            "1.0",
+            "--max-delay-s",
+            0.03,
+            "--out",
+            out,
+        ],
         timeout_s=280,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -81,11 +104,15 @@ def test_adaptive_pacing_absorbs_the_spread(paced_run):
         assert max(r["unpaced"]["delays_ns"].values()) == 0
     assert results[1]["paced"]["steps_paced"] == 0  # the late process never sleeps
     # Step-time cost of pacing, reported (timing on 2 shared cores is noisy).
-    med = {ph: np.median([np.median(r[ph]["step_times_s"][WARMUP:]) for r in results])
-           for ph in ("unpaced", "paced")}
+    med = {
+        ph: np.median([np.median(r[ph]["step_times_s"][WARMUP:]) for r in results])
+        for ph in ("unpaced", "paced")
+    }
     ratio = med["paced"] / med["unpaced"]
-    print(f"median step time unpaced {med['unpaced'] * 1e3:.1f} ms, paced "
-          f"{med['paced'] * 1e3:.1f} ms, ratio {ratio:.3f}")
+    print(
+        f"median step time unpaced {med['unpaced'] * 1e3:.1f} ms, paced "
+        f"{med['paced'] * 1e3:.1f} ms, ratio {ratio:.3f}"
+    )
     assert ratio < 1.5
 
 
@@ -113,18 +140,34 @@ def test_records_gathered_to_process_0_match_each_process_export(paced_run):
 
 
 def test_config_mismatch_fails_on_every_process(launch):
-    proc = launch(["-n", 2, "--local-devices", 1, "--timeout", 120, "--", sys.executable,
-                   SCRIPTS / "mp_mismatch.py"], timeout_s=150)
+    proc = launch(
+        [
+            "-n",
+            2,
+            "--local-devices",
+            1,
+            "--timeout",
+            120,
+            "--",
+            sys.executable,
+            SCRIPTS / "mp_mismatch.py",
+        ],
+        timeout_s=150,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     for rank in (0, 1):
-        assert f"[rank {rank}] MISMATCH: jaxpace settings differ" in proc.stdout, proc.stdout[-3000:]
+        assert f"[rank {rank}] MISMATCH: jaxpace settings differ" in proc.stdout, proc.stdout[
+            -3000:
+        ]
     assert "NO ERROR" not in proc.stdout
 
 
 def test_launcher_failing_rank_fails_fast_with_its_output(launch):
-    code = ("import os, sys, time; r = os.environ['JAXPACE_PROCESS_ID'];"
-            "print('hello from', r, flush=True);"
-            "(sys.exit('boom on rank 1') if r == '1' else time.sleep(60))")
+    code = (
+        "import os, sys, time; r = os.environ['JAXPACE_PROCESS_ID'];"
+        "print('hello from', r, flush=True);"
+        "(sys.exit('boom on rank 1') if r == '1' else time.sleep(60))"
+    )
     proc = launch(["-n", 3, "--timeout", 50, "--", sys.executable, "-c", code], timeout_s=60)
     assert proc.returncode != 0
     assert "rank 1 exited with code 1" in proc.stderr
@@ -133,8 +176,19 @@ def test_launcher_failing_rank_fails_fast_with_its_output(launch):
 
 
 def test_launcher_kills_hung_rank_at_timeout(launch):
-    proc = launch(["-n", 2, "--timeout", 3, "--", sys.executable, "-c",
-                   "import time; print('up', flush=True); time.sleep(120)"], timeout_s=40)
+    proc = launch(
+        [
+            "-n",
+            2,
+            "--timeout",
+            3,
+            "--",
+            sys.executable,
+            "-c",
+            "import time; print('up', flush=True); time.sleep(120)",
+        ],
+        timeout_s=40,
+    )
     assert proc.returncode == 124
     assert "timed out after 3.0s" in proc.stderr
 

@@ -15,10 +15,17 @@ MAX = 0.03
 POLICIES = {
     "no_pacing": lambda: jp.no_pacing(),
     "fixed": lambda: jp.fixed(0.002),
-    "adaptive": lambda: jp.adaptive(max_delay_s=MAX, threshold_s=0.001, warmup_steps=2,
-                                     engage_steps=3, disengage_steps=4, window=8),
-    "adaptive_ab": lambda: jp.adaptive(max_delay_s=MAX, warmup_steps=0, engage_steps=1,
-                                       ab_test=True, ab_period=4, ab_min_windows=1),
+    "adaptive": lambda: jp.adaptive(
+        max_delay_s=MAX,
+        threshold_s=0.001,
+        warmup_steps=2,
+        engage_steps=3,
+        disengage_steps=4,
+        window=8,
+    ),
+    "adaptive_ab": lambda: jp.adaptive(
+        max_delay_s=MAX, warmup_steps=0, engage_steps=1, ab_test=True, ab_period=4, ab_min_windows=1
+    ),
 }
 
 
@@ -76,8 +83,15 @@ def test_contract_state_is_not_mutated_in_place(policy):
 
 
 def adaptive(**kw):
-    base = dict(max_delay_s=MAX, threshold_s=0.001, warmup_steps=2, engage_steps=3,
-                disengage_steps=4, window=8, gain=0.9)
+    base = dict(
+        max_delay_s=MAX,
+        threshold_s=0.001,
+        warmup_steps=2,
+        engage_steps=3,
+        disengage_steps=4,
+        window=8,
+        gain=0.9,
+    )
     base.update(kw)
     return jp.adaptive(**base)
 
@@ -131,8 +145,12 @@ def test_transient_spike_does_not_engage():
 
 
 def test_disengages_after_imbalance_ends_within_configured_steps():
-    trace = np.concatenate([late_rank_trace(60, lateness=0.02),
-                            late_rank_trace(60, lateness=0.0, jitter=0.0002, seed=1)])
+    trace = np.concatenate(
+        [
+            late_rank_trace(60, lateness=0.02),
+            late_rank_trace(60, lateness=0.0, jitter=0.0002, seed=1),
+        ]
+    )
     pol = adaptive(disengage_steps=4, window=8)
     state = pol.init(4)
     engaged = []
@@ -165,8 +183,15 @@ def test_budget_limits_total_sleep_over_a_window():
 
 def test_ab_guard_rejects_pacing_that_makes_steps_slower():
     trace = late_rank_trace(200, lateness=0.02)
-    pol = jp.adaptive(max_delay_s=MAX, warmup_steps=0, engage_steps=1, ab_test=True,
-                      ab_period=5, ab_min_windows=2, ab_tolerance=0.01)
+    pol = jp.adaptive(
+        max_delay_s=MAX,
+        warmup_steps=0,
+        engage_steps=1,
+        ab_test=True,
+        ab_period=5,
+        ab_min_windows=2,
+        ab_tolerance=0.01,
+    )
     state = pol.init(4)
     delays = []
     for row in trace:
@@ -181,8 +206,9 @@ def test_ab_guard_rejects_pacing_that_makes_steps_slower():
 
 def test_ab_guard_keeps_pacing_that_does_not_hurt():
     trace = late_rank_trace(200, lateness=0.02)
-    pol = jp.adaptive(max_delay_s=MAX, warmup_steps=0, engage_steps=1, ab_test=True,
-                      ab_period=5, ab_min_windows=2)
+    pol = jp.adaptive(
+        max_delay_s=MAX, warmup_steps=0, engage_steps=1, ab_test=True, ab_period=5, ab_min_windows=2
+    )
     d, state = run(pol, trace, step_times=[0.1] * 200)
     assert not state.ab_rejected
     assert (d[-20:, 0] > 0).any()  # paced windows still pace
@@ -193,14 +219,18 @@ def test_ab_guard_keeps_pacing_that_does_not_hurt():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=3,
-                      max_size=3), min_size=1, max_size=30),
+    st.lists(
+        st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=3, max_size=3),
+        min_size=1,
+        max_size=30,
+    ),
     st.floats(min_value=1e-4, max_value=5.0),
     st.floats(min_value=0.01, max_value=1.0),
 )
 def test_property_delay_always_within_bounds_and_deterministic(rows, max_delay, gain):
-    pol = jp.adaptive(max_delay_s=max_delay, gain=gain, warmup_steps=0, engage_steps=1,
-                      threshold_s=0.0)
+    pol = jp.adaptive(
+        max_delay_s=max_delay, gain=gain, warmup_steps=0, engage_steps=1, threshold_s=0.0
+    )
     trace = np.array(rows, dtype=float)
     d1, _ = run(pol, trace)
     d2, _ = run(pol, trace)

@@ -64,6 +64,8 @@ _INTEGER_FIELDS = {
     "capacity",
     "sample_every",
 }
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("value", BAD_NUMBERS, ids=repr)
 @pytest.mark.parametrize(

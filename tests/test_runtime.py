@@ -14,8 +14,11 @@ MESH = jax.make_mesh((8,), ("data",))
 
 
 def _run(pacer, steps=4, site="s"):
-    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data", site=site), mesh=MESH,
-                              in_specs=P("data"), out_specs=P()))
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: pacer.psum(v, "data", site=site), mesh=MESH, in_specs=P("data"), out_specs=P()
+        )
+    )
     x = jax.device_put(jnp.ones((8, 4)), NamedSharding(MESH, P("data")))
     for _ in range(steps):
         f(x).block_until_ready()
@@ -103,8 +106,11 @@ def test_stats_say_how_measuring_shards_were_found(monkeypatch):
     assert pacer.stats()["s"].layout == "Pacer(mesh=...)"
     mesh = jp.make_mesh((8,), ("data",))
     pacer = jp.Pacer()
-    f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data", site="m"), mesh=mesh,
-                              in_specs=P("data"), out_specs=P()))
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: pacer.psum(v, "data", site="m"), mesh=mesh, in_specs=P("data"), out_specs=P()
+        )
+    )
     f(jax.device_put(jnp.ones((8, 2)), NamedSharding(mesh, P("data")))).block_until_ready()
     assert pacer.stats()["m"].layout == "jaxpace.make_mesh"
 

@@ -29,7 +29,8 @@ def _phases(text: str) -> str:
     bad = [p for p in phases if p not in ("off", "exchange", "on")]
     if bad or not phases:
         raise argparse.ArgumentTypeError(
-            f"phases must be a comma list of off, exchange, on; got {text!r}")
+            f"phases must be a comma list of off, exchange, on; got {text!r}"
+        )
     return text
 
 
@@ -41,21 +42,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--collective", choices=["jaxpace", "lax"], default="jaxpace")
-    p.add_argument("--pacing", type=_phases, default="off",
-                   help="comma list of phases, each from the same start: 'off' measures only; "
-                        "'exchange' also exchanges waits in-band but never paces (isolates the "
-                        "exchange's cost); 'on' paces with jaxpace.adaptive. The demo runs "
-                        "'off,exchange,on'")
+    p.add_argument(
+        "--pacing",
+        type=_phases,
+        default="off",
+        help="comma list of phases, each from the same start: 'off' measures only; "
+        "'exchange' also exchanges waits in-band but never paces (isolates the "
+        "exchange's cost); 'on' paces with jaxpace.adaptive. The demo runs "
+        "'off,exchange,on'",
+    )
     p.add_argument("--max-delay-s", type=float, default=0.03)
     p.add_argument("--granularity", choices=["process", "device"], default="process")
-    p.add_argument("--lag-s", type=float, default=0.0,
-                   help="injected host delay per step on --lag-process (a slow rank)")
+    p.add_argument(
+        "--lag-s",
+        type=float,
+        default=0.0,
+        help="injected host delay per step on --lag-process (a slow rank)",
+    )
     p.add_argument("--lag-process", type=int, default=1)
-    p.add_argument("--straggle-p", type=float, default=0.0,
-                   help="per-process, per-step chance of an extra --straggle-s delay")
+    p.add_argument(
+        "--straggle-p",
+        type=float,
+        default=0.0,
+        help="per-process, per-step chance of an extra --straggle-s delay",
+    )
     p.add_argument("--straggle-s", type=float, default=0.03)
-    p.add_argument("--local-devices", type=int, default=8,
-                   help="CPU devices when run as a single process")
+    p.add_argument(
+        "--local-devices", type=int, default=8, help="CPU devices when run as a single process"
+    )
     p.add_argument("--no-cpu", action="store_true", help="use the host's accelerators")
     p.add_argument("--out", default=None, help="directory for records and results")
     p.add_argument("--progress", action="store_true", help="print PROGRESS lines for the demo")
@@ -110,8 +124,10 @@ def main(argv=None) -> int:
         rng = np.random.default_rng((args.seed, step))
         x = rng.standard_normal((global_batch, d_in)).astype(np.float32)
         y = (np.sin(x @ teacher_w) + 0.1 * np.cos(3 * x[:, :1])).astype(np.float32)
-        return tuple(jax.make_array_from_callback(a.shape, data_sharding, lambda i, a=a: a[i])
-                     for a in (x, y))
+        return tuple(
+            jax.make_array_from_callback(a.shape, data_sharding, lambda i, a=a: a[i])
+            for a in (x, y)
+        )
 
     tx = optax.adam(args.lr)
 
@@ -134,9 +150,14 @@ def main(argv=None) -> int:
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, loss
 
-        return jax.jit(jax.shard_map(
-            local_step, mesh=mesh,
-            in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P(), P())))
+        return jax.jit(
+            jax.shard_map(
+                local_step,
+                mesh=mesh,
+                in_specs=(P(), P(), P("data"), P("data")),
+                out_specs=(P(), P(), P()),
+            )
+        )
 
     def make_phase(phase: str) -> dict:
         if phase == "off":
@@ -144,14 +165,26 @@ def main(argv=None) -> int:
         else:
             # 'exchange': the same exchange and policy code, with a threshold the
             # spread never reaches, so it never sleeps.
-            policy = jp.adaptive(threshold_s=0.002 if phase == "on" else 5.0,
-                                 max_delay_s=args.max_delay_s, gain=0.9, warmup_steps=3,
-                                 engage_steps=4, window=8)
+            policy = jp.adaptive(
+                threshold_s=0.002 if phase == "on" else 5.0,
+                max_delay_s=args.max_delay_s,
+                gain=0.9,
+                warmup_steps=3,
+                engage_steps=4,
+                window=8,
+            )
         pacer = jp.Pacer(policy=policy, granularity=args.granularity)
-        return {"name": phase, "pacer": pacer, "step": make_step(pacer), "params": params0,
-                "opt": jax.device_put(tx.init(params0), NamedSharding(mesh, P())),
-                # Same straggler draws in every phase: a fair comparison.
-                "rnd": random.Random(args.seed * 1000 + pid), "losses": [], "times": []}
+        return {
+            "name": phase,
+            "pacer": pacer,
+            "step": make_step(pacer),
+            "params": params0,
+            "opt": jax.device_put(tx.init(params0), NamedSharding(mesh, P())),
+            # Same straggler draws in every phase: a fair comparison.
+            "rnd": random.Random(args.seed * 1000 + pid),
+            "losses": [],
+            "times": [],
+        }
 
     # Several phases run interleaved, step by step (A B C A B C ...), each its own
     # training run from the same start, so machine noise hits them alike.
@@ -176,18 +209,30 @@ def main(argv=None) -> int:
     for ph in phases:
         leaves = jax.tree.leaves(ph["params"])
         digest = hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in leaves)).hexdigest()
-        res = {"losses": ph["losses"], "step_times_s": ph["times"], "params_sha256": digest,
-               "phase": ph["name"], "collective": args.collective}
+        res = {
+            "losses": ph["losses"],
+            "step_times_s": ph["times"],
+            "params_sha256": digest,
+            "phase": ph["name"],
+            "collective": args.collective,
+        }
         if args.out and args.collective == "jaxpace":
             ph["pacer"].export(os.path.join(args.out, ph["name"], f"records-p{pid}.jsonl"))
             st = ph["pacer"].stats().get("grads")
             if st is not None:
-                res.update(steps_paced=st.steps_paced, total_delay_s=st.total_delay_s,
-                           errors=st.errors, engaged=st.engaged)
+                res.update(
+                    steps_paced=st.steps_paced,
+                    total_delay_s=st.total_delay_s,
+                    errors=st.errors,
+                    engaged=st.engaged,
+                )
         results[ph["name"]] = res
         if pid == 0:
-            print(f"[{ph['name']}] loss {res['losses'][0]:.4f} -> {res['losses'][-1]:.4f}, "
-                  f"params sha256 {digest[:16]}", flush=True)
+            print(
+                f"[{ph['name']}] loss {res['losses'][0]:.4f} -> {res['losses'][-1]:.4f}, "
+                f"params sha256 {digest[:16]}",
+                flush=True,
+            )
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"result-p{pid}.json"), "w") as f:

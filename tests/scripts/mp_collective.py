@@ -39,14 +39,25 @@ import jaxpace as jp  # noqa: E402
 mesh = jax.make_mesh((jax.device_count(),), ("data",))
 sharding = NamedSharding(mesh, P("data"))
 n = args.size
-local = np.stack([np.linspace(-1, 1, n, dtype=np.float32) * (pid + 1 + d) for d in range(jax.local_device_count())])
+local = np.stack(
+    [
+        np.linspace(-1, 1, n, dtype=np.float32) * (pid + 1 + d)
+        for d in range(jax.local_device_count())
+    ]
+)
 x = jax.make_array_from_process_local_data(sharding, local)
 
 
 def make_policy(name):
     if name == "adaptive":
-        return jp.adaptive(threshold_s=0.002, max_delay_s=args.max_delay_s, gain=args.gain,
-                           warmup_steps=3, engage_steps=4, window=8)
+        return jp.adaptive(
+            threshold_s=0.002,
+            max_delay_s=args.max_delay_s,
+            gain=args.gain,
+            warmup_steps=3,
+            engage_steps=4,
+            window=8,
+        )
     if name == "none":
         return jp.no_pacing()
     raise SystemExit(f"unknown policy {name}")
@@ -71,7 +82,10 @@ def run_phase(policy_name, tag):
         a, b = step(x)
         a.block_until_ready()
         times.append(time.perf_counter() - t0)
-        same &= bool(np.asarray(a.addressable_data(0)).tobytes() == np.asarray(b.addressable_data(0)).tobytes())
+        same &= bool(
+            np.asarray(a.addressable_data(0)).tobytes()
+            == np.asarray(b.addressable_data(0)).tobytes()
+        )
     pacer.export(os.path.join(args.out, tag, f"records-p{pid}.jsonl"))
     # Also gather every process's records to process 0 (no shared filesystem needed).
     pacer.export_all(os.path.join(args.out, tag + "-gathered"), timeout_s=60)

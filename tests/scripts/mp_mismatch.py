@@ -14,10 +14,13 @@ import jaxpace as jp  # noqa: E402
 max_delay = 0.01 if pid == 1 else 0.005
 pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=max_delay), consensus_timeout_s=30)
 mesh = jax.make_mesh((jax.device_count(),), ("data",))
-f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "data"), mesh=mesh, in_specs=P("data"),
-                          out_specs=P()))
+f = jax.jit(
+    jax.shard_map(lambda v: pacer.psum(v, "data"), mesh=mesh, in_specs=P("data"), out_specs=P())
+)
 try:
-    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), jnp.ones((jax.local_device_count(),)))
+    x = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("data")), jnp.ones((jax.local_device_count(),))
+    )
     f(x)
     print("NO ERROR", flush=True)
 except jp.errors.ConfigMismatchError as e:
