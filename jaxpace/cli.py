@@ -14,7 +14,7 @@ __all__ = ["main"]
 _DELEGATED = {
     "demo": ("jaxpace.demo", "run the main job: a 4-process training run, pacing off then on"),
     "report": ("jaxpace.report", "analyze a run's records: tables, HTML report, Perfetto trace"),
-    "simulate": ("jaxpace.sim.cli", "simulate 1-1024 nodes with and without pacing"),
+    "simulate": ("jaxpace.sim", "simulate 1-1024 nodes with and without pacing"),
     "topo": ("jaxpace.topology", "show this host's topology and the suggested mesh"),
 }
 
@@ -84,19 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(_main=_launch_main)
     for name, (mod, help_) in _DELEGATED.items():
         p = sub.add_parser(name, help=help_)
-        try:
-            m = importlib.import_module(mod)
-        except ImportError as e:  # pragma: no cover - only during development
-            p.set_defaults(_main=lambda a, e=e, n=name: _missing(n, e))
-            continue
+        m = importlib.import_module(mod)
         m.configure_parser(p)
         p.set_defaults(_main=m.cli_main)
     return parser
-
-
-def _missing(name: str, e: Exception) -> int:
-    print(f"jaxpace {name}: not available ({e})", file=sys.stderr)
-    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -404,5 +404,5 @@ def test_cli_table_json_html(tmp_path, capsys):
 def test_cli_bad_scenario_exit_code(capsys):
     p = configure_parser(argparse.ArgumentParser())
     assert cli_main(p.parse_args(["--nodes", "1", "--scenario", "nope"])) == 2
-    assert "Presets:" in capsys.readouterr().out
+    assert "Presets:" in capsys.readouterr().err
     assert cli_main(p.parse_args(["--nodes", "1,x"])) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import sys
 from pathlib import Path
 
 from jaxpace.errors import ScenarioError
@@ -245,7 +246,7 @@ def cli_main(args: argparse.Namespace) -> int:
     try:
         rows = _run(args, console)
     except ScenarioError as e:
-        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        print(f"jaxpace simulate: {e}", file=sys.stderr)
         return 2
     scenario_name = load_scenario(args.scenario).name
     console.print(_table(rows, scenario_name, args.policy))
