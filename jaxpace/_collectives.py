@@ -91,20 +91,27 @@ def _axes(axis_name) -> tuple:
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _bound_axes() -> dict:
-    from jax._src import core
-
+def _bound_axes() -> dict | None:
+    """Every bound axis name -> size, or None if this JAX hides its axis env."""
     try:
+        from jax._src import core
+
         return dict(core.get_axis_env().axis_sizes)
-    except Exception:  # noqa: BLE001
-        return {}
+    except Exception:  # noqa: BLE001 - internal API; the public probe below decides
+        return None
 
 
 def _check_bound(axes: tuple) -> dict:
-    sizes = _bound_axes()
-    missing = [a for a in axes if a not in sizes]
+    """`{axis: size}` for `axes`; raises a clear error naming the bound ones if one is not."""
+    sizes = {}
+    missing = []
+    for a in axes:
+        try:
+            sizes[a] = int(lax.axis_size(a))  # public API: NameError when unbound
+        except NameError:
+            missing.append(a)
     if missing:
-        bound = ", ".join(f"`{a}`" for a in sizes) or "none"
+        bound = ", ".join(f"`{a}`" for a in (_bound_axes() or {})) or "none"
         raise _UnboundAxis(
             f"unbound axis name: {missing[0]!r}. jaxpace collectives must be called inside "
             f"`jax.shard_map`, `jax.pmap` or `jax.vmap(axis_name=...)` that binds the axis; "
@@ -470,19 +477,20 @@ def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
 
 
 def _tangent(lax_fn, xt, y, axis_name, axis_index_groups):
-    """The tangent lax's own JVP rule gives: the same collective on the tangent."""
-    from jax._src import dtypes
+    """The tangent lax's own JVP rule gives: the same collective on the tangent.
 
+    Integer/bool inputs carry `float0` tangents; their outputs get a zero tangent
+    of the output's tangent dtype (`float0`, or float for `pmean` of ints).
+    """
+    float0 = jax.dtypes.float0
     t_leaves, t_def = jax.tree_util.tree_flatten(xt)
     y_leaves = jax.tree_util.tree_leaves(y)
     out = []
     for t, yl in zip(t_leaves, y_leaves, strict=True):
-        if getattr(t, "dtype", None) == dtypes.float0:
-            tdt = dtypes.float0 if not jnp.issubdtype(yl.dtype, jnp.inexact) else yl.dtype
-            if tdt == dtypes.float0:
-                out.append(np.zeros(yl.shape, dtype=dtypes.float0))
-            else:
-                out.append(jnp.zeros(yl.shape, yl.dtype))
-        else:
+        if getattr(t, "dtype", None) != float0:
             out.append(lax_fn(t, axis_name, axis_index_groups=axis_index_groups))
+        elif jnp.issubdtype(yl.dtype, jnp.inexact):
+            out.append(jnp.zeros(yl.shape, yl.dtype))
+        else:
+            out.append(np.zeros(yl.shape, dtype=float0))
     return jax.tree_util.tree_unflatten(t_def, out)
