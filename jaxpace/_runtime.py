@@ -210,6 +210,10 @@ class Pacer:
         `jaxpace.make_mesh`, or assumes processes own contiguous blocks of the
         mesh (true for `jax.make_mesh` and `pmap`).
       consensus_timeout_s: see `PacerConfig`.
+      rank_groups: optional `{kind: {rank: label}}` written into the records'
+        header (e.g. `{"numa": {0: "socket0", ...}, "nic": {...}}`) so
+        `jaxpace report` can test whether lateness follows a locality group.
+        Each rank's host is recorded without asking.
 
     >>> import jaxpace as jp
     >>> pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=0.005))
@@ -229,6 +233,7 @@ class Pacer:
         sinks: Sequence[Sink] = (),
         mesh: Any = None,
         consensus_timeout_s: float = 60.0,
+        rank_groups: dict[str, dict[int, str]] | None = None,
     ) -> None:
         if policy is None:
             policy = _policy.no_pacing()
@@ -247,6 +252,7 @@ class Pacer:
         self._policy = policy
         self.clock: Clock = clock if clock is not None else time.perf_counter_ns
         self.mesh = mesh
+        self.rank_groups = rank_groups
         self._sinks = list(sinks)
         self._sites: dict[str, _Site] = {}
         self._unmeasured: dict[str, str] = {}
@@ -638,9 +644,6 @@ class Pacer:
                 st = site.ranks[r]
                 with st.lock:
                     rows = st.recorder.completed()
-                device = None
-                if self._config.granularity == "device":
-                    device = r
                 for row in rows:
                     out.append(
                         {
@@ -649,7 +652,7 @@ class Pacer:
                             "step": int(row["step"]),
                             "rank": int(r),
                             "process": proc,
-                            "device": device,
+                            "device": None,
                             "arrive_ns": int(row["arrive_ns"]),
                             "done_ns": int(row["done_ns"]),
                             "wait_ns": int(row["done_ns"] - row["arrive_ns"]),
@@ -676,8 +679,22 @@ class Pacer:
             "jaxpace_version": __version__,
             "policy": self._policy.name,
             "local_devices": [d.id for d in jax.local_devices()],
-            "topology": None,
+            "topology": {"rank_groups": self._rank_groups()},
         }
+
+    def _rank_groups(self) -> dict[str, dict[str, str]]:
+        """Group labels of this process's ranks: its host, plus any the user gave."""
+        import jax
+
+        if self._config.granularity == "process":
+            mine = {jax.process_index()}
+        else:
+            mine = {r for site in self._sites.values() for r in site.ranks}
+        host = socket.gethostname()
+        groups: dict[str, dict[str, str]] = {"host": {str(r): host for r in sorted(mine)}}
+        for kind, mapping in (self.rank_groups or {}).items():
+            groups[str(kind)] = {str(r): str(v) for r, v in mapping.items()}
+        return groups
 
     def export(self, path: str | os.PathLike) -> str:
         """Writes this process's records as JSONL (docs/records.md) and returns the path.

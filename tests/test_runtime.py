@@ -134,3 +134,23 @@ def test_two_measuring_shards_in_one_process_are_reported(caplog):
     with caplog.at_level("WARNING", logger="jaxpace"):
         _run(pacer, steps=2, site="wrong")
     assert "two measured arrivals at wrong overlap" in caplog.text
+
+
+def test_rank_groups_reach_the_report_and_name_locality():
+    """Ranks 4-7 (one 'NUMA node') arrive late together: the report says locality."""
+    import time
+
+    groups = {"numa": {r: ("node0" if r < 4 else "node1") for r in range(8)}}
+    pacer = jp.Pacer(granularity="device", rank_groups=groups)
+
+    def hook(where, site, rank, step):
+        if where == "pre" and rank >= 4:
+            time.sleep(0.02)  # before the arrival clock: a late arrival
+
+    pacer._fault_hook = hook
+    _run(pacer, steps=30, site="loc")
+    header = pacer.records()[0]
+    assert header["topology"]["rank_groups"]["numa"]["5"] == "node1"
+    assert set(header["topology"]["rank_groups"]["host"]) == {str(r) for r in range(8)}
+    rep = jp.report.analyze(pacer.records())
+    assert rep.mode("locality").detected, rep.mode("locality").evidence
