@@ -878,13 +878,17 @@ def analyze(
         if res[0] > best[0] or not best[1]:
             best = res
     if not tested:
-        best = (
-            0.0,
-            [
+        if groups:
+            why = (
+                f"rank groups ({', '.join(sorted(groups))}) cannot separate ranks here: one "
+                "group, one rank per group, or groups equal to processes"
+            )
+        else:
+            why = (
                 "no rank groups to test (pass `topology_groups=` or record "
                 "`topology.rank_groups` in the headers)"
-            ],
-        )
+            )
+        best = (0.0, [why])
     modes["locality"] = FailureMode("locality", float(best[0]), best[0] >= 0.5, tuple(best[1]))
 
     # Synchronization amplification: random culprits, heavy tail.
