@@ -66,8 +66,8 @@ class Recorder:
         row["delay_ns"] = delay_ns
         row["engaged"] = False
 
-    def done(self, step: int, done_ns: int, engaged: bool) -> int | None:
-        """Marks `step` finished; returns its wait in ns, or None if unknown."""
+    def done(self, step: int, done_ns: int, engaged: bool) -> tuple[int, int] | None:
+        """Marks `step` finished; returns `(wait_ns, delay_ns)`, or None if unknown."""
         row = self._buf[step % self.capacity]
         if int(row["step"]) != step:
             return None
@@ -77,7 +77,7 @@ class Recorder:
             return None
         row["done_ns"] = done_ns
         row["engaged"] = engaged
-        return wait
+        return wait, int(row["delay_ns"])
 
     def completed(self) -> np.ndarray:
         """Returns the finished rows, ordered by step."""

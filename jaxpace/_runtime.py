@@ -437,7 +437,8 @@ class Pacer:
             st = site.rank(rank)
             with st.lock:
                 st.open_step = None
-                wait_ns = st.recorder.done(step, t, st.engaged)
+                timing = st.recorder.done(step, t, st.engaged)
+                wait_ns, delay_ns = timing if timing is not None else (None, 0)
                 st.prev_wait_s = wait_ns / 1e9 if wait_ns is not None else math.nan
                 if st.last_done_ns is not None and t > st.last_done_ns:
                     st.prev_step_s = (t - st.last_done_ns) / 1e9
@@ -447,10 +448,9 @@ class Pacer:
                 if wait_ns is not None:
                     st.steps += 1
                     st.wait_sum_ns += wait_ns
-                    row = st.recorder._buf[step % st.recorder.capacity]
-                    if row["delay_ns"] > 0:
+                    if delay_ns > 0:
                         st.steps_paced += 1
-                        st.total_delay_ns += int(row["delay_ns"])
+                        st.total_delay_ns += delay_ns
                 if vec is None:
                     # No exchange: only this rank's own view (fixed / measure-only).
                     self._decide(st, rank, np.full(n, np.nan), st.prev_step_s)
@@ -477,7 +477,7 @@ class Pacer:
                         "step": step,
                         "rank": rank,
                         "wait_s": (wait_ns or 0) / 1e9,
-                        "delay_s": float(row["delay_ns"]) / 1e9 if wait_ns is not None else 0.0,
+                        "delay_s": delay_ns / 1e9,
                         "engaged": st.engaged,
                     }
                 )
