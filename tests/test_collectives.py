@@ -53,6 +53,18 @@ def put(x):
     return jax.device_put(x, NamedSharding(MESH, P("data")))
 
 
+def run_psum(pacer, site, steps, width=4):
+    """Runs a measured `psum` over the 8-device mesh `steps` times."""
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: pacer.psum(v, "data", site=site), mesh=MESH, in_specs=P("data"), out_specs=P()
+        )
+    )
+    x = put(jnp.ones((8, width)))
+    for _ in range(steps):
+        f(x).block_until_ready()
+
+
 SPECIAL = np.array(
     [
         np.nan,
@@ -249,14 +261,7 @@ def test_jvp_vjp_hessian_bitwise():
 
 def test_records_and_stats_per_device():
     pacer = jp.Pacer(granularity="device")
-    f = jax.jit(
-        jax.shard_map(
-            lambda v: pacer.psum(v, "data", site="s"), mesh=MESH, in_specs=P("data"), out_specs=P()
-        )
-    )
-    x = put(jnp.ones((8, 4)))
-    for _ in range(5):
-        f(x).block_until_ready()
+    run_psum(pacer, "s", 5)
     s = pacer.stats()["s"]
     assert s.measured and s.ranks == list(range(8))
     assert s.steps == 5 * 8 and s.errors == 0
@@ -269,14 +274,7 @@ def test_records_and_stats_per_device():
 
 def test_once_per_process_by_default():
     pacer = jp.Pacer()
-    f = jax.jit(
-        jax.shard_map(
-            lambda v: pacer.psum(v, "data", site="p"), mesh=MESH, in_specs=P("data"), out_specs=P()
-        )
-    )
-    x = put(jnp.ones((8, 4)))
-    for _ in range(3):
-        f(x).block_until_ready()
+    run_psum(pacer, "p", 3)
     s = pacer.stats()["p"]
     assert s.ranks == [0] and s.steps == 3
 
@@ -363,17 +361,7 @@ def test_pre_callback_is_a_real_dependency():
             time.sleep(hold_s)
 
     pacer._fault_hook = hook
-    f = jax.jit(
-        jax.shard_map(
-            lambda v: pacer.psum(v, "data", site="dep"),
-            mesh=MESH,
-            in_specs=P("data"),
-            out_specs=P(),
-        )
-    )
-    x = put(jnp.ones((8, 4)))
-    for _ in range(3):
-        f(x).block_until_ready()
+    run_psum(pacer, "dep", 3)
     recs = [r for r in pacer.records() if r["type"] == "step" and r["step"] == 1]
     waits = {r["rank"]: r["wait_ns"] / 1e9 for r in recs}
     # Every other shard waited for rank 3's sleep (generous margin: half of it).
@@ -417,17 +405,7 @@ def test_single_process_lagging_shard_has_the_smallest_wait():
             time.sleep(0.02)  # before the arrival clock: a late arrival
 
     pacer._fault_hook = hook
-    f = jax.jit(
-        jax.shard_map(
-            lambda v: pacer.psum(v, "data", site="lag"),
-            mesh=MESH,
-            in_specs=P("data"),
-            out_specs=P(),
-        )
-    )
-    x = put(jnp.ones((8, 16)))
-    for _ in range(40):
-        f(x).block_until_ready()
+    run_psum(pacer, "lag", 40, width=16)
     by_step = {}
     for r in pacer.records()[1:]:
         by_step.setdefault(r["step"], {})[r["rank"]] = r["wait_ns"]
