@@ -1,25 +1,7 @@
-"""Meshes made by `jaxpace.make_mesh`, so collectives can find their concrete devices."""
+"""Old import path of `jaxpace.topology.registry` (the same module object, not a copy)."""
 
-from __future__ import annotations
+import sys
 
-import collections
-import threading
-from typing import Any
+from jaxpace.topology import registry
 
-__all__ = ["recent", "register"]
-
-_MESHES: collections.deque = collections.deque(maxlen=16)
-_LOCK = threading.Lock()
-
-
-def register(mesh: Any) -> Any:
-    """Remembers `mesh` (most recent first) and returns it."""
-    with _LOCK:
-        _MESHES.appendleft(mesh)
-    return mesh
-
-
-def recent() -> list[Any]:
-    """Registered meshes, most recent first."""
-    with _LOCK:
-        return list(_MESHES)
+sys.modules[__name__] = registry
