@@ -1,12 +1,13 @@
 """jaxpace: measure and pace JAX collectives across ranks, bitwise identical to `jax.lax`."""
 
 from jaxpace import errors, launch, topology
-from jaxpace._collectives import pmean, psum
+from jaxpace._dropins import pmean, psum
 from jaxpace._policy import (
     AdaptiveConfig,
     AdaptiveState,
     Observation,
     PacingPolicy,
+    PolicyStatus,
     adaptive,
     fixed,
     no_pacing,
@@ -25,6 +26,7 @@ __all__ = [
     "Pacer",
     "PacerConfig",
     "PacingPolicy",
+    "PolicyStatus",
     "Sink",
     "SiteStats",
     "adaptive",

@@ -1,10 +1,10 @@
-"""psum/pmean: probe → in-band exchange → policy → delay → the real `jax.lax` collective."""
+"""The measured collective: trace-time decisions, then probe → exchange → delay → `jax.lax`."""
 
 from __future__ import annotations
 
 import inspect
 import os
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -12,55 +12,48 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
+from jaxpace import _exchange, _jax_compat
 from jaxpace.errors import UnboundAxisError
 
-__all__ = ["collective", "psum", "pmean"]
+__all__ = ["Runtime", "collective"]
 
 _LAX = {"psum": lax.psum, "pmean": lax.pmean}
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def psum(x, axis_name, *, axis_index_groups=None, site: str | None = None):
-    """Drop-in for `jax.lax.psum` that measures each process's arrival.
+class Runtime(Protocol):
+    """What a measured collective needs from its runtime (`Pacer.hooks` implements it).
 
-    Use it inside `jax.shard_map` or `jax.pmap` exactly like `lax.psum`. The
-    result is bitwise identical to `lax.psum` (gradients too); the default
-    `Pacer` records arrival and wait times and applies its pacing policy. Where
-    timing cannot apply (e.g. a `vmap` axis, partial-manual `shard_map`), it is
-    exactly `lax.psum` and `Pacer.stats()` says why.
+    This is the whole contract between the collectives and the `Pacer`; the
+    collectives read nothing else of it.
 
-    Args:
-      x: array or pytree of arrays.
-      axis_name: a bound axis name, or a tuple of them.
-      axis_index_groups: as in `lax.psum`.
-      site: a stable name for this collective; default: the caller's
-        `file:line:function`.
-
-    Returns:
-      `lax.psum(x, axis_name, axis_index_groups=axis_index_groups)`.
-
-    >>> import jax, jax.numpy as jnp, jaxpace as jp
-    >>> jax.vmap(lambda v: jp.psum(v, "i"), axis_name="i")(jnp.arange(3.0))
-    Array([3., 3., 3.], dtype=float32)
+    Attributes:
+      config: the `PacerConfig` (`enabled`, `granularity`, `sample_every`, ...).
+      policy: the `PacingPolicy` (`needs_exchange`, `max_delay_s`).
+      mesh: the concrete mesh the user passed, or None.
     """
-    from jaxpace._runtime import default_pacer
 
-    return collective(default_pacer(), "psum", x, axis_name, axis_index_groups, site)
+    config: Any
+    policy: Any
+    mesh: Any
 
+    def begin_trace(self) -> None:
+        """Freezes settings and agrees on them across processes (first call only)."""
 
-def pmean(x, axis_name, *, axis_index_groups=None, site: str | None = None):
-    """Drop-in for `jax.lax.pmean` that measures each process's arrival.
+    def callbacks_available(self) -> bool:
+        """Whether host callbacks can run (a CPU backend exists)."""
 
-    Same contract as `jaxpace.psum`, with `lax.pmean`'s result (integer inputs
-    give floating outputs, as in `lax.pmean`).
+    def note_unmeasured(self, site: str, reason: str) -> None:
+        """Records that `site` passes straight to `jax.lax`, and why."""
 
-    >>> import jax, jax.numpy as jnp, jaxpace as jp
-    >>> jax.vmap(lambda v: jp.pmean(v, "i"), axis_name="i")(jnp.arange(3.0))
-    Array([1., 1., 1.], dtype=float32)
-    """
-    from jaxpace._runtime import default_pacer
+    def open_site(self, name: str, num_slots: int, layout: str | None) -> Any:
+        """The host state of a measured site (created on first use)."""
 
-    return collective(default_pacer(), "pmean", x, axis_name, axis_index_groups, site)
+    def arrive(self, site: Any, rank: int) -> tuple[np.ndarray, np.int32]:
+        """Pre-collective body: `(payload, flag)`; sleeps the pending delay."""
+
+    def done(self, site: Any, rank: int, flag: int, reduced: Any, scale: float) -> None:
+        """Post-collective body: closes the record and runs the policy."""
 
 
 # ---------------------------------------------------------------------- trace-time decisions
@@ -91,16 +84,6 @@ def _axes(axis_name) -> tuple:
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _bound_axes() -> dict | None:
-    """Every bound axis name -> size, or None if this JAX hides its axis env."""
-    try:
-        from jax._src import core
-
-        return dict(core.get_axis_env().axis_sizes)
-    except Exception:  # noqa: BLE001 - internal API; the public probe below decides
-        return None
-
-
 def _check_bound(axes: tuple) -> dict:
     """`{axis: size}` for `axes`; raises a clear error naming the bound ones if one is not."""
     sizes = {}
@@ -111,7 +94,7 @@ def _check_bound(axes: tuple) -> dict:
         except NameError:
             missing.append(a)
     if missing:
-        bound = ", ".join(f"`{a}`" for a in (_bound_axes() or {})) or "none"
+        bound = ", ".join(f"`{a}`" for a in (_jax_compat.bound_axis_sizes() or {})) or "none"
         raise _UnboundAxis(
             f"unbound axis name: {missing[0]!r}. jaxpace collectives must be called inside "
             f"`jax.shard_map`, `jax.pmap` or `jax.vmap(axis_name=...)` that binds the axis; "
@@ -144,22 +127,17 @@ def _measurement_mode(axes: tuple) -> tuple[str | None, Any]:
     return None, am
 
 
-def _leader_table(pacer, am) -> tuple[np.ndarray, str]:
+def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str]:
     """`is_leader[linear shard index]` over the abstract mesh, one True per process."""
     names = tuple(am.axis_names)
     shape = tuple(am.axis_sizes)
     total = int(np.prod(shape)) if shape else 1
     candidates = []
-    if pacer.mesh is not None:
-        candidates.append(("Pacer(mesh=...)", pacer.mesh))
-    try:
-        from jax._src.mesh import get_concrete_mesh
-
-        cm = get_concrete_mesh()
-        if cm is not None and not cm.empty:
-            candidates.append(("jax.set_mesh", cm))
-    except Exception:  # noqa: BLE001
-        pass
+    if rt.mesh is not None:
+        candidates.append(("Pacer(mesh=...)", rt.mesh))
+    cm = _jax_compat.concrete_mesh()
+    if cm is not None:
+        candidates.append(("jax.set_mesh", cm))
     from jaxpace import _mesh_registry
 
     def fits(m) -> bool:
@@ -253,15 +231,15 @@ def _group_size(axes: tuple, sizes: dict, axis_index_groups) -> int:
 # ---------------------------------------------------------------------- the collective
 
 
-def collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
-    """Measured `lax.psum`/`lax.pmean` on behalf of `pacer`.
+def collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
+    """Measured `lax.psum`/`lax.pmean` on behalf of the runtime `rt` (a `Pacer`'s hooks).
 
     Every pass-through decision below is made at trace time from static facts
     (axis kinds, tracer kinds, the mesh, settings agreed at consensus), so every
     process traces the same program.
     """
     try:
-        return _collective(pacer, kind, x, axis_name, axis_index_groups, site)
+        return _collective(rt, kind, x, axis_name, axis_index_groups, site)
     except NotImplementedError as e:
         if str(e).strip():
             raise
@@ -276,7 +254,7 @@ def collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
         ) from e
 
 
-def _collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
+def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
     lax_fn = _LAX[kind]
 
     def plain():
@@ -291,8 +269,8 @@ def _collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
         # `psum(x, ())` is the identity and integer axes are positional in lax:
         # nothing crosses devices, so nothing to time (lax raises where it must).
         return plain()
-    if not pacer.config.enabled:
-        pacer._on_trace()  # freezes settings; `enabled` is agreed like the rest
+    if not rt.config.enabled:
+        rt.begin_trace()  # freezes settings; `enabled` is agreed like the rest
         return plain()
     leaves = jax.tree_util.tree_leaves(x)
     if not leaves or any(
@@ -304,98 +282,65 @@ def _collective(pacer, kind: str, x, axis_name, axis_index_groups, site):
     # empty AssertionError); it subclasses both NameError and AssertionError.
     sizes = _check_bound(axes)
     # Settings are frozen and agreed across processes before any decision.
-    pacer._on_trace()
+    rt.begin_trace()
     reason, am = _measurement_mode(axes)
     if reason is None and any(not _is_traced(leaf) for leaf in leaves):
         # Python scalars / numpy constants (e.g. the `psum(1, axis)` idiom): lax
         # folds these to the axis size; there is nothing to time.
         reason = "constant operand (folded by jax.lax, nothing to time)"
-    if reason is None and any(_is_linear(leaf) for leaf in leaves):
+    if reason is None and any(_jax_compat.is_unknown_tracer(leaf) for leaf in leaves):
         reason = (
             "tangent/cotangent under autodiff (a linear value JAX will transpose; host "
             "callbacks cannot be transposed)"
         )
-    if reason is None and _inside_remat():
+    if reason is None and _jax_compat.inside_remat():
         reason = (
             "inside jax.checkpoint/remat (JAX rejects host callbacks in remat partial-eval "
             "under grad); move the collective outside the checkpointed function to time it"
         )
-    if reason is None and not pacer._callbacks_ok:
+    if reason is None and not rt.callbacks_available():
         reason = (
             "no CPU backend for host callbacks (add `cpu` to JAX_PLATFORMS, e.g. "
             "JAX_PLATFORMS=cuda,cpu, to measure)"
         )
     if reason is not None:
-        pacer._note_unmeasured(site, reason)
+        rt.note_unmeasured(site, reason)
         return plain()
     return _measured(
-        pacer, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am
+        rt, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am
     )
 
 
 _SCALARS = (jax.Array, np.ndarray, np.generic, int, float, bool, complex)
 
 
-def _is_linear(leaf) -> bool:
-    """Whether `leaf` is an unknown of a partial-eval trace (a tangent JAX will transpose)."""
-    try:
-        from jax._src.interpreters import partial_eval as pe
-
-        return isinstance(leaf, pe.JaxprTracer) and not leaf.pval.is_known()
-    except Exception:  # noqa: BLE001 - internal API moved: assume not linear
-        return False
-
-
-_REMAT_FILE = os.path.join("jax", "_src", "ad_checkpoint.py")
-
-
-def _inside_remat() -> bool:
-    """Whether this call is being traced by `jax.checkpoint` (remat).
-
-    JAX traces a checkpointed function to a jaxpr eagerly, before it knows
-    whether it will be differentiated, and rejects every IO effect in it under
-    grad. There is no public flag for "inside remat", so look for
-    `jax._src.ad_checkpoint` on the stack (trace time only, never per step).
-    """
-    f = inspect.currentframe()
-    try:
-        while f is not None:
-            if f.f_code.co_filename.endswith(_REMAT_FILE):
-                return True
-            f = f.f_back
-        return False
-    finally:
-        del f
-
-
 def _is_traced(leaf) -> bool:
     return isinstance(leaf, jax.core.Tracer)
 
 
-def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
+def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, am):
     lax_fn = _LAX[kind]
     axes = _axes(axis_name)
-    granularity = pacer.config.granularity
+    granularity = rt.config.granularity
     group = _group_size(axes, sizes, axis_index_groups)
     if granularity == "process":
         num_slots = jax.process_count()
-        table, source = _leader_table(pacer, am)
+        table, source = _leader_table(rt, am)
     else:
         num_slots = group
         table, source = None, "every shard (granularity='device')"
-    site_obj = pacer._site(site, num_slots)
-    site_obj.layout = source
-    scale = float(group) if kind == "pmean" else 1.0
+    site_obj = rt.open_site(site, num_slots, source)
+    scale = _exchange.reduction_scale(kind, group)
 
     def pre_cb(tok, rank):
         del tok
         r = jax.process_index() if granularity == "process" else int(rank)
-        payload, flag = pacer._pre(site_obj, r)
+        payload, flag = rt.arrive(site_obj, r)
         return payload, flag
 
     def post_cb(reduced, flag, rank):
         r = jax.process_index() if granularity == "process" else int(rank)
-        pacer._post(site_obj, r, int(flag), np.asarray(reduced) if exchange else None, scale)
+        rt.done(site_obj, r, int(flag), np.asarray(reduced) if exchange else None, scale)
         return np.int32(0)
 
     # Without exchange (measure-only or fixed delays) the user's operands are the
@@ -403,8 +348,8 @@ def _measured(pacer, kind, x, axis_name, axis_index_groups, site, sizes, am):
     # through a select that never picks its other side (bitwise the leaf), since
     # CPU/gloo runs each operand of a variadic all-reduce as its own collective.
     # With exchange, the payload is one more (tiny) operand of the same op.
-    exchange = pacer.policy.needs_exchange
-    n_pay = 3 * num_slots if exchange else 0
+    exchange = rt.policy.needs_exchange
+    n_pay = _exchange.payload_size(num_slots) if exchange else 0
     pre_shape = (
         jax.ShapeDtypeStruct((n_pay,), jnp.float32),
         jax.ShapeDtypeStruct((), jnp.int32),

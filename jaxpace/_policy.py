@@ -8,6 +8,8 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from jaxpace._exchange import sanitize_seconds
+from jaxpace._validate import check_bool, check_number
 from jaxpace.errors import ConfigError
 
 __all__ = [
@@ -17,10 +19,10 @@ __all__ = [
     "NoPacingState",
     "Observation",
     "PacingPolicy",
+    "PolicyStatus",
     "adaptive",
     "fixed",
     "no_pacing",
-    "sanitize_seconds",
 ]
 
 # Largest delay any policy may ask for. A rank asleep longer than this looks
@@ -59,6 +61,34 @@ class PolicyUpdateFn(Protocol):
         """
 
 
+class PolicyStatus(NamedTuple):
+    """What a policy's state says about pacing, for `Pacer.stats()` and logs.
+
+    Attributes:
+      engaged: pacing is on (delays may be non-zero).
+      backed_off: the policy refused to chase a skew beyond its bounds.
+      spread_s: the latest spread estimate in seconds (NaN if the policy has none).
+      ab_effect: `{"paced_step_s", "unpaced_step_s", "rejected"}` once an A/B
+        guard has measured both arms, else None.
+    """
+
+    engaged: bool = False
+    backed_off: bool = False
+    spread_s: float = math.nan
+    ab_effect: dict[str, Any] | None = None
+
+
+class PolicyStatusFn(Protocol):
+    def __call__(self, state: Any) -> PolicyStatus:
+        """Reads a `PolicyStatus` from a state of this policy (pure, cheap)."""
+
+
+def _idle_status(state: Any) -> PolicyStatus:
+    """The status of a policy that never paces adaptively."""
+    del state
+    return PolicyStatus()
+
+
 class PacingPolicy(NamedTuple):
     """A pacing policy, as an optax-style pair of pure functions.
 
@@ -71,6 +101,8 @@ class PacingPolicy(NamedTuple):
       needs_exchange: whether `update` reads the other ranks' earliness. If
         False, the runtime skips the in-band exchange (its observations then
         carry NaN earliness) and the collective's operands are exactly lax's.
+      status: `status(state) -> PolicyStatus`; the only way the runtime reads
+        a policy's state (default: never engaged).
     """
 
     init: PolicyInitFn
@@ -78,40 +110,7 @@ class PacingPolicy(NamedTuple):
     name: str = "custom"
     max_delay_s: float = 0.0
     needs_exchange: bool = True
-
-
-def sanitize_seconds(values: np.ndarray) -> np.ndarray:
-    """Returns a float64 copy where NaN, inf and negative entries become NaN.
-
-    Timings that are not finite and non-negative carry no information; the
-    policies treat NaN as "no measurement" and never derive a delay from it.
-
-    >>> sanitize_seconds(np.array([0.1, -1.0, np.inf, np.nan])).tolist()
-    [0.1, nan, nan, nan]
-    """
-    out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
-    out[~np.isfinite(out) | (out < 0)] = np.nan
-    return out
-
-
-def _check_number(
-    name: str, value: Any, *, lo: float, hi: float, lo_open: bool = False, integer: bool = False
-) -> None:
-    """Raises `ConfigError` unless `lo <= value <= hi` (or `lo < value` if `lo_open`)."""
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ConfigError(
-            f"`{name}` must be {kind} in {'(' if lo_open else '['}{lo}, {hi}], "
-            f"got {value!r} of type {type(value).__name__}."
-        )
-    v = float(value)
-    if integer and (not math.isfinite(v) or int(v) != v):
-        raise ConfigError(f"`{name}` must be an integer in [{lo}, {hi}], got {value!r}.")
-    if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
-        bound = f"{'(' if lo_open else '['}{lo}, {hi}]"
-        raise ConfigError(
-            f"`{name}` must be {kind} in {bound}, got {value!r}. Pass a value in {bound}."
-        )
+    status: PolicyStatusFn = _idle_status
 
 
 def _zeros(num_ranks: int) -> np.ndarray:
@@ -172,7 +171,7 @@ def fixed(delay_s: float) -> PacingPolicy:
     >>> p.update(Observation(np.zeros(3)), p.init(3))[0].tolist()
     [0.001, 0.001, 0.001]
     """
-    _check_number("delay_s", delay_s, lo=0.0, hi=MAX_DELAY_CAP_S)
+    check_number("delay_s", delay_s, lo=0.0, hi=MAX_DELAY_CAP_S)
     delay_s = float(delay_s)
 
     def init_fn(num_ranks: int) -> FixedState:
@@ -246,22 +245,21 @@ class AdaptiveConfig:
     ab_min_windows: int = 2
 
     def __post_init__(self) -> None:
-        _check_number("threshold_s", self.threshold_s, lo=0.0, hi=MAX_DELAY_CAP_S)
-        _check_number("max_delay_s", self.max_delay_s, lo=0.0, hi=MAX_DELAY_CAP_S, lo_open=True)
-        _check_number("gain", self.gain, lo=0.0, hi=1.0, lo_open=True)
-        _check_number("window", self.window, lo=1, hi=4096, integer=True)
-        _check_number("quantile", self.quantile, lo=0.0, hi=1.0)
-        _check_number("warmup_steps", self.warmup_steps, lo=0, hi=10**9, integer=True)
-        _check_number("engage_steps", self.engage_steps, lo=1, hi=10**6, integer=True)
-        _check_number("disengage_steps", self.disengage_steps, lo=1, hi=10**6, integer=True)
-        _check_number("hysteresis", self.hysteresis, lo=0.0, hi=1.0, lo_open=True)
-        _check_number("budget_fraction", self.budget_fraction, lo=0.0, hi=1.0, lo_open=True)
-        _check_number("giveup_factor", self.giveup_factor, lo=1.0, hi=1000.0)
-        if not isinstance(self.ab_test, bool):
-            raise ConfigError(f"`ab_test` must be True or False, got {self.ab_test!r}.")
-        _check_number("ab_period", self.ab_period, lo=2, hi=10**6, integer=True)
-        _check_number("ab_tolerance", self.ab_tolerance, lo=0.0, hi=1.0)
-        _check_number("ab_min_windows", self.ab_min_windows, lo=1, hi=10**6, integer=True)
+        check_number("threshold_s", self.threshold_s, lo=0.0, hi=MAX_DELAY_CAP_S)
+        check_number("max_delay_s", self.max_delay_s, lo=0.0, hi=MAX_DELAY_CAP_S, lo_open=True)
+        check_number("gain", self.gain, lo=0.0, hi=1.0, lo_open=True)
+        check_number("window", self.window, lo=1, hi=4096, integer=True)
+        check_number("quantile", self.quantile, lo=0.0, hi=1.0)
+        check_number("warmup_steps", self.warmup_steps, lo=0, hi=10**9, integer=True)
+        check_number("engage_steps", self.engage_steps, lo=1, hi=10**6, integer=True)
+        check_number("disengage_steps", self.disengage_steps, lo=1, hi=10**6, integer=True)
+        check_number("hysteresis", self.hysteresis, lo=0.0, hi=1.0, lo_open=True)
+        check_number("budget_fraction", self.budget_fraction, lo=0.0, hi=1.0, lo_open=True)
+        check_number("giveup_factor", self.giveup_factor, lo=1.0, hi=1000.0)
+        check_bool("ab_test", self.ab_test)
+        check_number("ab_period", self.ab_period, lo=2, hi=10**6, integer=True)
+        check_number("ab_tolerance", self.ab_tolerance, lo=0.0, hi=1.0)
+        check_number("ab_min_windows", self.ab_min_windows, lo=1, hi=10**6, integer=True)
 
 
 class AdaptiveState(NamedTuple):
@@ -387,58 +385,14 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
         if e.shape != (n,):
             raise ValueError(f"`obs.earliness_s` must have shape ({n},), got {e.shape}.")
         step = state.step + 1
-        zeros = _zeros(n)
         if step <= c.warmup_steps:
-            return zeros, state._replace(step=step)
-
-        # Robust per-rank estimate over the window.
+            return _zeros(n), state._replace(step=step)
         row = (step - c.warmup_steps - 1) % c.window
-        history = state.history.copy()
-        history[row] = e
-        filled = min(state.filled + 1, c.window)
-        expected = _expected_earliness(history, filled, c.quantile)
-        spread = float(np.nanmax(expected)) if np.isfinite(expected).any() else 0.0
-
-        above = state.above + 1 if spread > c.threshold_s else 0
-        below = state.below + 1 if spread < c.hysteresis * c.threshold_s else 0
-        giveup = state.giveup + 1 if spread > c.giveup_factor * c.max_delay_s else 0
-        engaged = state.engaged
-        backed_off = giveup >= c.engage_steps
-        if not engaged and above >= c.engage_steps and not backed_off:
-            engaged = True
-        elif engaged and (below >= c.disengage_steps or backed_off):
-            engaged = False
-
-        # A/B guard: account the observed step time to the arm that produced it.
-        ab_arm, ab_sum, ab_count, ab_rejected = (
-            state.ab_arm,
-            state.ab_sum_s,
-            state.ab_count,
-            state.ab_rejected,
-        )
-        if c.ab_test and engaged and not ab_rejected:
-            ab_sum, ab_count = ab_sum.copy(), ab_count.copy()
-            t = float(obs.step_time_s)
-            if math.isfinite(t) and t >= 0:
-                ab_sum[ab_arm] += t
-                ab_count[ab_arm] += 1
-            if int(ab_count.sum()) % c.ab_period == 0 and ab_count.sum() > 0:
-                ab_arm = 1 - ab_arm
-            if (ab_count >= c.ab_min_windows * c.ab_period).all():
-                mean_unpaced = ab_sum[0] / ab_count[0]
-                mean_paced = ab_sum[1] / ab_count[1]
-                ab_rejected = bool(mean_paced > mean_unpaced * (1.0 + c.ab_tolerance))
-
-        pacing_now = engaged and not (c.ab_test and (ab_rejected or ab_arm == 0))
-        delays = zeros
-        if pacing_now:
-            want = np.nan_to_num(c.gain * expected, nan=0.0)
-            # Budget: what the rank slept over the rest of the window, plus this.
-            slept = state.delays.sum(axis=0) - state.delays[row]
-            budget = c.budget_fraction * c.window * c.max_delay_s
-            delays = np.clip(np.minimum(want, budget - slept), 0.0, c.max_delay_s)
-            # The rank the others wait for never sleeps.
-            delays[~np.isfinite(e)] = 0.0
+        history, filled, expected, spread = _estimate(c, state, row, e)
+        gate = _gate(c, state, spread)
+        ab = _ab_guard(c, state, gate.engaged, obs.step_time_s)
+        pacing_now = gate.engaged and not (c.ab_test and (ab.rejected or ab.arm == 0))
+        delays = _budgeted_delays(c, state, row, expected, e) if pacing_now else _zeros(n)
         delay_hist = state.delays.copy()
         delay_hist[row] = delays
         new_state = AdaptiveState(
@@ -446,19 +400,126 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
             history=history,
             delays=delay_hist,
             filled=filled,
-            engaged=engaged,
-            above=above,
-            below=below,
-            giveup=giveup,
-            backed_off=backed_off,
+            engaged=gate.engaged,
+            above=gate.above,
+            below=gate.below,
+            giveup=gate.giveup,
+            backed_off=gate.backed_off,
             spread_s=spread,
-            ab_arm=ab_arm,
-            ab_sum_s=ab_sum,
-            ab_count=ab_count,
-            ab_rejected=ab_rejected,
+            ab_arm=ab.arm,
+            ab_sum_s=ab.sum_s,
+            ab_count=ab.count,
+            ab_rejected=ab.rejected,
             steps_paced=state.steps_paced + int(bool((delays > 0).any())),
         )
         return delays, new_state
 
     fields = ", ".join(f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c))
-    return PacingPolicy(init_fn, update_fn, name=f"adaptive({fields})", max_delay_s=c.max_delay_s)
+    return PacingPolicy(
+        init_fn,
+        update_fn,
+        name=f"adaptive({fields})",
+        max_delay_s=c.max_delay_s,
+        status=adaptive_status,
+    )
+
+
+# The stages of `adaptive`'s update, in order: estimate -> gate -> A/B guard -> budget.
+
+
+def _estimate(c: AdaptiveConfig, state: AdaptiveState, row: int, e: np.ndarray):
+    """Puts `e` into the window; returns `(history, filled, expected, spread_s)`.
+
+    Each rank's expected earliness is the `quantile` of its windowed history
+    (robust to spikes); the spread is the largest expected earliness.
+    """
+    history = state.history.copy()
+    history[row] = e
+    filled = min(state.filled + 1, c.window)
+    expected = _expected_earliness(history, filled, c.quantile)
+    spread = float(np.nanmax(expected)) if np.isfinite(expected).any() else 0.0
+    return history, filled, expected, spread
+
+
+class _Gate(NamedTuple):
+    engaged: bool
+    above: int
+    below: int
+    giveup: int
+    backed_off: bool
+
+
+def _gate(c: AdaptiveConfig, state: AdaptiveState, spread: float) -> _Gate:
+    """Engage after `engage_steps` above threshold; disengage below hysteresis or on back-off."""
+    above = state.above + 1 if spread > c.threshold_s else 0
+    below = state.below + 1 if spread < c.hysteresis * c.threshold_s else 0
+    giveup = state.giveup + 1 if spread > c.giveup_factor * c.max_delay_s else 0
+    engaged = state.engaged
+    backed_off = giveup >= c.engage_steps
+    if not engaged and above >= c.engage_steps and not backed_off:
+        engaged = True
+    elif engaged and (below >= c.disengage_steps or backed_off):
+        engaged = False
+    return _Gate(engaged, above, below, giveup, backed_off)
+
+
+class _AB(NamedTuple):
+    arm: int
+    sum_s: np.ndarray
+    count: np.ndarray
+    rejected: bool
+
+
+def _ab_guard(c: AdaptiveConfig, state: AdaptiveState, engaged: bool, step_time_s: float) -> _AB:
+    """Accounts the observed step time to the arm that produced it; judges when both are full."""
+    arm, ab_sum, ab_count, rejected = (
+        state.ab_arm,
+        state.ab_sum_s,
+        state.ab_count,
+        state.ab_rejected,
+    )
+    if c.ab_test and engaged and not rejected:
+        ab_sum, ab_count = ab_sum.copy(), ab_count.copy()
+        t = float(step_time_s)
+        if math.isfinite(t) and t >= 0:
+            ab_sum[arm] += t
+            ab_count[arm] += 1
+        if int(ab_count.sum()) % c.ab_period == 0 and ab_count.sum() > 0:
+            arm = 1 - arm
+        if (ab_count >= c.ab_min_windows * c.ab_period).all():
+            mean_unpaced = ab_sum[0] / ab_count[0]
+            mean_paced = ab_sum[1] / ab_count[1]
+            rejected = bool(mean_paced > mean_unpaced * (1.0 + c.ab_tolerance))
+    return _AB(arm, ab_sum, ab_count, rejected)
+
+
+def _budgeted_delays(
+    c: AdaptiveConfig, state: AdaptiveState, row: int, expected: np.ndarray, e: np.ndarray
+) -> np.ndarray:
+    """`gain * expected`, clamped to `[0, max_delay_s]` and to the per-window budget."""
+    want = np.nan_to_num(c.gain * expected, nan=0.0)
+    # Budget: what the rank slept over the rest of the window, plus this.
+    slept = state.delays.sum(axis=0) - state.delays[row]
+    budget = c.budget_fraction * c.window * c.max_delay_s
+    delays = np.clip(np.minimum(want, budget - slept), 0.0, c.max_delay_s)
+    # The rank the others wait for never sleeps.
+    delays[~np.isfinite(e)] = 0.0
+    return delays
+
+
+def adaptive_status(state: AdaptiveState) -> PolicyStatus:
+    """`adaptive`'s `PolicyStatus`: engaged, backed off, spread, and the A/B result."""
+    ab = None
+    if state.ab_count.sum() > 0:
+        cnt = np.maximum(state.ab_count, 1)
+        ab = {
+            "unpaced_step_s": float(state.ab_sum_s[0] / cnt[0]),
+            "paced_step_s": float(state.ab_sum_s[1] / cnt[1]),
+            "rejected": bool(state.ab_rejected),
+        }
+    return PolicyStatus(
+        engaged=bool(state.engaged),
+        backed_off=bool(state.backed_off),
+        spread_s=float(state.spread_s),
+        ab_effect=ab,
+    )

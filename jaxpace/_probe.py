@@ -1,4 +1,4 @@
-"""Host-side probes: the clock, per-site ring buffers of timings, and interruptible sleeps."""
+"""The probe stage on the host: the clock, per-(site, rank) ring buffers of timings."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Clock", "RECORD_DTYPE", "Recorder", "RateLimitedLog", "Sink", "interruptible_sleep"]
+__all__ = ["Clock", "RECORD_DTYPE", "RateLimitedLog", "Recorder", "Sink", "now_ns"]
 
 log = logging.getLogger("jaxpace")
 
@@ -85,21 +85,27 @@ class Recorder:
         return np.sort(rows, order="step")
 
 
-def interruptible_sleep(delay_s: float, stop: threading.Event) -> float:
-    """Sleeps up to `delay_s` seconds, returning early when `stop` is set.
+_CLOCK_MAX_NS = 2**62
 
-    NaN, inf and negative delays sleep zero (`time.sleep(nan)` would raise).
-    `Event.wait` releases the GIL, so other callbacks keep running.
 
-    Returns:
-      The delay actually requested after sanitizing, in seconds.
+def now_ns(clock: Clock) -> int | None:
+    """One clock reading in integer ns, or None when it is unusable.
+
+    NaN, inf, negative, absurdly large or non-numeric readings (and a raising
+    clock) give None: the step is then simply not timed, never a delay.
+
+    >>> now_ns(lambda: 12.9), now_ns(lambda: float("nan")), now_ns(lambda: -1)
+    (12, None, None)
     """
-    if not isinstance(delay_s, (int, float)) or not math.isfinite(delay_s) or delay_s <= 0:
-        return 0.0
-    if stop.is_set():
-        return 0.0
-    stop.wait(delay_s)
-    return float(delay_s)
+    try:
+        t = clock()
+        if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)):
+            return None
+        if not math.isfinite(t) or t < 0 or t >= _CLOCK_MAX_NS:
+            return None
+        return int(t)
+    except Exception:  # noqa: BLE001 - a broken clock means "not timed"
+        return None
 
 
 class RateLimitedLog:

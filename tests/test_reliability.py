@@ -29,7 +29,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _runtime
+from jaxpace import _delay, _probe
+from jaxpace._runtime import consensus, hooks
 from jaxpace.errors import ConfigError, TracedConfigChangeError, UnboundAxisError
 
 MESH = jax.make_mesh((8,), ("data",))
@@ -302,14 +303,14 @@ def test_raising_callback_body_gives_no_delay_and_same_bits(where, caplog):
 @pytest.mark.timeout(60)
 def test_base_exception_is_not_swallowed():
     pacer = jp.Pacer()
-    st_ = pacer._site("x", 1)
+    st_ = pacer.hooks.open_site("x", 1, None)
 
     def hook(*a):
         raise KeyboardInterrupt
 
     pacer._fault_hook = hook
     with pytest.raises(KeyboardInterrupt):
-        pacer._pre(st_, 0)
+        pacer.hooks.arrive(st_, 0)
 
 
 # --------------------------------------------------------------------- clocks
@@ -361,13 +362,13 @@ def test_nan_inf_backwards_clock_gives_no_delay_and_no_bogus_records():
 @pytest.mark.timeout(30)
 def test_clock_sanitizer_and_delay_clamp():
     for bad in (math.nan, math.inf, -5, 2**70, "x", None, True):
-        assert _runtime._now_ns(lambda b=bad: b) is None
-    assert _runtime._now_ns(lambda: 12.9) == 12
+        assert _probe.now_ns(lambda b=bad: b) is None
+    assert _probe.now_ns(lambda: 12.9) == 12
 
     def boom():
         raise OSError
 
-    assert _runtime._now_ns(boom) is None
+    assert _probe.now_ns(boom) is None
     for d, want in (
         (math.nan, 0.0),
         (math.inf, 0.0),
@@ -376,7 +377,7 @@ def test_clock_sanitizer_and_delay_clamp():
         ("x", 0.0),
         (0.1, 0.1),
     ):
-        assert _runtime._clamp_delay(d, 0.25) == want
+        assert _delay.clamp_delay(d, 0.25) == want
 
 
 # --------------------------------------------------------------------- huge skew (B)
@@ -663,7 +664,7 @@ def test_same_number_of_traces_and_compiles_as_lax():
 
 @pytest.mark.timeout(60)
 def test_no_cpu_backend_falls_back_consistently_with_a_diagnostic(monkeypatch, caplog):
-    monkeypatch.setattr(_runtime, "_host_callbacks_available", lambda: False)
+    monkeypatch.setattr(hooks, "host_callbacks_available", lambda: False)
     pacer = jp.Pacer(policy=jp.fixed(0.5))
     x = put(jnp.arange(16.0).reshape(8, 2))
     f = smap(lambda v: pacer.psum(v, "data", site="nocpu"))
@@ -674,7 +675,7 @@ def test_no_cpu_backend_falls_back_consistently_with_a_diagnostic(monkeypatch, c
     assert not s.measured and "CPU backend" in s.unmeasured_reason
     assert any("no CPU backend" in r.getMessage() for r in caplog.records)
     # The fact is part of the settings every process must agree on.
-    assert '"host_callbacks": false' in _runtime._fingerprint(pacer)
+    assert '"host_callbacks": false' in consensus.fingerprint(pacer._agreed_settings())
 
 
 # --------------------------------------------------------------------- long runs

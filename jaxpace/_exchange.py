@@ -1,0 +1,114 @@
+"""The in-band exchange: the payload each rank adds to the collective, and earliness.
+
+A rank's payload is `3 * num_slots` float32 values, zero except at its own slot
+`r`: `[r]` its previous wait (s), `[n + r]` 1.0 when that wait is present, and
+`[2n + r]` its previous step time (s). Summed by the collective (psum), every
+rank reads every rank's values; a pmean divides them by the group size, which
+`decode` undoes. Earliness is `w_i - min_j w_j`: clock-free, >= 0, NaN where a
+rank has no valid wait. The runtime, the simulator and the report all compute
+it here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "Decoded",
+    "decode",
+    "earliness",
+    "encode",
+    "payload_size",
+    "reduction_scale",
+    "sanitize_seconds",
+]
+
+
+def payload_size(num_slots: int) -> int:
+    """Float32 entries of the exchange payload for `num_slots` ranks."""
+    return 3 * int(num_slots)
+
+
+def reduction_scale(kind: str, group_size: int) -> float:
+    """What `decode` multiplies the reduced payload by: the group size for pmean, else 1."""
+    return float(group_size) if kind == "pmean" else 1.0
+
+
+def sanitize_seconds(values) -> np.ndarray:
+    """Returns a float64 copy where NaN, inf and negative entries become NaN.
+
+    Timings that are not finite and non-negative carry no information; the
+    policies treat NaN as "no measurement" and never derive a delay from it.
+
+    >>> sanitize_seconds(np.array([0.1, -1.0, np.inf, np.nan])).tolist()
+    [0.1, nan, nan, nan]
+    """
+    out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
+    out[~np.isfinite(out) | (out < 0)] = np.nan
+    return out
+
+
+def earliness(waits, axis: int = -1) -> np.ndarray:
+    """Clock-free earliness `w_i - min_j w_j` along `axis` (seconds or any unit).
+
+    Invalid waits (NaN, inf, negative) give NaN and never set the minimum; an
+    all-invalid row gives all NaN. Works on one step (1-D) or many (2-D, one
+    row per step with `axis=-1`).
+
+    >>> earliness(np.array([0.003, 0.0, np.nan, 0.001])).tolist()
+    [0.003, 0.0, nan, 0.001]
+    """
+    w = np.array(waits, dtype=np.float64, copy=True)
+    w[~np.isfinite(w) | (w < 0)] = np.nan
+    valid = np.isfinite(w)
+    if not valid.any():
+        return w
+    lo = np.min(np.where(valid, w, np.inf), axis=axis, keepdims=True)
+    lo[~np.isfinite(lo)] = np.nan
+    return w - lo
+
+
+def encode(
+    payload: np.ndarray, num_slots: int, rank: int, prev_wait_s: float, prev_step_s: float
+) -> np.ndarray:
+    """Writes this rank's previous wait and step time into `payload` (in place)."""
+    n = int(num_slots)
+    if 0 <= rank < n:
+        if math.isfinite(prev_wait_s):
+            payload[rank] = prev_wait_s
+            payload[n + rank] = 1.0
+        if math.isfinite(prev_step_s):
+            payload[2 * n + rank] = prev_step_s
+    return payload
+
+
+class Decoded(NamedTuple):
+    """Every rank's view after the collective.
+
+    Attributes:
+      earliness_s: `(num_slots,)` earliness of each rank's previous step, NaN
+        where absent.
+      step_time_s: median over present ranks of their previous step time, NaN
+        when unknown.
+    """
+
+    earliness_s: np.ndarray
+    step_time_s: float
+
+
+def decode(reduced, num_slots: int, scale: float) -> Decoded | None:
+    """Reads the reduced payload; None when no rank sent a valid wait."""
+    n = int(num_slots)
+    vec = np.asarray(reduced, dtype=np.float64).reshape(-1) * scale
+    waits = sanitize_seconds(vec[:n])
+    present = vec[n : 2 * n] > 0.5
+    waits[~present] = np.nan
+    if not np.isfinite(waits).any():
+        return None
+    steps_s = sanitize_seconds(vec[2 * n : 3 * n])
+    steps_s[~present | (steps_s <= 0)] = np.nan
+    step_time = float(np.nanmedian(steps_s)) if np.isfinite(steps_s).any() else math.nan
+    return Decoded(earliness(waits), step_time)

@@ -1,0 +1,91 @@
+"""Every access jaxpace makes to JAX internals, each with a canary test.
+
+JAX's private modules move between releases. Each function here either
+returns what the internal gives or a documented fallback; none of them is
+called per step. `tests/test_jax_compat.py` calls each one on the installed
+jax and fails loudly if an internal moved (so a silent fallback never hides a
+lost feature).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+__all__ = [
+    "bound_axis_sizes",
+    "concrete_mesh",
+    "distributed_client",
+    "inside_remat",
+    "is_unknown_tracer",
+]
+
+
+def bound_axis_sizes() -> dict | None:
+    """Every bound axis name -> size, or None if this JAX hides its axis env.
+
+    Used only to list the bound axes in an error message; the decision that
+    an axis is unbound is made with the public `jax.lax.axis_size`.
+    """
+    try:
+        from jax._src import core
+
+        return dict(core.get_axis_env().axis_sizes)
+    except Exception:  # noqa: BLE001 - internal API; the canary test catches a move
+        return None
+
+
+def concrete_mesh() -> Any:
+    """The concrete mesh set by `jax.set_mesh`, or None."""
+    try:
+        from jax._src.mesh import get_concrete_mesh
+
+        cm = get_concrete_mesh()
+    except Exception:  # noqa: BLE001 - internal API; the canary test catches a move
+        return None
+    if cm is None or getattr(cm, "empty", True):
+        return None
+    return cm
+
+
+def is_unknown_tracer(x: Any) -> bool:
+    """Whether `x` is an unknown of a partial-eval trace (a tangent JAX will transpose)."""
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        return isinstance(x, pe.JaxprTracer) and not x.pval.is_known()
+    except Exception:  # noqa: BLE001 - internal API moved: assume not linear
+        return False
+
+
+def distributed_client() -> Any:
+    """The `jax.distributed` key-value client, or None when not initialized."""
+    try:
+        from jax._src import distributed
+
+        return distributed.global_state.client
+    except Exception:  # noqa: BLE001 - internal API; the canary test catches a move
+        return None
+
+
+REMAT_FILE = os.path.join("jax", "_src", "ad_checkpoint.py")
+
+
+def inside_remat() -> bool:
+    """Whether this call is being traced by `jax.checkpoint` (remat).
+
+    JAX traces a checkpointed function to a jaxpr eagerly, before it knows
+    whether it will be differentiated. There is no public flag for "inside
+    remat", so look for `jax/_src/ad_checkpoint.py` on the stack (trace time
+    only, never per step).
+    """
+    f = inspect.currentframe()
+    try:
+        while f is not None:
+            if f.f_code.co_filename.endswith(REMAT_FILE):
+                return True
+            f = f.f_back
+        return False
+    finally:
+        del f

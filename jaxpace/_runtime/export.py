@@ -1,0 +1,145 @@
+"""A pacer's records: the JSONL rows (docs/records.md), export, and gather across processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from jaxpace import _jax_compat, _records
+from jaxpace._runtime.consensus import KEY_GENERATIONS
+
+if TYPE_CHECKING:
+    from jaxpace._runtime.pacer import Pacer
+
+__all__ = ["export", "export_all", "gather", "header", "records"]
+
+log = logging.getLogger("jaxpace")
+
+
+def records(pacer: Pacer) -> list[dict[str, Any]]:
+    """This process's finished records as dicts: its header, then steps by site, rank, step."""
+    import jax
+
+    proc = jax.process_index()
+    out: list[dict[str, Any]] = [header(pacer)]
+    for name, site in sorted(pacer._sites.items()):
+        for r in sorted(site.ranks):
+            st = site.ranks[r]
+            with st.lock:
+                rows = st.recorder.completed()
+            for row in rows:
+                out.append(
+                    _records.step_record(
+                        site=name,
+                        step=int(row["step"]),
+                        rank=int(r),
+                        process=proc,
+                        arrive_ns=int(row["arrive_ns"]),
+                        done_ns=int(row["done_ns"]),
+                        delay_ns=int(row["delay_ns"]),
+                        engaged=bool(row["engaged"]),
+                    )
+                )
+    return out
+
+
+def header(pacer: Pacer) -> dict[str, Any]:
+    import jax
+
+    from jaxpace import __version__
+
+    return _records.header_record(
+        run_id=pacer.run_id or "local",
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        granularity=pacer.config.granularity,
+        jaxpace_version=__version__,
+        policy=pacer.policy.name,
+        local_devices=[d.id for d in jax.local_devices()],
+        rank_groups=_rank_groups(pacer),
+    )
+
+
+def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
+    """Group labels of this process's ranks: its host, plus any the user gave."""
+    import jax
+
+    if pacer.config.granularity == "process":
+        mine = {jax.process_index()}
+    else:
+        mine = {r for site in pacer._sites.values() for r in site.ranks}
+    host = socket.gethostname()
+    groups: dict[str, dict[str, str]] = {"host": {str(r): host for r in sorted(mine)}}
+    for kind, mapping in (pacer.rank_groups or {}).items():
+        groups[str(kind)] = {str(r): str(v) for r, v in mapping.items()}
+    return groups
+
+
+def export(pacer: Pacer, path: str | os.PathLike) -> str:
+    """Writes this process's records as JSONL and returns the path (see `Pacer.export`)."""
+    import jax
+
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        p = os.path.join(p, _records.records_filename(jax.process_index()))
+    d = os.path.dirname(p)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    return _records.write_jsonl(p, records(pacer))
+
+
+def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
+    """Every process's records on process 0 (see `Pacer.gather`)."""
+    import jax
+
+    recs = records(pacer)
+    if jax.process_count() == 1:
+        return recs
+    client = _jax_compat.distributed_client()
+    if client is None:
+        raise RuntimeError("`gather` needs `jax.distributed.initialize()` (multi-process).")
+    gen = KEY_GENERATIONS.next("gather")
+    prefix = f"jaxpace/records/{pacer.run_id}/{gen}"
+    me = jax.process_index()
+    blob = zlib.compress("\n".join(json.dumps(r, separators=(",", ":")) for r in recs).encode())
+    client.key_value_set_bytes(f"{prefix}/p{me}", blob)
+    if me != 0:
+        return None
+    out = list(recs)
+    for p in range(1, jax.process_count()):
+        try:
+            data = client.blocking_key_value_get_bytes(f"{prefix}/p{p}", int(timeout_s * 1000))
+        except Exception as e:  # noqa: BLE001 - a dead peer must not hang or crash us
+            log.warning(
+                "jaxpace: no records from process %d within %.0fs (%s)",
+                p,
+                timeout_s,
+                type(e).__name__,
+            )
+            continue
+        out.extend(json.loads(line) for line in zlib.decompress(data).decode().splitlines())
+    return out
+
+
+def export_all(pacer: Pacer, directory: str | os.PathLike, timeout_s: float = 60.0) -> str | None:
+    """`gather` to process 0 and write one records file per process there."""
+    recs = gather(pacer, timeout_s)
+    if recs is None:
+        return None
+    d = os.fspath(directory)
+    os.makedirs(d, exist_ok=True)
+    by_proc: dict[int, list[dict[str, Any]]] = {}
+    current = None
+    for r in recs:
+        if r.get("type") == "header":
+            current = int(r["process_index"])
+        by_proc.setdefault(current, []).append(r)
+    for proc, rows in by_proc.items():
+        _records.write_jsonl(os.path.join(d, _records.records_filename(proc)), rows)
+    return d

@@ -1,0 +1,255 @@
+"""The runtime side of a measured collective: trace-time hooks and the two callback bodies.
+
+`jaxpace._collectives` talks to the runtime only through `CollectiveHooks`
+(documented in `jaxpace._collectives.Runtime`); `Hooks` is the `Pacer`'s
+implementation. The callback bodies (`arrive`, `done`) never raise and never
+wait for another rank: they use only the in-band vector already in hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jaxpace import _exchange, _policy
+from jaxpace._delay import clamp_delay, ensure_sigterm_release, interruptible_sleep
+from jaxpace._probe import now_ns
+from jaxpace._runtime.sites import RankState, Site
+
+if TYPE_CHECKING:
+    from jaxpace._runtime.pacer import Pacer
+
+__all__ = ["Hooks", "host_callbacks_available"]
+
+log = logging.getLogger("jaxpace")
+
+
+def host_callbacks_available() -> bool:
+    """Whether JAX has a CPU backend to run host callbacks on (checked once per Pacer)."""
+    try:
+        import jax
+
+        return bool(jax.local_devices(backend="cpu"))
+    except Exception:  # noqa: BLE001 - e.g. JAX_PLATFORMS=cuda
+        return False
+
+
+class Hooks:
+    """What `jaxpace._collectives` may call on a `Pacer` (the `Runtime` protocol there)."""
+
+    def __init__(self, pacer: Pacer) -> None:
+        self._p = pacer
+        self._callbacks_ok: bool | None = None
+
+    # ------------------------------------------------------------------ settings
+
+    @property
+    def config(self):
+        return self._p.config
+
+    @property
+    def policy(self) -> _policy.PacingPolicy:
+        return self._p.policy
+
+    @property
+    def mesh(self) -> Any:
+        return self._p.mesh
+
+    # ------------------------------------------------------------------ trace time
+
+    def begin_trace(self) -> None:
+        """Freezes settings and agrees on them across processes (once)."""
+        self._p._freeze_and_agree()
+        if self._p.policy.max_delay_s > 0:
+            ensure_sigterm_release()
+
+    def callbacks_available(self) -> bool:
+        if self._callbacks_ok is None:
+            self._callbacks_ok = host_callbacks_available()
+            if not self._callbacks_ok:
+                log.warning(
+                    "jaxpace: JAX has no CPU backend, so host callbacks cannot run; every "
+                    "jaxpace collective is the plain jax.lax one (unmeasured). Add `cpu` to "
+                    "JAX_PLATFORMS (e.g. JAX_PLATFORMS=cuda,cpu) to measure."
+                )
+        return self._callbacks_ok
+
+    def note_unmeasured(self, site: str, reason: str) -> None:
+        p = self._p
+        with p._lock:
+            if p._unmeasured.get(site) != reason:
+                log.info("jaxpace: collective at %s is not measured: %s", site, reason)
+            p._unmeasured[site] = reason
+
+    def open_site(self, name: str, num_slots: int, layout: str | None) -> Site:
+        p = self._p
+        with p._lock:
+            s = p._sites.get(name)
+            if s is None or s.num_slots != num_slots:
+                s = Site(name, num_slots, p.config.capacity, p.policy, layout)
+                p._sites[name] = s
+            s.layout = layout
+            return s
+
+    # ------------------------------------------------------------------ callbacks (host)
+
+    def arrive(self, site: Site, rank: int) -> tuple[np.ndarray, np.int32]:
+        """Pre-collective callback body: record arrival, sleep the pending delay.
+
+        Returns `(payload, flag)`: the exchange payload (empty without exchange)
+        and `1 + step` when this step is sampled, else 0. Never raises: any
+        error gives "no delay" and an all-zero payload.
+        """
+        p = self._p
+        n = site.num_slots
+        exchange = p.policy.needs_exchange
+        payload = np.zeros(_exchange.payload_size(n) if exchange else 0, dtype=np.float32)
+        try:
+            if p._fault_hook is not None:
+                # Before the clock: a hook that sleeps models a late arrival.
+                p._fault_hook("pre", site.name, rank, site.rank(rank).next_step)
+            t = now_ns(p.clock)
+            st = site.rank(rank)
+            with st.lock:
+                step = st.next_step
+                st.next_step += 1
+                sampled = step % p.config.sample_every == 0 and t is not None
+                if exchange and sampled:
+                    _exchange.encode(payload, n, rank, st.prev_wait_s, st.prev_step_s)
+                delay_s = st.pending_delay_s
+                st.pending_delay_s = 0.0
+                if sampled:
+                    if st.open_step is not None:
+                        self._warn_overlap(site, rank)
+                    st.open_step = step
+            delay_s = clamp_delay(delay_s, p.policy.max_delay_s)
+            slept = interruptible_sleep(delay_s, p._stop)
+            if sampled:
+                with st.lock:
+                    st.recorder.arrive(step, t, int(slept * 1e9))
+                    st.last_arrive_ns = t
+            return payload, np.int32((step + 1) if sampled else 0)
+        except Exception as e:  # noqa: BLE001 - callbacks must never raise
+            self._count_error(site, "pre", e)
+            return np.zeros_like(payload), np.int32(0)
+
+    def _warn_overlap(self, site: Site, rank: int) -> None:
+        # Two arrivals before one exit: two shards of this process measure this
+        # collective, or one site name is traced twice.
+        self._p._errlog.warning(
+            f"{site.name}:overlap",
+            "jaxpace: two measured arrivals at %s overlap on one rank (%d); "
+            "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`) and "
+            "give collectives traced from one line in a loop distinct `site=`.",
+            site.name,
+            rank,
+        )
+
+    def done(
+        self, site: Site, rank: int, flag: int, reduced: np.ndarray | None, scale: float
+    ) -> None:
+        """Post-collective callback body: close the record, run the policy."""
+        p = self._p
+        try:
+            t = now_ns(p.clock)
+            if flag <= 0:
+                return
+            st = site.rank(rank)
+            if t is None:
+                with st.lock:  # untimed: pace nothing from it
+                    st.prev_wait_s = math.nan
+                    st.prev_step_s = math.nan
+                    st.pending_delay_s = 0.0
+                return
+            step = int(flag) - 1
+            if p._fault_hook is not None:
+                p._fault_hook("post", site.name, rank, step)
+            with st.lock:
+                wait_ns, delay_ns = self._close_record(st, step, t)
+                if reduced is None:
+                    # No exchange: only this rank's own view (fixed / measure-only).
+                    self._decide(st, rank, np.full(site.num_slots, np.nan), st.prev_step_s)
+                else:
+                    view = _exchange.decode(reduced, site.num_slots, scale)
+                    if view is not None:
+                        self._decide(st, rank, view.earliness_s, view.step_time_s)
+                        self._note_backoff(site, st)
+                        st.early_hist[st.early_n % len(st.early_hist)] = view.earliness_s
+                        st.early_n += 1
+            if p._sink_thread.sinks:
+                p._sink_thread.emit(
+                    {
+                        "site": site.name,
+                        "step": step,
+                        "rank": rank,
+                        "wait_s": (wait_ns or 0) / 1e9,
+                        "delay_s": delay_ns / 1e9,
+                        "engaged": st.engaged,
+                    }
+                )
+        except Exception as e:  # noqa: BLE001 - callbacks must never raise
+            self._count_error(site, "post", e)
+
+    @staticmethod
+    def _close_record(st: RankState, step: int, t: int) -> tuple[int | None, int]:
+        """Marks `step` done at `t`; updates the rank's previous wait/step (lock held)."""
+        st.open_step = None
+        timing = st.recorder.done(step, t, st.engaged)
+        wait_ns, delay_ns = timing if timing is not None else (None, 0)
+        st.prev_wait_s = wait_ns / 1e9 if wait_ns is not None else math.nan
+        if st.last_done_ns is not None and t > st.last_done_ns:
+            st.prev_step_s = (t - st.last_done_ns) / 1e9
+        else:
+            st.prev_step_s = math.nan
+        st.last_done_ns = t
+        if wait_ns is not None:
+            st.steps += 1
+            st.wait_sum_ns += wait_ns
+            if delay_ns > 0:
+                st.steps_paced += 1
+                st.total_delay_ns += delay_ns
+        return wait_ns, delay_ns
+
+    def _decide(self, st: RankState, rank: int, earliness: np.ndarray, step_time_s: float) -> None:
+        """Runs the policy on one observation and stores this rank's next delay (lock held)."""
+        policy = self._p.policy
+        obs = _policy.Observation(earliness_s=earliness, step_time_s=step_time_s)
+        delays, st.policy_state = policy.update(obs, st.policy_state)
+        delays = np.asarray(delays, dtype=np.float64).reshape(-1)
+        st.pending_delay_s = clamp_delay(
+            delays[rank] if rank < len(delays) else 0.0, policy.max_delay_s
+        )
+        st.engaged = bool(policy.status(st.policy_state).engaged)
+
+    def _note_backoff(self, site: Site, st: RankState) -> None:
+        """Logs (once per episode) that the policy refused to chase a skew."""
+        policy = self._p.policy
+        status = policy.status(st.policy_state)
+        if status.backed_off and not st.backed_off:
+            log.warning(
+                "jaxpace: at %s the arrival spread (%.3f s) is far beyond max_delay_s=%g; "
+                "pacing backs off instead of chasing it. Fix the straggler at its source "
+                "(see `jaxpace report`).",
+                site.name,
+                float(status.spread_s),
+                policy.max_delay_s,
+            )
+        st.backed_off = bool(status.backed_off)
+
+    def _count_error(self, site: Site, where: str, e: Exception) -> None:
+        try:
+            with site.lock:
+                site.errors += 1
+            self._p._errlog.warning(
+                f"{site.name}:{where}",
+                "jaxpace: %s-collective callback at %s raised %r; using no delay "
+                "(the step and its result are unaffected).",
+                where,
+                site.name,
+                e,
+            )
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,301 @@
+"""`Pacer`: one process's jaxpace runtime, composed of its config, sites, hooks, sinks and records."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from jaxpace import _collectives, _policy
+from jaxpace._delay import register_stop
+from jaxpace._probe import Clock, RateLimitedLog, Sink
+from jaxpace._runtime import consensus
+from jaxpace._runtime import export as _export
+from jaxpace._runtime.config import Granularity, PacerConfig
+from jaxpace._runtime.hooks import Hooks
+from jaxpace._runtime.sinks import SinkThread
+from jaxpace._runtime.sites import Site, SiteStats, site_stats
+from jaxpace.errors import ConfigError, TracedConfigChangeError
+
+__all__ = ["Pacer", "configure", "default_pacer"]
+
+
+def _check_policy(policy: Any) -> _policy.PacingPolicy:
+    if policy is None:
+        return _policy.no_pacing()
+    if not isinstance(policy, _policy.PacingPolicy):
+        raise ConfigError(
+            f"`policy` must be a jaxpace PacingPolicy (jp.no_pacing(), jp.fixed(...), "
+            f"jp.adaptive(...)), got {type(policy).__name__}."
+        )
+    return policy
+
+
+class Pacer:
+    """Per-process jaxpace runtime: measures collectives and applies a pacing policy.
+
+    Build one per process before the first traced call (the module-level
+    `jaxpace.psum`/`pmean` use a default instance). Settings that change the
+    traced program are frozen at the first trace and agreed across processes.
+
+    Args:
+      policy: a `PacingPolicy`; default `no_pacing()` (measure only).
+      enabled: False passes every call straight to `jax.lax`.
+      granularity: `"process"` (default) or `"device"`.
+      sample_every: measure every k-th step.
+      capacity: ring-buffer slots per site and rank.
+      clock: a `Clock` returning monotonic nanoseconds (default
+        `time.perf_counter_ns`).
+      sinks: callables receiving per-step summaries on a background thread.
+      mesh: the concrete `jax.sharding.Mesh` your `shard_map` uses. Optional:
+        it tells the runtime which shard is the first of each process; without
+        it jaxpace uses the mesh set by `jax.set_mesh`, a mesh made by
+        `jaxpace.make_mesh`, or assumes processes own contiguous blocks of the
+        mesh (true for `jax.make_mesh` and `pmap`).
+      consensus_timeout_s: see `PacerConfig`.
+      rank_groups: optional `{kind: {rank: label}}` written into the records'
+        header (e.g. `{"numa": {0: "socket0", ...}, "nic": {...}}`) so
+        `jaxpace report` can test whether lateness follows a locality group.
+        Each rank's host is recorded without asking.
+
+    >>> import jaxpace as jp
+    >>> pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=0.005))
+    >>> pacer.config.granularity
+    'process'
+    """
+
+    def __init__(
+        self,
+        policy: _policy.PacingPolicy | None = None,
+        *,
+        enabled: bool = True,
+        granularity: Granularity = "process",
+        sample_every: int = 1,
+        capacity: int = 4096,
+        clock: Clock | None = None,
+        sinks: Sequence[Sink] = (),
+        mesh: Any = None,
+        consensus_timeout_s: float = 60.0,
+        rank_groups: dict[str, dict[int, str]] | None = None,
+    ) -> None:
+        self._policy = _check_policy(policy)
+        self._config = PacerConfig(
+            enabled=enabled,
+            granularity=granularity,
+            sample_every=sample_every,
+            capacity=capacity,
+            consensus_timeout_s=consensus_timeout_s,
+        )
+        self.clock: Clock = clock if clock is not None else time.perf_counter_ns
+        self.mesh = mesh
+        self.rank_groups = rank_groups
+        self._sites: dict[str, Site] = {}
+        self._unmeasured: dict[str, str] = {}
+        self._traced = False
+        self._consensus_done = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        register_stop(self._stop)
+        self._errlog = RateLimitedLog()
+        self._sink_thread = SinkThread(sinks, self._errlog)
+        self.run_id: str | None = None
+        self._fault_hook = None  # tests: called inside callbacks to inject faults
+        self.hooks = Hooks(self)
+
+    # ------------------------------------------------------------------ config
+
+    @property
+    def config(self) -> PacerConfig:
+        return self._config
+
+    @property
+    def policy(self) -> _policy.PacingPolicy:
+        return self._policy
+
+    @property
+    def sink_dropped(self) -> int:
+        """Summaries dropped because the sink queue was full."""
+        return self._sink_thread.dropped
+
+    @property
+    def sink_errors(self) -> int:
+        """Exceptions raised by sinks (each caught and logged, rate-limited)."""
+        return self._sink_thread.errors
+
+    def configure(self, *, policy: _policy.PacingPolicy | None = None, **changes: Any) -> None:
+        """Changes settings; only allowed before the first traced call.
+
+        Raises:
+          TracedConfigChangeError: a collective of this pacer was already traced.
+          ConfigError: a value is invalid.
+        """
+        self._refuse_if_traced()
+        if policy is not None:
+            if not isinstance(policy, _policy.PacingPolicy):
+                raise ConfigError(f"`policy` must be a PacingPolicy, got {type(policy).__name__}.")
+            self._policy = policy
+        if changes:
+            fields = {f.name for f in dataclasses.fields(PacerConfig)}
+            bad = sorted(set(changes) - fields)
+            if bad:
+                raise ConfigError(f"unknown setting(s) {bad}; valid: {sorted(fields)}.")
+            self._config = dataclasses.replace(self._config, **changes)
+
+    def _refuse_if_traced(self) -> None:
+        if self._traced:
+            raise TracedConfigChangeError(
+                "jaxpace settings cannot change after the first traced collective: jit "
+                "caches the traced program, so the change would be silently ignored. "
+                "Configure before the first call, or create a new `jaxpace.Pacer`."
+            )
+
+    def _freeze_and_agree(self) -> None:
+        """Freezes settings and agrees on them across processes (once, at first trace)."""
+        self._traced = True
+        if self._consensus_done:
+            return
+        with self._lock:
+            if self._consensus_done:
+                return
+            mine = consensus.fingerprint(self._agreed_settings())
+            self.run_id = consensus.agree(mine, self._config.consensus_timeout_s)
+            self._consensus_done = True
+
+    def _agreed_settings(self) -> dict[str, Any]:
+        """The settings every process must share (they shape the traced program)."""
+        c = self._config
+        return {
+            "enabled": c.enabled,
+            "host_callbacks": self.hooks.callbacks_available() if c.enabled else None,
+            "granularity": c.granularity,
+            "sample_every": c.sample_every,
+            "policy": self._policy.name,
+            "max_delay_s": self._policy.max_delay_s,
+        }
+
+    # ------------------------------------------------------------------ collectives
+
+    def psum(self, x, axis_name, *, axis_index_groups=None, site: str | None = None):
+        """`jax.lax.psum`, measured (and paced) by this pacer. See `jaxpace.psum`."""
+        return _collectives.collective(self.hooks, "psum", x, axis_name, axis_index_groups, site)
+
+    def pmean(self, x, axis_name, *, axis_index_groups=None, site: str | None = None):
+        """`jax.lax.pmean`, measured (and paced) by this pacer. See `jaxpace.pmean`."""
+        return _collectives.collective(self.hooks, "pmean", x, axis_name, axis_index_groups, site)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        """Waits (bounded) until queued sink summaries are delivered."""
+        self._sink_thread.flush(timeout_s)
+
+    def close(self) -> None:
+        """Releases any pacing sleep now and makes later sleeps zero."""
+        self._stop.set()
+        self._sink_thread.close()
+
+    def release(self) -> None:
+        """Ends any pacing sleep in progress (SIGTERM does this too)."""
+        self._stop.set()
+
+    # ------------------------------------------------------------------ results
+
+    def stats(self) -> dict[str, SiteStats]:
+        """Per-site summary of this process's measurements and pacing.
+
+        Returns:
+          `{site: SiteStats}`; see `SiteStats` for the fields.
+        """
+        out: dict[str, SiteStats] = {}
+        for name, reason in sorted(self._unmeasured.items()):
+            out[name] = SiteStats(site=name, measured=False, unmeasured_reason=reason, ranks=[])
+        for name, site in sorted(self._sites.items()):
+            out[name] = site_stats(site, self._policy)
+        return out
+
+    def records(self) -> list[dict[str, Any]]:
+        """This process's finished records as dicts (the JSONL format, docs/records.md)."""
+        return _export.records(self)
+
+    def export(self, path: str | os.PathLike) -> str:
+        """Writes this process's records as JSONL (docs/records.md) and returns the path.
+
+        If `path` is a directory, writes `records-p{process_index}.jsonl` in it.
+        """
+        return _export.export(self, path)
+
+    def gather(self, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
+        """Collects every process's records on process 0, at the end of a run.
+
+        Each process publishes its records (compressed) to the `jax.distributed`
+        key-value store; process 0 reads them with a bounded wait. Call it on
+        every process, outside any jitted code (never from a callback).
+
+        Args:
+          timeout_s: how long process 0 waits for each other process.
+
+        Returns:
+          On process 0, all records (each process's header first, then its
+          steps; a process that never published is left out and logged); on
+          other processes None. Single-process: this process's records.
+        """
+        return _export.gather(self, timeout_s)
+
+    def export_all(self, directory: str | os.PathLike, timeout_s: float = 60.0) -> str | None:
+        """`gather` to process 0 and write `records-p{i}.jsonl` for every process there.
+
+        Use when processes do not share a filesystem. Returns the directory on
+        process 0, None elsewhere.
+        """
+        return _export.export_all(self, directory, timeout_s)
+
+    def write_trace(self, path: str | os.PathLike) -> str:
+        """Writes a Perfetto / Chrome trace JSON of this process's records."""
+        from jaxpace import report
+
+        report.write_trace(self.records(), os.fspath(path))
+        return os.fspath(path)
+
+
+# ---------------------------------------------------------------------- the default pacer
+
+_DEFAULT: Pacer | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_pacer() -> Pacer:
+    """Returns the process-wide default `Pacer` used by `jaxpace.psum`/`pmean`."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        with _DEFAULT_LOCK:
+            if _DEFAULT is None:
+                _DEFAULT = Pacer()
+    return _DEFAULT
+
+
+def configure(policy: _policy.PacingPolicy | None = None, **settings: Any) -> Pacer:
+    """Configures the default `Pacer` (before the first traced call).
+
+    Args:
+      policy: a `PacingPolicy`.
+      **settings: `PacerConfig` fields (`enabled`, `granularity`, ...) or
+        `clock`, `sinks`, `mesh`.
+
+    Returns:
+      The default pacer.
+
+    Raises:
+      TracedConfigChangeError: the default pacer already traced a collective.
+    """
+    p = default_pacer()
+    for attr in ("clock", "mesh"):
+        if attr in settings:
+            p._refuse_if_traced()
+            setattr(p, attr, settings.pop(attr))
+    if "sinks" in settings:
+        p._sink_thread.sinks = list(settings.pop("sinks"))
+    p.configure(policy=policy, **settings)
+    return p

@@ -1,0 +1,151 @@
+"""Per-site host state (one `Site` per collective call site, one `RankState` per rank) and stats."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from jaxpace._policy import PacingPolicy
+from jaxpace._probe import Recorder
+
+__all__ = ["RankState", "Site", "SiteStats", "site_stats"]
+
+
+@dataclasses.dataclass
+class SiteStats:
+    """Per-site summary returned by `Pacer.stats()`.
+
+    Attributes:
+      site: the site name.
+      measured: False when every call at this site passed straight to `jax.lax`.
+      unmeasured_reason: why it was passed through (e.g. "vmap axis"), or None.
+      ranks: the ranks this process recorded (process index or axis index).
+      steps: steps recorded (after sampling) on this process.
+      engaged: whether the policy was pacing at the last step.
+      steps_paced: steps on which this process slept before the collective.
+      total_delay_s: seconds this process slept at this site.
+      wait_mean_s: mean time this process's ranks waited inside the collective.
+      earliness_mean_s / earliness_p50_s / earliness_p99_s: per rank of the job
+        (list indexed by rank), from the exchanged vectors; NaN if never seen.
+      errors: callback exceptions caught (each gave "no delay").
+      backed_off: the policy refused to chase a skew beyond its bounds.
+      ab_effect: `{"paced_step_s", "unpaced_step_s", "rejected"}` when the A/B
+        guard ran, else None.
+      layout: which shards measure: the source of the concrete mesh used to
+        find each process's first shard ("Pacer(mesh=...)", "jax.set_mesh",
+        "jaxpace.make_mesh", or an assumption of process-contiguous blocks), or
+        every shard at device granularity.
+    """
+
+    site: str
+    measured: bool
+    unmeasured_reason: str | None
+    ranks: list[int]
+    steps: int = 0
+    engaged: bool = False
+    steps_paced: int = 0
+    total_delay_s: float = 0.0
+    wait_mean_s: float = math.nan
+    earliness_mean_s: list[float] = dataclasses.field(default_factory=list)
+    earliness_p50_s: list[float] = dataclasses.field(default_factory=list)
+    earliness_p99_s: list[float] = dataclasses.field(default_factory=list)
+    errors: int = 0
+    backed_off: bool = False
+    ab_effect: dict[str, Any] | None = None
+    layout: str | None = None
+
+
+class RankState:
+    """Host state of one (site, rank) on this process. Guarded by `lock`."""
+
+    def __init__(self, capacity: int, policy: PacingPolicy, num_slots: int) -> None:
+        self.lock = threading.Lock()
+        self.recorder = Recorder(capacity)
+        self.next_step = 0
+        self.prev_wait_s = math.nan
+        self.prev_step_s = math.nan
+        self.last_done_ns: int | None = None
+        self.last_arrive_ns: int | None = None
+        self.open_step: int | None = None  # arrived, not yet done
+        self.pending_delay_s = 0.0
+        self.policy_state = policy.init(num_slots)
+        self.engaged = False
+        self.backed_off = False
+        self.steps = 0
+        self.steps_paced = 0
+        self.total_delay_ns = 0
+        self.wait_sum_ns = 0
+        # Earliness history for stats: a fixed ring of (capacity, num_slots).
+        self.early_hist = np.full((min(capacity, 1024), num_slots), np.nan, dtype=np.float32)
+        self.early_n = 0
+
+
+class Site:
+    """One collective call site: its static layout and its ranks' host state."""
+
+    def __init__(
+        self, name: str, num_slots: int, capacity: int, policy: PacingPolicy, layout: str | None
+    ) -> None:
+        self.name = name
+        self.num_slots = num_slots
+        self.capacity = capacity
+        self.policy = policy
+        self.ranks: dict[int, RankState] = {}
+        self.lock = threading.Lock()
+        self.errors = 0
+        self.layout = layout  # how each process's measuring shard was found
+
+    def rank(self, r: int) -> RankState:
+        st = self.ranks.get(r)
+        if st is None:
+            with self.lock:
+                st = self.ranks.get(r)
+                if st is None:
+                    st = RankState(self.capacity, self.policy, self.num_slots)
+                    self.ranks[r] = st
+        return st
+
+
+def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
+    """Summarizes one measured site over this process's ranks."""
+    ranks = sorted(site.ranks)
+    s = SiteStats(
+        site=site.name,
+        measured=True,
+        unmeasured_reason=None,
+        ranks=ranks,
+        errors=site.errors,
+        layout=site.layout,
+    )
+    waits, hists = [], []
+    for r in ranks:
+        st = site.ranks[r]
+        with st.lock:
+            s.steps += st.steps
+            s.steps_paced += st.steps_paced
+            s.total_delay_s += st.total_delay_ns / 1e9
+            s.engaged = s.engaged or st.engaged
+            if st.steps:
+                waits.append(st.wait_sum_ns / st.steps / 1e9)
+            k = min(st.early_n, len(st.early_hist))
+            if k:
+                hists.append(st.early_hist[:k].astype(np.float64))
+            status = policy.status(st.policy_state)
+            s.backed_off = s.backed_off or bool(status.backed_off)
+            if status.ab_effect is not None:
+                s.ab_effect = dict(status.ab_effect)
+    if waits:
+        s.wait_mean_s = float(np.mean(waits))
+    if hists:
+        h = np.concatenate(hists)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            s.earliness_mean_s = np.nanmean(h, axis=0).tolist()
+            s.earliness_p50_s = np.nanquantile(h, 0.5, axis=0).tolist()
+            s.earliness_p99_s = np.nanquantile(h, 0.99, axis=0).tolist()
+    return s

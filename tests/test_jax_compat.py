@@ -1,0 +1,69 @@
+"""Canaries: each JAX-internal access in `jaxpace._jax_compat` still works on the installed jax.
+
+A failure here means a JAX release moved an internal: fix `_jax_compat.py`,
+do not loosen the test.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jaxpace import _jax_compat as compat
+
+MESH = jax.make_mesh((8,), ("data",))
+
+
+def test_bound_axis_sizes_sees_shard_map_axes():
+    seen = {}
+
+    def f(x):
+        seen.update(compat.bound_axis_sizes() or {})
+        return x
+
+    x = jax.device_put(jnp.zeros(8), jax.NamedSharding(MESH, P("data")))
+    jax.jit(jax.shard_map(f, mesh=MESH, in_specs=P("data"), out_specs=P("data")))(x)
+    assert seen == {"data": 8}
+
+
+def test_concrete_mesh_sees_set_mesh():
+    assert compat.concrete_mesh() is None
+    with jax.set_mesh(MESH):
+        m = compat.concrete_mesh()
+    assert m is not None and tuple(m.axis_names) == ("data",)
+
+
+def test_is_unknown_tracer_sees_transposed_operands():
+    kinds = []
+
+    def f(x):
+        kinds.append(compat.is_unknown_tracer(x))
+        return x * 2.0
+
+    jax.linear_transpose(f, 1.0)(1.0)  # traced with an unknown (linear) input
+    f(1.0)
+    assert kinds == [True, False]
+
+
+def test_distributed_client_is_none_single_process():
+    from jax._src import distributed
+
+    assert hasattr(distributed.global_state, "client")
+    assert compat.distributed_client() is None
+
+
+def test_inside_remat_detects_checkpoint():
+    seen = []
+
+    def f(x):
+        seen.append(compat.inside_remat())
+        return jnp.sin(x)
+
+    jax.grad(jax.checkpoint(f))(1.0)
+    f(1.0)
+    assert seen[0] is True and seen[-1] is False
+    import jax._src.ad_checkpoint as ac
+
+    assert ac.__file__.endswith(compat.REMAT_FILE)
+    assert os.path.exists(ac.__file__)
