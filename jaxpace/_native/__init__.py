@@ -1,0 +1,284 @@
+"""Native probes: the compiled library (XLA FFI handlers + a C API) and its ctypes bindings.
+
+The library `_jaxpace_probe*.so` is built by `pip install` (setup.py) from `probe.cc` with the
+FFI headers of the installed jaxlib. When it is missing (no compiler at install time), fails to
+load, or is disabled with `JAXPACE_NATIVE=0`, `available()` says so and why, and jaxpace uses
+its `io_callback` probes instead.
+
+Everything here runs off the hot path: registering sites, setting delays, draining records.
+The hot path is the FFI handlers themselves (see `primitive.py`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+
+import numpy as np
+
+__all__ = [
+    "ABI_VERSION",
+    "MAX_SITES",
+    "NATIVE_RECORD_DTYPE",
+    "available",
+    "counters",
+    "cuda_available",
+    "drain",
+    "library_path",
+    "now_ns",
+    "rearm",
+    "register_site",
+    "release_all",
+    "released",
+    "set_delay",
+    "set_max_delay",
+    "set_site_devices",
+    "wait_records",
+]
+
+ABI_VERSION = 1
+MAX_SITES = 4096
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Must match `RecordOut` in probe.cc (48 bytes).
+NATIVE_RECORD_DTYPE = np.dtype(
+    [
+        ("step", np.int64),
+        ("arrive_ns", np.int64),
+        ("done_ns", np.int64),
+        ("delay_ns", np.int64),
+        ("wait_ns", np.int64),
+        ("rank", np.int32),
+        ("flags", np.int32),
+    ]
+)
+assert NATIVE_RECORD_DTYPE.itemsize == 48
+
+_lock = threading.Lock()
+_state: dict = {"lib": None, "reason": None, "path": None, "cuda": None}
+
+
+def library_path() -> str | None:
+    """Path of the compiled library: `JAXPACE_NATIVE_LIB`, else the one built next to this file."""
+    env = os.environ.get("JAXPACE_NATIVE_LIB")
+    if env:
+        return env
+    found = sorted(glob.glob(os.path.join(_HERE, "_jaxpace_probe*.so")))
+    return found[0] if found else None
+
+
+def _load():
+    """Loads the library once; returns it or None (the reason is kept for `available`)."""
+    with _lock:
+        if _state["lib"] is not None or _state["reason"] is not None:
+            return _state["lib"]
+        if os.environ.get("JAXPACE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+            _state["reason"] = "disabled by JAXPACE_NATIVE=0"
+            return None
+        path = library_path()
+        if path is None:
+            _state["reason"] = (
+                "native library not built (no C++ compiler at install time?); reinstall with "
+                "a C++17 compiler: pip install --force-reinstall --no-deps jaxpace"
+            )
+            return None
+        try:
+            lib = ctypes.CDLL(path)
+            _declare(lib)
+            abi = lib.jaxpace_abi_version()
+        except (OSError, AttributeError) as e:
+            _state["reason"] = f"native library {path} failed to load: {e}"
+            return None
+        if abi != ABI_VERSION:
+            _state["reason"] = (
+                f"native library {path} has ABI {abi}, this jaxpace expects {ABI_VERSION}; "
+                "rebuild it (pip install -e . or reinstall)"
+            )
+            return None
+        _state["lib"], _state["path"] = lib, path
+        return lib
+
+
+def _declare(lib) -> None:
+    i64, i32, u64 = ctypes.c_int64, ctypes.c_int32, ctypes.c_uint64
+    vp = ctypes.c_void_p
+    sigs = {
+        "jaxpace_abi_version": (ctypes.c_int, []),
+        "jaxpace_now_ns": (i64, []),
+        "jaxpace_register_site": (ctypes.c_int, [i64, i32, i64, i32, i64, i32]),
+        "jaxpace_set_delay_ns": (ctypes.c_int, [i64, i32, i64]),
+        "jaxpace_set_site_devices": (ctypes.c_int, [i64, vp, i32]),
+        "jaxpace_set_max_delay_ns": (None, [i64]),
+        "jaxpace_release_all": (None, []),
+        "jaxpace_rearm": (None, []),
+        "jaxpace_released": (ctypes.c_int, []),
+        "jaxpace_drain": (i64, [i64, i64, vp, vp]),
+        "jaxpace_site_counters": (ctypes.c_int, [i64, vp]),
+        "jaxpace_wait_records": (u64, [u64, i64]),
+        "jaxpace_cuda_load": (ctypes.c_int, [ctypes.c_char_p]),
+        "jaxpace_cuda_error": (ctypes.c_char_p, []),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def _lib():
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"jaxpace native probes unavailable: {_state['reason']}")
+    return lib
+
+
+def available() -> tuple[bool, str]:
+    """`(True, "where it was loaded from")`, or `(False, why not)`. Also registers FFI targets."""
+    lib = _load()
+    if lib is None:
+        return False, str(_state["reason"])
+    from jaxpace._native import primitive
+
+    ok, why = primitive.register_targets(lib)
+    if not ok:
+        return False, why
+    return True, f"native XLA FFI probes ({os.path.basename(_state['path'])})"
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Loads the CUDA runtime for the GPU handlers (dlopen; the nvidia-cuda-runtime-cu12 wheel
+    first, then the system's). `(False, why)` when there is none."""
+    lib = _lib()
+    with _lock:
+        if _state["cuda"] is not None:
+            return _state["cuda"]
+        paths = []
+        try:
+            import nvidia.cuda_runtime as ncr  # the wheel jax[cuda12] installs
+
+            for d in list(getattr(ncr, "__path__", [])):
+                paths += sorted(glob.glob(os.path.join(d, "lib", "libcudart.so*")))
+        except ImportError:
+            pass
+        paths.append("")  # then libcudart.so.12 / libcudart.so from the loader's search path
+        res = (False, "no CUDA runtime")
+        for p in paths:
+            if lib.jaxpace_cuda_load(p.encode() if p else None) == 1:
+                res = (True, f"CUDA runtime {p or 'libcudart.so.12 (system)'}")
+                break
+            res = (False, lib.jaxpace_cuda_error().decode(errors="replace"))
+        _state["cuda"] = res
+        return res
+
+
+# ---------------------------------------------------------------------- C API wrappers
+
+
+def now_ns() -> int:
+    """The handlers' clock (steady_clock), in ns."""
+    return int(_lib().jaxpace_now_ns())
+
+
+def register_site(
+    site_id: int,
+    num_slots: int,
+    *,
+    capacity: int = 4096,
+    fixed_rank: int = -1,
+    sample_every: int = 1,
+    payload_len: int = 0,
+) -> None:
+    """Creates (or replaces) native site `site_id` before a program using it runs.
+
+    Args:
+      site_id: 0 <= id < MAX_SITES, the `site` attribute the primitives carry.
+      num_slots: ranks of the site (payload slots).
+      capacity: records kept before the oldest undrained ones are dropped (power of two).
+      fixed_rank: >= 0 makes every active shard this rank (one measuring shard per process:
+        the process index); -1 takes the rank operand.
+      sample_every: only every k-th arrival per rank is timed and recorded.
+      payload_len: floats of the reduced exchange payload kept per record (0: none).
+    """
+    rc = _lib().jaxpace_register_site(
+        int(site_id),
+        int(num_slots),
+        int(capacity),
+        int(fixed_rank),
+        int(sample_every),
+        int(payload_len),
+    )
+    if rc != 0:
+        raise ValueError(
+            f"register_site: bad arguments site_id={site_id} (0..{MAX_SITES - 1}), "
+            f"num_slots={num_slots} (>= 1), capacity={capacity} (1..2**24), "
+            f"fixed_rank={fixed_rank} (-1 or < num_slots), sample_every={sample_every} (>= 1), "
+            f"payload_len={payload_len} (>= 0)"
+        )
+
+
+def set_site_devices(site_id: int, rank_of_ordinal) -> None:
+    """GPU: the rank measured on each local device ordinal (-1: not measured there)."""
+    arr = np.ascontiguousarray(np.asarray(rank_of_ordinal, dtype=np.int32).reshape(-1))
+    if _lib().jaxpace_set_site_devices(int(site_id), arr.ctypes.data, int(arr.size)) != 0:
+        raise ValueError(f"set_site_devices: unknown site {site_id} or too many devices")
+
+
+def set_delay(site_id: int, rank: int, delay_s: float) -> None:
+    """The delay the next arrival of (site, rank) sleeps (clamped to `set_max_delay`)."""
+    ns = int(delay_s * 1e9) if np.isfinite(delay_s) and delay_s > 0 else 0
+    if _lib().jaxpace_set_delay_ns(int(site_id), int(rank), ns) != 0:
+        raise ValueError(f"set_delay: unknown site {site_id} or rank {rank} out of range")
+
+
+def set_max_delay(max_delay_s: float) -> None:
+    """Upper bound of every native delay (0 disables delays)."""
+    ns = int(max_delay_s * 1e9) if np.isfinite(max_delay_s) and max_delay_s > 0 else 0
+    _lib().jaxpace_set_max_delay_ns(ns)
+
+
+def release_all() -> None:
+    """Ends every native sleep now and makes later ones return at once (SIGTERM, shutdown)."""
+    lib = _load()
+    if lib is not None:
+        lib.jaxpace_release_all()
+
+
+def rearm() -> None:
+    """Undoes `release_all` (a new run in the same process)."""
+    _lib().jaxpace_rearm()
+
+
+def released() -> bool:
+    return bool(_lib().jaxpace_released())
+
+
+def drain(site_id: int, payload_len: int = 0, max_n: int = 4096):
+    """Finished records of a site, oldest first, and their reduced payloads.
+
+    Returns:
+      `(records, payloads)`: a NATIVE_RECORD_DTYPE array and a float32 `(len, payload_len)`
+      array (zero columns when the site keeps no payload).
+    """
+    recs = np.zeros(max_n, NATIVE_RECORD_DTYPE)
+    pays = np.zeros((max_n, max(payload_len, 0)), np.float32)
+    n = _lib().jaxpace_drain(
+        int(site_id), int(max_n), recs.ctypes.data, pays.ctypes.data if payload_len > 0 else None
+    )
+    if n < 0:
+        raise ValueError(f"drain: unknown native site {site_id}")
+    return recs[:n], pays[:n]
+
+
+def counters(site_id: int) -> dict:
+    """Records pushed, dropped (overwritten before drained), unsampled and overlapping arrivals."""
+    out = np.zeros(5, np.int64)
+    if _lib().jaxpace_site_counters(int(site_id), out.ctypes.data) != 0:
+        raise ValueError(f"counters: unknown native site {site_id}")
+    keys = ("pushed", "dropped", "unsampled", "overlaps", "capacity")
+    return {k: int(v) for k, v in zip(keys, out, strict=True)}
+
+
+def wait_records(seen: int, timeout_s: float) -> int:
+    """Blocks (without the GIL) until records beyond `seen` exist, or timeout/release."""
+    return int(_lib().jaxpace_wait_records(int(seen), int(max(timeout_s, 0.0) * 1e9)))

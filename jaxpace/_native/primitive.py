@@ -1,0 +1,294 @@
+"""JAX primitives for the native probes: no JAX effect, lowered to side-effecting FFI calls.
+
+`arrive` and `done` are custom primitives without any JAX effect, so a jitted function that
+uses them keeps jit's C++ fast dispatch and works under `jax.checkpoint` + `jax.grad` and under
+`jax_enable_checks` (where `io_callback`'s IOEffect fails). They lower to XLA custom calls with
+`has_side_effect=True`, so XLA neither removes nor merges nor hoists them. JAX itself would drop
+an unused result of an effect-free primitive, so every result is consumed: `arrive`'s flag is
+tied into the collective's operand, `done`'s constant 1.0 is tied into its result (a select that
+never picks its other side: the result keeps its bits).
+
+JAX-internal access, all in `_register_jax_rules`: one partial-eval rule (remat) that treats
+the probes' outputs as saved residuals, so a checkpointed function's recomputation under grad
+reuses them instead of running the probes a second time (one record per step, no duplicates).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, mlir
+from jax.sharding import PartitionSpec
+
+__all__ = ["arrive", "arrive_p", "done", "done_p", "native_collective", "register_targets"]
+
+_TARGETS = {
+    "cpu": ("jaxpace_arrive_cpu", "jaxpace_done_cpu", "JaxpaceArriveCpu", "JaxpaceDoneCpu"),
+    "cuda": ("jaxpace_arrive_cuda", "jaxpace_done_cuda", "JaxpaceArriveCuda", "JaxpaceDoneCuda"),
+}
+_registered: dict[str, tuple[bool, str]] = {}
+_reg_lock = threading.Lock()
+_REMAT_RULE: dict = {"ok": None, "why": ""}
+
+
+# ---------------------------------------------------------------------- avals
+
+
+def _like(aval, shape, dtype):
+    """An aval of `shape`/`dtype` with `aval`'s varying manual axes (shard_map's vma rules)."""
+    kw = {}
+    sharding = getattr(aval, "sharding", None)
+    if sharding is not None and hasattr(sharding, "update"):
+        kw["sharding"] = sharding.update(spec=PartitionSpec(*([None] * len(shape))))
+    return aval.update(shape=tuple(shape), dtype=np.dtype(dtype), weak_type=False, **kw)
+
+
+# ---------------------------------------------------------------------- arrive
+
+arrive_p = Primitive("jaxpace_arrive")
+arrive_p.multiple_results = True
+
+
+def _arrive_abstract(tr, *, site, payload_size):
+    del site
+    # Outputs vary along every axis that `tr` (token and rank, stacked) varies along.
+    return [_like(tr, (), np.int32), _like(tr, (payload_size,), np.float32)]
+
+
+def _arrive_impl(tr, *, site, payload_size):
+    return jax.jit(lambda t: arrive_p.bind(t, site=site, payload_size=payload_size))(tr)
+
+
+def _arrive_jvp(primals, tangents, *, site, payload_size):
+    del tangents
+    outs = arrive_p.bind(*primals, site=site, payload_size=payload_size)
+    return outs, [ad.Zero.from_primal_value(o) for o in outs]
+
+
+arrive_p.def_abstract_eval(_arrive_abstract)
+arrive_p.def_impl(_arrive_impl)
+ad.primitive_jvps[arrive_p] = _arrive_jvp
+
+# ---------------------------------------------------------------------- done
+
+done_p = Primitive("jaxpace_done")
+
+
+def _done_abstract(reduced, fr, *, site):
+    del fr, site
+    # A constant 1.0 on every shard: it varies exactly as the reduced value does, so tying it
+    # into the collective's (invariant) result keeps that result invariant.
+    return _like(reduced, (), np.float32)
+
+
+def _done_impl(reduced, fr, *, site):
+    return jax.jit(lambda r, f: done_p.bind(r, f, site=site))(reduced, fr)
+
+
+def _done_jvp(primals, tangents, *, site):
+    del tangents
+    out = done_p.bind(*primals, site=site)
+    return out, ad.Zero.from_primal_value(out)
+
+
+done_p.def_abstract_eval(_done_abstract)
+done_p.def_impl(_done_impl)
+ad.primitive_jvps[done_p] = _done_jvp
+
+
+# ---------------------------------------------------------------------- lowering / registration
+
+
+def _lowering(target):
+    def lower(ctx, *args, site, **_):
+        return jax.ffi.ffi_lowering(target, has_side_effect=True)(ctx, *args, site=np.int64(site))
+
+    return lower
+
+
+for _plat, (_arr, _don, _, _) in _TARGETS.items():
+    mlir.register_lowering(arrive_p, _lowering(_arr), platform=_plat)
+    mlir.register_lowering(done_p, _lowering(_don), platform=_plat)
+
+
+def _register_jax_rules() -> tuple[bool, str]:
+    """The one JAX-internal hook: remat's partial-eval rule for both probes.
+
+    Under `jax.checkpoint` + `jax.grad`, JAX splits the function into a forward part and a
+    recomputation. For an effect-free primitive its default is to recompute it, i.e. to run
+    the probe twice per step. This rule marks the probes' outputs as saved residuals (what JAX
+    does for effectful primitives): they run once, in the forward pass, and the recomputation
+    reuses their outputs. Returns `(ok, why)`; without it, callers must not measure inside remat.
+    """
+    if _REMAT_RULE["ok"] is not None:
+        return _REMAT_RULE["ok"], _REMAT_RULE["why"]
+    try:
+        from jax._src.core import Var
+        from jax._src.interpreters import partial_eval as pe
+
+        def rule(saveable, unks_in, inst_in, eqn):
+            del saveable
+            n = len(eqn.outvars)
+            if any(unks_in):  # cannot happen for stop-gradient'ed inputs; stage as usual
+                inputs = [
+                    v
+                    for v, inst in zip(eqn.invars, inst_in, strict=True)
+                    if type(v) is Var and not inst
+                ]
+                return None, eqn, [True] * n, [True] * n, inputs
+            return eqn, None, [False] * n, [False] * n, []
+
+        pe.partial_eval_jaxpr_custom_rules[arrive_p] = rule
+        pe.partial_eval_jaxpr_custom_rules[done_p] = rule
+        _REMAT_RULE.update(ok=True, why="")
+    except Exception as e:  # noqa: BLE001 - internal API moved: measured calls skip remat
+        _REMAT_RULE.update(ok=False, why=f"remat rule unavailable in this JAX ({e!r})")
+    return _REMAT_RULE["ok"], _REMAT_RULE["why"]
+
+
+def remat_supported() -> tuple[bool, str]:
+    """Whether probes inside `jax.checkpoint` run once per step (see `_register_jax_rules`)."""
+    return _register_jax_rules()
+
+
+def register_targets(lib) -> tuple[bool, str]:
+    """Registers the CPU handlers with XLA (once); CUDA ones too when JAX has a CUDA backend."""
+    with _reg_lock:
+        if "cpu" in _registered:
+            return _registered["cpu"]
+        try:
+            _, _, arr_sym, don_sym = _TARGETS["cpu"]
+            jax.ffi.register_ffi_target(
+                _TARGETS["cpu"][0], jax.ffi.pycapsule(getattr(lib, arr_sym)), platform="cpu"
+            )
+            jax.ffi.register_ffi_target(
+                _TARGETS["cpu"][1], jax.ffi.pycapsule(getattr(lib, don_sym)), platform="cpu"
+            )
+            _registered["cpu"] = (True, "")
+        except Exception as e:  # noqa: BLE001 - reported by available()
+            _registered["cpu"] = (False, f"registering the FFI targets failed: {e!r}")
+        _register_jax_rules()
+        _registered["cuda"] = _register_cuda(lib)
+        return _registered["cpu"]
+
+
+def _register_cuda(lib) -> tuple[bool, str]:
+    try:
+        has_gpu = bool(jax.devices("cuda"))
+    except Exception:  # noqa: BLE001 - no CUDA backend in this JAX
+        return False, "no CUDA backend"
+    if not has_gpu:
+        return False, "no CUDA devices"
+    from jaxpace import _native
+
+    ok, why = _native.cuda_available()
+    if not ok:
+        return False, why
+    try:
+        _, _, arr_sym, don_sym = _TARGETS["cuda"]
+        jax.ffi.register_ffi_target(
+            _TARGETS["cuda"][0], jax.ffi.pycapsule(getattr(lib, arr_sym)), platform="CUDA"
+        )
+        jax.ffi.register_ffi_target(
+            _TARGETS["cuda"][1], jax.ffi.pycapsule(getattr(lib, don_sym)), platform="CUDA"
+        )
+    except Exception as e:  # noqa: BLE001
+        return False, f"registering the CUDA FFI targets failed: {e!r}"
+    return True, why
+
+
+def cuda_registered() -> tuple[bool, str]:
+    return _registered.get("cuda", (False, "native probes not loaded"))
+
+
+# ---------------------------------------------------------------------- user-level functions
+
+
+def arrive(token, site_id: int, rank, payload_size: int = 0):
+    """Records this shard's arrival at native site `site_id` and sleeps its pending delay.
+
+    Args:
+      token: float32 scalar that depends on the collective's operands (gradient-free).
+      site_id: the native site (registered with `jaxpace._native.register_site`).
+      rank: int32 scalar, this shard's rank; -1 makes the call a no-op for this shard.
+      payload_size: length of the exchange payload to produce (0: none).
+
+    Returns:
+      `(flag, payload)`: flag is `step + 1` (int32, > 0) when this arrival is measured, else 0;
+      payload is float32 `(payload_size,)`, zero except this rank's previous wait, presence and
+      step time at its slot (layout of `jaxpace._exchange`).
+    """
+    tok_bits = lax.bitcast_convert_type(jnp.asarray(token, jnp.float32), jnp.int32)
+    tr = jnp.stack([tok_bits, jnp.asarray(rank, jnp.int32)])
+    flag, payload = arrive_p.bind(tr, site=int(site_id), payload_size=int(payload_size))
+    return flag, payload
+
+
+def done(reduced, flag, site_id: int, rank):
+    """Closes this shard's measured step at site `site_id`; returns a float32 1.0 to tie in.
+
+    `reduced` is the collective's reduced payload (or a scalar read from its result): the data
+    dependency that orders `done` after the collective. Its values are kept with the record.
+    """
+    red = jnp.ravel(jnp.asarray(reduced, jnp.float32))
+    fr = jnp.stack([jnp.asarray(flag, jnp.int32), jnp.asarray(rank, jnp.int32)])
+    return done_p.bind(red, fr, site=int(site_id))
+
+
+def _first_scalar(leaf):
+    v = jnp.ravel(leaf)[0]
+    if jnp.issubdtype(v.dtype, jnp.complexfloating):
+        v = jnp.real(v)
+    return lax.stop_gradient(v).astype(jnp.float32)
+
+
+def _tie(leaf, never):
+    """`leaf` with element 0 rewritten as `select(never, 0, element 0)`: the same bits."""
+    ndim = jnp.ndim(leaf)
+    first = lax.slice(leaf, (0,) * ndim, (1,) * ndim) if ndim else leaf
+    upd = lax.select(jnp.broadcast_to(never, jnp.shape(first)), jnp.zeros_like(first), first)
+    return lax.dynamic_update_slice(leaf, upd, (0,) * ndim) if ndim else upd
+
+
+def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
+    """`reduce` timed by the native probes: arrive -> reduce -> done, bitwise `reduce(x)`.
+
+    Args:
+      reduce: `reduce(tree)` -> the collective's result (e.g. `lambda t: lax.psum(t, "i")`).
+        With `payload_size > 0` it is called on `(x, payload)`, so the payload is an operand of
+        the same collective, and must return `(out, reduced_payload)`.
+      x: the operand pytree (non-empty arrays).
+      site_id, rank, payload_size: as in `arrive`.
+
+    Returns:
+      `(out, reduced_payload or None)`.
+    """
+    leaves, tdef = jax.tree_util.tree_flatten(x)
+    sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
+    dep = min((i for i, s in enumerate(sizes) if s > 0), key=lambda i: sizes[i])
+    tok = jnp.float32(0)
+    for leaf, s in zip(leaves, sizes, strict=True):
+        if s > 0:
+            tok = tok + _first_scalar(leaf)
+    flag, payload = arrive(lax.stop_gradient(tok), site_id, rank, payload_size)
+    flag = lax.stop_gradient(flag)
+    if payload_size > 0:
+        out, red = reduce((x, lax.stop_gradient(payload)))
+        red = lax.stop_gradient(red)
+        reduced_for_done = red
+    else:
+        leaves = list(leaves)
+        leaves[dep] = _tie(leaves[dep], flag < 0)  # flag >= 0 always: the same bits
+        out = reduce(jax.tree_util.tree_unflatten(tdef, leaves))
+        red = None
+        reduced_for_done = _first_scalar(jax.tree_util.tree_leaves(out)[dep])
+    one = lax.stop_gradient(done(reduced_for_done, flag, site_id, rank))
+    out_leaves, out_def = jax.tree_util.tree_flatten(out)
+    out_leaves = list(out_leaves)
+    out_leaves[dep] = _tie(out_leaves[dep], one < 0)  # done returns 1.0: the same bits
+    return jax.tree_util.tree_unflatten(out_def, out_leaves), red

@@ -1,0 +1,61 @@
+"""Builds jaxpace's optional native probes (XLA FFI handlers) with the installed jaxlib's headers.
+
+The extension is a plain shared library loaded with ctypes (no Python C API). It needs a C++17
+compiler and jax at build time (pyproject's build-system requires it); no CUDA toolkit (the
+CUDA runtime is dlopen'ed at run time). If anything about the build fails, the install still
+succeeds without it and jaxpace falls back to io_callback probes (`Pacer.stats()` says so).
+Set JAXPACE_BUILD_NATIVE=0 to skip the build.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext whose failure (no compiler, no jax headers) is a warning, not an error."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # noqa: BLE001 - the extension is optional
+            self._skip(e)
+
+    def build_extension(self, ext):
+        try:
+            import jax.ffi
+
+            ext.include_dirs.append(jax.ffi.include_dir())
+            super().build_extension(ext)
+        except Exception as e:  # noqa: BLE001
+            self._skip(e)
+
+    def get_export_symbols(self, ext):
+        return []  # a ctypes library: no PyInit_ symbol
+
+    @staticmethod
+    def _skip(e):
+        sys.stderr.write(
+            f"\nWARNING: jaxpace's native probes were not built ({type(e).__name__}: {e}).\n"
+            "jaxpace will use its io_callback probes instead. To build them, install a C++17\n"
+            "compiler and reinstall.\n\n"
+        )
+
+
+ext_modules = []
+if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
+    ext_modules.append(
+        Extension(
+            "jaxpace._native._jaxpace_probe",
+            sources=["jaxpace/_native/probe.cc"],
+            language="c++",
+            extra_compile_args=["-std=c++17", "-O2"],
+            libraries=["dl"],
+        )
+    )
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
