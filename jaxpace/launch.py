@@ -159,6 +159,37 @@ def launch(
     Raises:
       ConfigError: bad arguments.
     """
+    _check_launch_args(cmd, num_processes, local_devices, per_rank_env)
+    base = _rank_env_base(
+        num_processes, local_devices, env, init_timeout_s, heartbeat_timeout_s, cpu
+    )
+    start = time.monotonic()
+    procs = _spawn(cmd, base, num_processes, per_rank_env)
+    out: list[list[str]] = [[] for _ in range(num_processes)]
+    readers = _start_readers(procs, out, stream)
+    timed_out, failed = False, None
+    try:
+        timed_out, failed = _supervise(procs, start, timeout_s)
+    except KeyboardInterrupt:
+        for p in procs:
+            _kill_group(p, signal.SIGKILL)
+        raise
+    finally:
+        _stop_all(procs, readers, kill_first=timed_out or failed is not None)
+    codes = [p.returncode for p in procs]
+    if failed is None and not timed_out:
+        bad = [r for r, c in enumerate(codes) if c != 0]
+        failed = bad[0] if bad else None
+    return LaunchResult(
+        returncodes=codes,
+        output=out,
+        timed_out=timed_out,
+        failed_rank=failed,
+        elapsed_s=time.monotonic() - start,
+    )
+
+
+def _check_launch_args(cmd, num_processes, local_devices, per_rank_env) -> None:
     if not cmd:
         raise ConfigError(
             "`cmd` is empty: pass the command after `--`, e.g. "
@@ -171,6 +202,12 @@ def launch(
         raise ConfigError(
             f"`per_rank_env` must have one dict per process ({num_processes}), got {len(per_rank_env)}."
         )
+
+
+def _rank_env_base(
+    num_processes, local_devices, env, init_timeout_s, heartbeat_timeout_s, cpu
+) -> dict[str, str]:
+    """The environment every rank shares: coordinator, counts, short timeouts."""
     port = free_port()
     base = dict(os.environ)
     base.update(env or {})
@@ -187,10 +224,12 @@ def launch(
     if cpu:
         base["JAX_PLATFORMS"] = "cpu"
         base.pop("XLA_FLAGS", None)
+    return base
+
+
+def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
+    """Starts every rank in its own process group (so a kill reaches its children)."""
     procs: list[subprocess.Popen] = []
-    start = time.monotonic()
-    out: list[list[str]] = [[] for _ in range(num_processes)]
-    lock = threading.Lock()
     for rank in range(num_processes):
         e = dict(base)
         e[_ENV["process_id"]] = str(rank)
@@ -209,6 +248,12 @@ def launch(
                 errors="replace",
             )
         )
+    return procs
+
+
+def _start_readers(procs, out: list[list[str]], stream: TextIO | None) -> list[threading.Thread]:
+    """One thread per rank that collects its output and echoes it prefixed `[rank N]`."""
+    lock = threading.Lock()
 
     def emit(rank: int, line: str) -> None:
         with lock:
@@ -229,55 +274,42 @@ def launch(
     ]
     for t in readers:
         t.start()
+    return readers
 
-    timed_out = False
-    failed: int | None = None
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                failed = bad[0]
-                break
-            if all(c is not None for c in codes):
-                break
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                timed_out = True
-                break
+
+def _supervise(procs, start: float, timeout_s: float | None) -> tuple[bool, int | None]:
+    """Polls until all exit, one fails, or time runs out; returns `(timed_out, failed_rank)`."""
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            return False, bad[0]
+        if all(c is not None for c in codes):
+            return False, None
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            return True, None
+        time.sleep(0.05)
+
+
+def _stop_all(procs, readers, *, kill_first: bool) -> None:
+    """Ends every rank (TERM, then KILL after 3 s when `kill_first`) and joins the readers."""
+    if kill_first:
+        for p in procs:
+            if p.poll() is None:
+                _kill_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.05)
-    except KeyboardInterrupt:
         for p in procs:
-            _kill_group(p, signal.SIGKILL)
-        raise
-    finally:
-        if timed_out or failed is not None:
-            for p in procs:
-                if p.poll() is None:
-                    _kill_group(p, signal.SIGTERM)
-            deadline = time.monotonic() + 3.0
-            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-                time.sleep(0.05)
-            for p in procs:
-                if p.poll() is None:
-                    _kill_group(p, signal.SIGKILL)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            if p.poll() is None:
                 _kill_group(p, signal.SIGKILL)
-        for t in readers:
-            t.join(timeout=5)
-    codes = [p.returncode for p in procs]
-    if failed is None and not timed_out:
-        bad = [r for r, c in enumerate(codes) if c != 0]
-        failed = bad[0] if bad else None
-    return LaunchResult(
-        returncodes=codes,
-        output=out,
-        timed_out=timed_out,
-        failed_rank=failed,
-        elapsed_s=time.monotonic() - start,
-    )
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _kill_group(p, signal.SIGKILL)
+    for t in readers:
+        t.join(timeout=5)
 
 
 def launch_or_raise(cmd: Sequence[str], **kwargs) -> LaunchResult:

@@ -1,0 +1,192 @@
+"""The package's shape: no import cycles, short functions, public names that resolve.
+
+These tests read the source (ast), so they fail as soon as a change adds a
+cycle or an oversized function, before any behaviour changes.
+"""
+
+import ast
+import importlib
+from pathlib import Path
+
+import jaxpace
+
+PKG = Path(jaxpace.__file__).parent
+MAX_FUNCTION_LINES = 80
+
+# Functions that are data tables or generated text, not logic: the length
+# limit does not apply to them. Each entry says why.
+LONG_BY_DESIGN: dict[str, str] = {}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The jaxpace module that `name` refers to (a module, or the module defining it)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(mod: str, path: Path) -> set[str]:
+    """Every jaxpace module `mod` imports, at module level or inside functions."""
+    tree = ast.parse(path.read_text())
+    is_pkg = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod if is_pkg else mod.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                src = f"{base}.{node.module}" if node.module else base
+            else:
+                src = node.module or ""
+            # `from pkg import sub` imports the submodule `pkg.sub`; `from mod
+            # import name` imports `mod`.
+            names = [
+                f"{src}.{a.name}" if f"{src}.{a.name}" in MODULES else src for a in node.names
+            ]
+        else:
+            continue
+        if isinstance(node, ast.ImportFrom) and _in_type_checking(tree, node):
+            continue
+        for n in names:
+            if n.startswith("jaxpace"):
+                r = _resolve(n)
+                if r is not None and r != mod:
+                    out.add(r)
+    return out
+
+
+def _in_type_checking(tree: ast.Module, target: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            if any(target is n for n in ast.walk(node)):
+                return True
+    return False
+
+
+def _graph() -> dict[str, set[str]]:
+    g = {m: _imports(m, p) for m, p in MODULES.items()}
+    # A package's own __init__ re-exporting its submodules is not a cycle with
+    # them; the root package re-exports everything, so leave its edges out.
+    g["jaxpace"] = set()
+    return g
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    g = _graph()
+    assert len(g) > 20  # the walk found the package
+    assert "jaxpace._exchange" in g["jaxpace._runtime.hooks"]
+    cycles = _cycles(g)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_collectives_do_not_import_the_runtime():
+    g = _graph()
+    assert not any(m.startswith("jaxpace._runtime") for m in g["jaxpace._collectives"])
+
+
+def test_report_and_sim_sit_below_the_runtime():
+    g = _graph()
+    for mod, deps in g.items():
+        if mod.startswith(("jaxpace.report", "jaxpace.sim", "jaxpace.topology")):
+            bad = [d for d in deps if d.startswith(("jaxpace._runtime", "jaxpace._collectives"))]
+            assert not bad, f"{mod} imports {bad}"
+
+
+def _code_lines(node: ast.AST) -> int:
+    """Lines of a function, without its docstring."""
+    n = node.end_lineno - node.lineno + 1
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body[0].value.value, str):
+            n -= body[0].end_lineno - body[0].lineno + 1
+    return n
+
+
+def _long_functions() -> list[str]:
+    out = []
+    for mod, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = _code_lines(node)
+                name = f"{mod}.{node.name}"
+                if n > MAX_FUNCTION_LINES and name not in LONG_BY_DESIGN:
+                    out.append(f"{name} ({n} lines)")
+    return out
+
+
+def test_no_function_over_80_lines_of_code():
+    long = _long_functions()
+    assert not long, "functions over 80 lines (split them into named stages): " + ", ".join(long)
+
+
+def test_every_submodule_all_resolves():
+    seen = 0
+    for name in sorted(MODULES):
+        if name.endswith("__main__"):
+            continue
+        m = importlib.import_module(name)
+        names = getattr(m, "__all__", None)
+        if names is None:
+            continue
+        seen += 1
+        for attr in names:
+            assert hasattr(m, attr), f"{name}.__all__ names {attr!r}, which does not exist"
+    assert seen > 20
+    for pkg in ("jaxpace.report", "jaxpace.topology", "jaxpace.sim"):
+        assert importlib.import_module(pkg).__all__, pkg
