@@ -15,7 +15,7 @@ from jaxpace.errors import ScenarioError
 from jaxpace.sim import (
     Scenario,
     allreduce_lower_bound_s,
-    busbw_gbps,
+    busbw_gbyte_s,
     cli_main,
     collective_cost_s,
     compare,
@@ -71,7 +71,7 @@ def test_hierarchical_formula_exact(g, q):
 
 
 def test_busbw_and_bad_rank_count():
-    assert busbw_gbps(2, 1e9, 1.0) == pytest.approx(1.0)
+    assert busbw_gbyte_s(2, 1e9, 1.0) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="positive integer"):
         ring_allreduce_s(0, 1.0, 1.0, 1.0)
 
@@ -94,9 +94,9 @@ def test_engine_collective_cost_uses_formulas():
         4,
         c.n_bytes,
         c.alpha_intra_s,
-        1 / (c.bw_intra_gbps * 1e9),
+        1 / (c.bw_intra_gbyte_s * 1e9),
         c.alpha_inter_s,
-        1 / (c.bw_inter_gbps * 1e9),
+        1 / (c.bw_inter_gbyte_s * 1e9),
     )
     assert intra + inter == pytest.approx(total, rel=1e-12)
     # The BSP rule: with no noise and no pacing, every step is compute + T_coll.
@@ -365,6 +365,83 @@ def test_bad_arguments():
         simulate("pure-bsp", nodes=0, steps=10)
     with pytest.raises(ScenarioError, match="Valid choices: `none`, `adaptive`, `fixed:SECONDS`"):
         simulate("pure-bsp", nodes=1, steps=10, policy="fast")
+
+
+def test_old_bandwidth_field_names_are_read_with_a_warning(tmp_path):
+    """`bw_*_gbps` meant GB/s; old scenario files still load, as the renamed `*_gbyte_s`."""
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps({"collective": {"bw_intra_gbps": 123, "bw_inter_gbps": 7}}))
+    with pytest.warns(
+        DeprecationWarning,
+        match="rename `collective.bw_intra_gbps` to `collective.bw_intra_gbyte_s`",
+    ):
+        s = load_scenario(f)
+    assert (s.collective.bw_intra_gbyte_s, s.collective.bw_inter_gbyte_s) == (123.0, 7.0)
+    f.write_text(json.dumps({"collective": {"bw_intra_gbps": 1, "bw_intra_gbyte_s": 2}}))
+    with pytest.raises(ScenarioError, match="give only `bw_intra_gbyte_s`"):
+        load_scenario(f)
+    import jaxpace.sim as sim
+
+    with pytest.warns(DeprecationWarning, match="busbw_gbyte_s"):
+        assert sim.busbw_gbps is busbw_gbyte_s
+
+
+def test_numeric_checks_name_the_field_and_reject_bool_nan():
+    with pytest.raises(
+        ScenarioError, match=r"`collective.buckets` must be an integer in \[1, 256\]"
+    ):
+        Scenario.from_dict({"collective": {"buckets": 2.5}})
+    with pytest.raises(ScenarioError, match=r"`thermal.rho` must be a number"):
+        Scenario.from_dict({"thermal": {"rho": True}})
+    with pytest.raises(ScenarioError, match=r"`fabric.oversubscription` must be a number"):
+        Scenario.from_dict({"fabric": {"oversubscription": float("nan")}})
+    with pytest.raises(ScenarioError, match="`steps` must be a positive integer, got True"):
+        simulate("pure-bsp", nodes=1, steps=True)
+    with pytest.raises(ValueError, match="`q` must be a positive integer number of ranks, got 1.5"):
+        hierarchical_allreduce_s(8, 1.5, 1e6, 1e-6, 1e-9, 1e-6, 1e-9)
+
+
+def test_policy_sees_the_shared_earliness():
+    """The simulator hands the policy `jaxpace._exchange.earliness` of the waits: >= 0, min 0."""
+    from jaxpace._exchange import earliness
+    from jaxpace._policy import PacingPolicy
+
+    seen = []
+
+    def update(obs, state):
+        seen.append(np.array(obs.earliness_s))
+        return np.zeros_like(obs.earliness_s), state
+
+    spy = PacingPolicy(lambda n: None, update, name="spy", max_delay_s=0.0)
+    simulate("paper", nodes=2, steps=5, policy=spy, seed=0)
+    assert len(seen) == 5 * 8  # `paper` paces every one of its 8 buckets
+    for e in seen:
+        assert e.shape == (16,) and np.nanmin(e) == 0.0 and (e >= 0).all()
+        np.testing.assert_array_equal(earliness(e), e)
+
+
+def test_sim_package_has_no_import_cycle():
+    """The CLI module imports the engine; the engine never imports the `jaxpace.sim` package's names."""
+    import subprocess
+    import sys
+
+    code = (
+        "import jaxpace.sim.cli as c; "
+        "import jaxpace.sim._engine as e; "
+        "import jaxpace.sim as s; assert s.cli_main is c.cli_main; "
+        "assert s.render_scaling_html is c.render_scaling_html; "
+        "assert not hasattr(s, 'render_html')"
+    )
+    subprocess.run([sys.executable, "-W", "error", "-c", code], check=True, timeout=120)
+    import ast
+    from pathlib import Path
+
+    import jaxpace.sim as sim
+
+    for f in Path(sim.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "jaxpace.sim":
+                assert f.name == "__init__.py", f"{f.name} imports the jaxpace.sim package"
 
 
 # --------------------------------------------------------------------------- CLI

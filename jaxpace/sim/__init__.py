@@ -1,9 +1,16 @@
-"""Simulated multi-node training cluster that drives jaxpace's pacing policies unchanged."""
+"""Simulated multi-node training cluster that drives jaxpace's pacing policies unchanged.
 
-from jaxpace.sim._cli import cli_main, configure_parser, render_html
+Modules, in data-flow order: `_scenario` (what is simulated: `Scenario` and
+its parts, presets), `_collectives` (alpha-beta collective costs, ECMP
+contention), `_engine` (`simulate`, `compare`), and `cli` (`jaxpace
+simulate`: table, JSON, HTML page). Only `cli` imports the engine for
+output; nothing inside the package imports this `__init__`. The CLI names
+load on first use, so `import jaxpace.sim` does not pull in rich.
+"""
+
 from jaxpace.sim._collectives import (
     allreduce_lower_bound_s,
-    busbw_gbps,
+    busbw_gbyte_s,
     ecmp_max_load,
     hierarchical_allreduce_s,
     rabenseifner_allreduce_s,
@@ -48,7 +55,7 @@ __all__ = [
     "StragglerModel",
     "ThermalModel",
     "allreduce_lower_bound_s",
-    "busbw_gbps",
+    "busbw_gbyte_s",
     "cli_main",
     "collective_cost_s",
     "compare",
@@ -59,7 +66,7 @@ __all__ = [
     "preset_names",
     "rabenseifner_allreduce_s",
     "recursive_doubling_allreduce_s",
-    "render_html",
+    "render_scaling_html",
     "resolve_policy",
     "ring_allgather_s",
     "ring_allreduce_s",
@@ -67,3 +74,23 @@ __all__ = [
     "simulate",
     "tree_allreduce_s",
 ]
+
+_CLI_NAMES = ("cli_main", "configure_parser", "render_scaling_html")
+
+
+def __getattr__(name: str):
+    if name in _CLI_NAMES:
+        from jaxpace.sim import cli
+
+        return getattr(cli, name)
+    if name == "busbw_gbps":  # the old name; `gbps` means gigabits elsewhere in jaxpace
+        import warnings
+
+        warnings.warn(
+            "`jaxpace.sim.busbw_gbps` is deprecated: it returns GB/s (bytes); "
+            "use `jaxpace.sim.busbw_gbyte_s`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return busbw_gbyte_s
+    raise AttributeError(f"module 'jaxpace.sim' has no attribute {name!r}")

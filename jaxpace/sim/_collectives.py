@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
+from jaxpace._validate import check_number
+
 __all__ = [
     "allreduce_lower_bound_s",
-    "busbw_gbps",
+    "busbw_gbyte_s",
     "ecmp_max_load",
     "hierarchical_allreduce_s",
     "rabenseifner_allreduce_s",
@@ -24,10 +27,28 @@ __all__ = [
 # cost per byte, `n_bytes` the payload per rank.
 
 
+def positive_int(
+    name: str, value: Any, *, what: str = "", error: type[Exception] = ValueError
+) -> int:
+    """`value` as an int if it is an integer >= 1, else raises `error` naming `name`.
+
+    The check is `jaxpace._validate.check_number`'s; the message says "positive
+    integer" rather than the range `[1, inf]`.
+
+    >>> positive_int("p", 0, what=" number of ranks")
+    Traceback (most recent call last):
+    ...
+    ValueError: `p` must be a positive integer number of ranks, got 0.
+    """
+    try:
+        check_number(name, value, lo=1, hi=math.inf, integer=True, error=error)
+    except error:
+        raise error(f"`{name}` must be a positive integer{what}, got {value!r}.") from None
+    return int(value)
+
+
 def _check_p(p: int, name: str = "p") -> int:
-    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
-        raise ValueError(f"`{name}` must be a positive integer number of ranks, got {p!r}.")
-    return int(p)
+    return positive_int(name, p, what=" number of ranks")
 
 
 def ring_reduce_scatter_s(p: int, n_bytes: float, alpha_s: float, beta_s_per_byte: float) -> float:
@@ -153,10 +174,10 @@ def allreduce_lower_bound_s(p: int, n_bytes: float, bandwidth_bytes_per_s: float
     return 2 * (p - 1) / p * n_bytes / bandwidth_bytes_per_s
 
 
-def busbw_gbps(p: int, n_bytes: float, time_s: float) -> float:
-    """nccl-tests all-reduce bus bandwidth in GB/s: `algbw · 2(p-1)/p`, `algbw = n / t`.
+def busbw_gbyte_s(p: int, n_bytes: float, time_s: float) -> float:
+    """nccl-tests all-reduce bus bandwidth in GB/s (1e9 bytes/s): `algbw · 2(p-1)/p`, `algbw = n / t`.
 
-    >>> busbw_gbps(8, 1e9, 0.01)
+    >>> busbw_gbyte_s(8, 1e9, 0.01)
     175.0
     """
     p = _check_p(p)

@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
+import jaxpace.sim._collectives as coll
+from jaxpace._exchange import earliness
 from jaxpace._policy import Observation, PacingPolicy, adaptive, fixed, no_pacing
 from jaxpace.errors import ScenarioError
-from jaxpace.sim import _collectives as coll
 from jaxpace.sim._scenario import Scenario, load_scenario
 
 __all__ = ["Comparison", "SimResult", "collective_cost_s", "compare", "resolve_policy", "simulate"]
@@ -140,10 +141,10 @@ def collective_cost_s(
     c, g, q = scenario.collective, scenario.gpus_per_node, nodes
     n = c.n_bytes if n_bytes is None else float(n_bytes)
     p = g * q
-    beta_l = 1.0 / (c.bw_intra_gbps * 1e9)
+    beta_l = 1.0 / (c.bw_intra_gbyte_s * 1e9)
     far = scenario.locality.far_fraction > 0 and round(scenario.locality.far_fraction * g) > 0
     bw_factor = scenario.locality.far_bw_factor if far else 1.0
-    beta_n = 1.0 / (c.bw_inter_gbps * 1e9 * bw_factor)
+    beta_n = 1.0 / (c.bw_inter_gbyte_s * 1e9 * bw_factor)
     if c.algorithm == "hierarchical":
         return (
             coll.hierarchical_intra_s(g, n, c.alpha_intra_s, beta_l),
@@ -346,10 +347,114 @@ class _Draws:
         return comp, self.intra_s + self.inter_s * factor
 
 
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ScenarioError(f"`{name}` must be a positive integer, got {value!r}.")
-    return int(value)
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """The per-run constants of `simulate`'s step loop."""
+
+    ranks: int
+    g: int  # GPUs per node
+    buckets: int
+    n_sites: int  # pacing sites: 1 (first bucket) or `buckets`
+    fwd_frac: float  # share of a rank's compute before the first bucket
+    bwd_frac: float  # share of each bucket's backward compute
+    k_pow: float  # coupling (c)
+    k_host: float  # coupling (d): host_runahead * host_fraction
+    node_coupled: bool
+    spin_coupled: bool
+    slow: float  # compute slowdown while a launched kernel spins (coupling (b))
+    ar: np.ndarray  # np.arange(ranks)
+
+    @classmethod
+    def of(cls, sc: Scenario, ranks: int) -> _Setup:
+        cp, cm, g, B = sc.coupling, sc.compute, sc.gpus_per_node, sc.collective.buckets
+        k_pow, k_host = cp.power_budget, cp.host_runahead * cp.host_fraction
+        return cls(
+            ranks=ranks,
+            g=g,
+            buckets=B,
+            n_sites=B if sc.pacing.sites == "every_bucket" else 1,
+            fwd_frac=1.0 - cm.backward_fraction,
+            bwd_frac=cm.backward_fraction / B,
+            k_pow=k_pow,
+            k_host=k_host,
+            node_coupled=(k_pow > 0 or k_host > 0) and g > 1,
+            spin_coupled=cp.spin_compute > 0 and B > 1,
+            slow=1.0 + cp.spin_compute,
+            ar=np.arange(ranks),
+        )
+
+
+def _node_coupled_compute(a: np.ndarray, d0: np.ndarray, su: _Setup) -> np.ndarray:
+    """Couplings (c) and (d): node-mates' sleeping or spinning changes a rank's compute."""
+    g = su.g
+    A = a.reshape(-1, g)
+    Am = A[:, None, :]
+    Ai = A[:, :, None]
+    Em = Am + d0.reshape(-1, g)[:, None, :]
+    adj = np.zeros_like(A)
+    if su.k_pow > 0:  # (c) node-mates asleep free power for those still computing
+        adj -= su.k_pow * np.clip(np.minimum(Ai, Em) - Am, 0.0, None).sum(axis=2) / (g - 1)
+    if su.k_host > 0:  # (d) node-mates' hosts spin-waiting steal CPU from host-bound work
+        adj += su.k_host * np.clip(Ai - Em, 0.0, None).sum(axis=2) / (g - 1)
+    return (A + adj).reshape(-1)
+
+
+def _run_buckets(
+    a: np.ndarray,
+    D: np.ndarray,
+    jit: np.ndarray | None,
+    tc: float,
+    su: _Setup,
+    spin_u: np.ndarray,
+    spin_v: np.ndarray,
+) -> tuple[float, list[np.ndarray], list[float]]:
+    """One step's forward and bucketed backward with each bucket's all-reduce.
+
+    `a` is each rank's compute, `D[j]` the delays slept before site `j`'s
+    launch, `tc` one bucket's all-reduce time. Fills `spin_u`/`spin_v` with
+    the step's spin intervals. Returns `(step end, waits per site, spin
+    rank-seconds per bucket)`; a site's wait counts from the rank's natural
+    arrival, its own sleep included.
+    """
+    R, ar = su.ranks, su.ar
+    bucket_work = a * su.bwd_frac
+    x = a * su.fwd_frac  # compute clock: when the rank's compute reached its position
+    ptr = np.zeros(R, dtype=np.int64)  # first spin interval that may still lie ahead
+    launch_prev = np.zeros(R)
+    end_prev = 0.0
+    waits: list[np.ndarray] = []
+    spins: list[float] = []
+    for j in range(su.buckets):
+        w = bucket_work if jit is None else bucket_work * jit[j]
+        if su.spin_coupled and j > 0:
+            x = _advance(x, w, spin_u, spin_v, ptr, j, su.slow, ar)
+        else:
+            x = x + w
+        launch = x if j >= su.n_sites else x + D[j]
+        if j > 0:  # the host launches the buckets' collectives in order
+            launch = np.maximum(launch, launch_prev)
+        last = max(float(launch.max()), end_prev)  # all ranks in: transfer starts
+        start = np.minimum(np.maximum(launch, end_prev), last)  # own kernel starts
+        spins.append(float((last - start).sum()))
+        spin_u[j] = start
+        spin_v[j] = last
+        if j < su.n_sites:
+            waits.append(last - x)
+        end_prev = last + tc
+        launch_prev = launch
+    return end_prev, waits, spins
+
+
+def _decide(
+    pol: PacingPolicy, states: list[Any], waits: list[np.ndarray], step: float
+) -> np.ndarray:
+    """Each site's policy update on this step's earliness; returns `(sites, ranks)` delays."""
+    new = np.empty((len(waits), len(waits[0])))
+    for j, w in enumerate(waits):
+        obs = Observation(earliness_s=earliness(w), step_time_s=float(step))
+        delays, states[j] = pol.update(obs, states[j])
+        new[j] = np.asarray(delays, dtype=np.float64)
+    return new
 
 
 def simulate(
@@ -374,7 +479,8 @@ def simulate(
     `1 + spin_compute` times slower (coupling (b)). The step ends with the last
     bucket's collective. Each pacing site's policy then sees every rank's
     earliness (`w_i - min_j w_j`, `w` = wait including its own sleep) and the
-    step time, exactly as in the runtime. Deterministic for a seed; the random
+    step time, exactly as in the runtime (`jaxpace._exchange.earliness`).
+    Deterministic for a seed; the random
     draws do not depend on the policy.
 
     Args:
@@ -398,31 +504,22 @@ def simulate(
     (16, 200, True, 0.0)
     """
     sc = load_scenario(scenario)
-    nodes = _check_positive_int("nodes", nodes)
-    steps = _check_positive_int("steps", steps)
-    lag = _check_positive_int("lag_steps", sc.pacing.lag_steps if lag_steps is None else lag_steps)
+    nodes = coll.positive_int("nodes", nodes, error=ScenarioError)
+    steps = coll.positive_int("steps", steps, error=ScenarioError)
+    lag = coll.positive_int(
+        "lag_steps", sc.pacing.lag_steps if lag_steps is None else lag_steps, error=ScenarioError
+    )
     pol = resolve_policy(policy, sc)
     draws = _Draws(sc, nodes, seed)
-    R, g = draws.ranks, sc.gpus_per_node
-    B = sc.collective.buckets
-    cp, cm = sc.coupling, sc.compute
-    k_spin, k_pow, k_host = cp.spin_compute, cp.power_budget, cp.host_runahead * cp.host_fraction
-    node_coupled = (k_pow > 0 or k_host > 0) and g > 1
-    spin_coupled = k_spin > 0 and B > 1
-    slow = 1.0 + k_spin
-    fwd_frac, bwd_frac = 1.0 - cm.backward_fraction, cm.backward_fraction / B
-    n_sites = B if sc.pacing.sites == "every_bucket" else 1
-
-    states = [pol.init(R) for _ in range(n_sites)]
+    su = _Setup.of(sc, draws.ranks)
+    R, B = su.ranks, su.buckets
+    states = [pol.init(R) for _ in range(su.n_sites)]
     # pending[slot][site]: the delays decided `lag` steps before the step using `slot`.
-    pending = [np.zeros((n_sites, R)) for _ in range(lag)]
+    pending = [np.zeros((su.n_sites, R)) for _ in range(lag)]
     step_times = np.empty(steps)
-    total_delay = 0.0
-    engaged = 0
-    spin_sum = 0.0
+    total_delay, engaged, spin_sum = 0.0, 0, 0.0
     spin_u = np.empty((B, R))  # this step's spin intervals [spin_u[j, i], spin_v[j])
     spin_v = np.empty(B)
-    ar = np.arange(R)
     k = 0
     while k < steps:
         n = min(_BLOCK_STEPS, steps - k)
@@ -430,82 +527,53 @@ def simulate(
         for t in range(n):
             slot = (k + t) % lag
             D = pending[slot]
-            a = comp[t]
-            if node_coupled:
-                d0 = D[0]
-                A = a.reshape(-1, g)
-                Am = A[:, None, :]
-                Ai = A[:, :, None]
-                Em = Am + d0.reshape(-1, g)[:, None, :]
-                adj = np.zeros_like(A)
-                if k_pow > 0:  # (c) node-mates asleep free power for those still computing
-                    adj -= k_pow * np.clip(np.minimum(Ai, Em) - Am, 0.0, None).sum(axis=2) / (g - 1)
-                if k_host > 0:  # (d) node-mates' hosts spin-waiting steal CPU from host-bound work
-                    adj += k_host * np.clip(Ai - Em, 0.0, None).sum(axis=2) / (g - 1)
-                a = (A + adj).reshape(-1)
-            bucket_work = a * bwd_frac
+            a = _node_coupled_compute(comp[t], D[0], su) if su.node_coupled else comp[t]
             jit = draws.bucket_jitter()
-            x = a * fwd_frac  # compute clock: when the rank's compute reached its position
-            ptr = np.zeros(R, dtype=np.int64)  # first spin interval that may still lie ahead
-            launch_prev = np.zeros(R)
-            end_prev = 0.0
-            tc = t_coll[t]
-            obs_w = []
-            for j in range(B):
-                w = bucket_work if jit is None else bucket_work * jit[j]
-                if spin_coupled and j > 0:
-                    x = _advance(x, w, spin_u, spin_v, ptr, j, slow, ar)
-                else:
-                    x = x + w
-                d = D[j] if j < n_sites else None
-                launch = x if d is None else x + d
-                if j > 0:  # the host launches the buckets' collectives in order
-                    launch = np.maximum(launch, launch_prev)
-                last = max(float(launch.max()), end_prev)  # all ranks in: transfer starts
-                start = np.minimum(np.maximum(launch, end_prev), last)  # own kernel starts
-                spin_sum += float((last - start).sum())
-                spin_u[j] = start
-                spin_v[j] = last
-                if j < n_sites:
-                    obs_w.append(last - x)  # wait since natural arrival, own sleep included
-                end_prev = last + tc
-                launch_prev = launch
-            step = end_prev
+            step, waits, spins = _run_buckets(a, D, jit, t_coll[t], su, spin_u, spin_v)
+            for sp in spins:
+                spin_sum += sp
             step_times[k + t] = step
             if D.any():
                 engaged += 1
                 total_delay += float(D.sum())
-            new = np.empty((n_sites, R))
-            for j in range(n_sites):
-                w = obs_w[j]
-                delays, states[j] = pol.update(
-                    Observation(earliness_s=w - w.min(), step_time_s=float(step)), states[j]
-                )
-                new[j] = np.asarray(delays, dtype=np.float64)
-            pending[slot] = new
+            pending[slot] = _decide(pol, states, waits, step)
         k += n
         if progress is not None:
             progress(k)
+    return _result(sc, pol, nodes, R, seed, step_times, total_delay, engaged, spin_sum)
 
+
+def _result(
+    sc: Scenario,
+    pol: PacingPolicy,
+    nodes: int,
+    ranks: int,
+    seed: int,
+    step_times: np.ndarray,
+    total_delay: float,
+    engaged: int,
+    spin_sum: float,
+) -> SimResult:
+    steps = len(step_times)
     mean = float(step_times.mean())
     ideal = _ideal_step_s(sc)
     return SimResult(
         scenario=sc.name,
         policy=pol.name,
         nodes=nodes,
-        ranks=R,
+        ranks=ranks,
         steps=steps,
         seed=seed,
         step_times_s=step_times,
         mean_step_s=mean,
         p99_step_s=float(np.percentile(step_times, 99)),
         cv=float(step_times.std() / mean),
-        throughput_per_s=R / mean,
+        throughput_per_s=ranks / mean,
         ideal_step_s=ideal,
         scaling_efficiency=ideal / mean,
         total_delay_s=total_delay,
         engaged_fraction=engaged / steps,
-        mean_spin_s=spin_sum / (steps * R),
+        mean_spin_s=spin_sum / (steps * ranks),
     )
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
 
 __all__ = [
@@ -31,7 +32,7 @@ def _rng(lo: float, hi: float, *, integer: bool = False, lo_open: bool = False) 
 
 
 def _validate(obj: Any, prefix: str) -> None:
-    """Checks every numeric field of a config dataclass against its `metadata` range."""
+    """Checks every field of a config dataclass against its `metadata` range or choices."""
     for f in dataclasses.fields(obj):
         spec = f.metadata
         value = getattr(obj, f.name)
@@ -43,21 +44,16 @@ def _validate(obj: Any, prefix: str) -> None:
             continue
         if "lo" not in spec:
             continue
-        lo, hi = spec["lo"], spec["hi"]
-        bound = f"{'(' if spec['lo_open'] else '['}{lo}, {hi}]"
-        kind = "an integer" if spec["integer"] else "a number"
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and spec["integer"] and int(value) != value:
-            ok = False
-        if ok:
-            v = float(value)
-            ok = math.isfinite(v) and lo <= v <= hi and not (spec["lo_open"] and v == lo)
-        if not ok:
-            raise ScenarioError(f"`{where}` must be {kind} in {bound}, got {value!r}.")
-        if spec["integer"]:
-            object.__setattr__(obj, f.name, int(value))
-        else:
-            object.__setattr__(obj, f.name, float(value))
+        check_number(
+            where,
+            value,
+            lo=spec["lo"],
+            hi=spec["hi"],
+            lo_open=spec["lo_open"],
+            integer=spec["integer"],
+            error=ScenarioError,
+        )
+        object.__setattr__(obj, f.name, int(value) if spec["integer"] else float(value))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -168,17 +164,25 @@ class CollectiveModel:
         is launched when a rank finishes that bucket's backward compute and
         overlaps the backward compute of later buckets. 1 = one all-reduce after
         all compute (the plain BSP step). `[1, 256]`.
-      alpha_intra_s / bw_intra_gbps: NVLink per-hop latency and bandwidth (GB/s).
-      alpha_inter_s / bw_inter_gbps: network per-hop latency and per-NIC bandwidth.
+      alpha_intra_s / bw_intra_gbyte_s: NVLink per-hop latency (s) and bandwidth
+        (GB/s, 1e9 bytes per second).
+      alpha_inter_s / bw_inter_gbyte_s: network per-hop latency (s) and per-NIC
+        bandwidth (GB/s; a 400 Gb/s NIC carries at most 50).
+
+    Scenario files written before the rename may still say `bw_intra_gbps` /
+    `bw_inter_gbps` (which meant GB/s, not gigabits): `Scenario.from_dict`
+    reads them as the new fields with a `DeprecationWarning`.
     """
 
     algorithm: str = dataclasses.field(default="hierarchical", metadata={"choices": ALGORITHMS})
     n_bytes: float = dataclasses.field(default=5e8, metadata=_rng(0.0, 1e13))
     buckets: int = dataclasses.field(default=1, metadata=_rng(1, 256, integer=True))
     alpha_intra_s: float = dataclasses.field(default=2e-6, metadata=_rng(0.0, 1.0))
-    bw_intra_gbps: float = dataclasses.field(default=370.0, metadata=_rng(0.0, 1e5, lo_open=True))
+    bw_intra_gbyte_s: float = dataclasses.field(
+        default=370.0, metadata=_rng(0.0, 1e5, lo_open=True)
+    )
     alpha_inter_s: float = dataclasses.field(default=6e-6, metadata=_rng(0.0, 1.0))
-    bw_inter_gbps: float = dataclasses.field(default=46.0, metadata=_rng(0.0, 1e5, lo_open=True))
+    bw_inter_gbyte_s: float = dataclasses.field(default=46.0, metadata=_rng(0.0, 1e5, lo_open=True))
 
     def __post_init__(self) -> None:
         _validate(self, "collective")
@@ -279,6 +283,34 @@ class PacingSettings:
             raise ScenarioError(f"`pacing.adaptive`: {e}") from None
 
 
+# Old field names still read from scenario files: section -> {old: new}.
+_RENAMED = {
+    "collective": {"bw_intra_gbps": "bw_intra_gbyte_s", "bw_inter_gbps": "bw_inter_gbyte_s"},
+}
+
+
+def _renamed(key: str, value: dict, source: str) -> dict:
+    """`value` with old field names of section `key` replaced by their new names (one warning)."""
+    out = dict(value)
+    moved = []
+    for old, new in _RENAMED.get(key, {}).items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ScenarioError(
+                f"{source}: `{key}.{old}` is the old name of `{key}.{new}`; give only `{new}`."
+            )
+        out[new] = out.pop(old)
+        moved.append(f"`{key}.{old}` to `{key}.{new}`")
+    if moved:
+        warnings.warn(
+            f"{source}: old field names (they meant GB/s); rename {', '.join(moved)}.",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+    return out
+
+
 _SECTIONS: dict[str, type] = {
     "compute": ComputeModel,
     "stragglers": StragglerModel,
@@ -348,6 +380,7 @@ class Scenario:
                 section = _SECTIONS[key]
                 if not isinstance(value, dict):
                     raise ScenarioError(f"{source}: `{key}` must be an object, got {value!r}.")
+                value = _renamed(key, value, source)
                 valid = {f.name for f in dataclasses.fields(section)}
                 for sub in value:
                     if sub not in valid:

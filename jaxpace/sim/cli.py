@@ -12,7 +12,7 @@ from jaxpace.errors import ScenarioError
 from jaxpace.sim._engine import Comparison, SimResult, simulate
 from jaxpace.sim._scenario import load_scenario, preset_names
 
-__all__ = ["cli_main", "configure_parser", "render_html"]
+__all__ = ["cli_main", "configure_parser", "render_scaling_html"]
 
 
 def _parse_nodes(text: str) -> list[int]:
@@ -186,8 +186,11 @@ def _svg_chart(rows, key: str, label: str, width: int = 420, height: int = 260) 
     return "".join(parts)
 
 
-def render_html(rows, scenario_name: str, policy: str) -> str:
+def render_scaling_html(rows, scenario_name: str, policy: str) -> str:
     """A self-contained HTML page (inline SVG, no scripts, no CDN) of the scaling curves.
+
+    Written by `jaxpace simulate --html`; not the run report's page
+    (`jaxpace.report`).
 
     `rows` is a list of `(nodes, baseline SimResult, paced SimResult or None)`.
     """
@@ -264,6 +267,6 @@ def cli_main(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(data, indent=2))
         console.print(f"wrote {args.json}")
     if args.html is not None:
-        args.html.write_text(render_html(rows, scenario_name, args.policy))
+        args.html.write_text(render_scaling_html(rows, scenario_name, args.policy))
         console.print(f"wrote {args.html}")
     return 0
