@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxpace import report
-from jaxpace._report_html import PLOT_TITLES
-from jaxpace._report_synthetic import _synthetic
 from jaxpace.errors import RecordsError
+from jaxpace.report.html import PLOT_TITLES
+from jaxpace.report.synthetic import synthetic_run as _synthetic
 
 
 def _analyze(num_ranks=8, num_steps=200, **kw):

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import math
+import os
 from html import escape
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from jaxpace.report import Report
+import jaxpace.report.tables as tables
+from jaxpace.report.text import format_ms
 
-__all__ = ["render_html", "PLOT_TITLES"]
+if TYPE_CHECKING:
+    from jaxpace.report.model import Report
+
+__all__ = ["PLOT_TITLES", "render_report_html", "write_html"]
 
 PLOT_TITLES = (
     "Per-rank lateness over steps",
@@ -290,14 +295,16 @@ def _forecast(report: Report) -> str:
     return "\n".join(out)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def _table(rows: list[list[str]]) -> str:
+    """An HTML table of `rows` (header first); newlines in a cell become line breaks."""
+    header, *body = rows
     h = "".join(f"<th>{escape(c)}</th>" for c in header)
-    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
 
+    def cell(c: str) -> str:
+        return "<br>".join(escape(part) for part in c.split("\n"))
 
-def _ms(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x * 1e3:.3g} ms"
+    b = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in r) + "</tr>" for r in body)
+    return f"<table><thead><tr>{h}</tr></thead><tbody>{b}</tbody></table>"
 
 
 CSS = """
@@ -311,9 +318,8 @@ svg .ax{stroke:#333;stroke-width:1}svg .q{stroke:#c00;stroke-dasharray:4 3}
 """
 
 
-def render_html(report: Report) -> str:
-    """The whole HTML document for `report`."""
-    it = report.iteration
+def render_report_html(report: Report) -> str:
+    """The whole HTML document for `report` (named apart from `jaxpace.sim`'s page)."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -326,79 +332,34 @@ def render_html(report: Report) -> str:
         parts.append(
             '<p class="partial">PARTIAL REPORT: the input was incomplete; see the notes below.</p>'
         )
-    culprit = "none (no persistent straggler)"
-    if report.culprit is not None:
-        rs = report.rank_stats(report.culprit)
-        culprit = (
-            f"rank {rs.rank} (process {rs.process}, {rs.host}): +{_ms(rs.excess_lateness_s)} "
-            f"late, last in {rs.last_fraction:.0%} of steps"
-        )
-    rows = [
-        ["ranks / processes", f"{report.num_ranks} / {report.num_processes}"],
-        [
-            "steps (complete / warm-up / analyzed)",
-            f"{report.num_steps} / {report.warmup_steps} / {report.analyzed_steps}",
-        ],
-        ["iteration mean (CV)", f"{_ms(it.mean_s)} ({it.cv:.3f})"],
-        ["iteration p50 / p90 / p99", f"{_ms(it.p50_s)} / {_ms(it.p90_s)} / {_ms(it.p99_s)}"],
-        ["synchronization amplification", f"{report.amplification:.3f}"],
-        ["primary failure mode", report.primary_mode],
-        ["culprit", culprit],
-    ]
-    if report.what_if is not None:
-        w = report.what_if
-        rows.append(
-            [
-                f"what if rank {w.rank} were as fast as the median rank",
-                f"{_ms(w.what_if_step_s)} per step ({w.saving_fraction:.1%} faster)",
-            ]
-        )
-    parts.append("<h2>Summary</h2>" + _table(["metric", "value"], rows))
-    parts.append(
-        "<h2>Failure modes</h2>"
-        + _table(
-            ["mode", "score", "detected", "evidence"],
-            [
-                [m.name, f"{m.score:.2f}", "yes" if m.detected else "", "; ".join(m.evidence)]
-                for m in report.failure_modes
-            ],
-        )
-    )
+    parts.append("<h2>Summary</h2>" + _table(tables.summary_rows(report)))
+    parts.append("<h2>Failure modes</h2>" + _table(tables.failure_mode_rows(report)))
     parts.append("<h2>Plots</h2>")
     if report.data is not None:
         parts += [_heatmap(report), _phases(report), _histogram(report)]
     parts.append(_forecast(report))
-    by_rank = {r.rank: r for r in report.ranks}
     parts.append(
-        "<h2>Culprit ranking</h2>"
-        + _table(
-            ["rank", "host", "last", "excess lateness", "95% CI", "compute", "sync wait", "delay"],
-            [
-                [
-                    f"{r.rank}{' *' if r.late else ''}",
-                    r.host,
-                    f"{r.last_fraction:.0%}",
-                    _ms(r.excess_lateness_s),
-                    f"{_ms(r.ci_low_s)} .. {_ms(r.ci_high_s)}",
-                    _ms(r.compute_s),
-                    _ms(r.sync_wait_s),
-                    _ms(r.delay_s),
-                ]
-                for r in (by_rank[k] for k in report.ranking[:64])
-            ],
-        )
+        "<h2>Culprit ranking (after warm-up; times in ms)</h2>"
+        + _table(tables.ranking_rows(report, 64))
         + f"<p>* significantly late (CI excludes 0, above the noise floor "
-        f"{_ms(report.noise_floor_s)}).</p>"
+        f"{format_ms(report.noise_floor_s)}).</p>"
     )
     if report.pacing is not None:
-        p = report.pacing
-        from jaxpace.report import pacing_table
-
-        table = pacing_table(p)
-        parts.append("<h2>Pacing effect</h2>" + _table(table[0], table[1:]))
+        parts.append("<h2>Pacing effect</h2>" + _table(tables.pacing_table(report.pacing)))
     if report.notes:
         parts.append(
             "<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul>"
         )
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def write_html(report: Report, path: str | os.PathLike) -> Path:
+    """Writes a self-contained HTML report (inline SVG plots, no scripts) to `path`.
+
+    Plots: per-rank lateness heat map, phase breakdown per rank, step-time
+    histogram, amplification forecast.
+    """
+    p = Path(path)
+    p.write_text(render_report_html(report), encoding="utf-8")
+    return p

@@ -1,4 +1,8 @@
-"""Reading and writing timing records (docs/records.md) for `jaxpace.report`."""
+"""Reading timing records (docs/records.md) into columns, and writing them back.
+
+The format itself (version, file names, the header and step dicts) is defined
+once in `jaxpace._records`; this module only parses and validates it.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from jaxpace._records import (
+    FORMAT_VERSION,
+    INT_STEP_FIELDS,
+    RECORDS_GLOB,
+    REQUIRED_STEP_FIELDS,
+    records_filename,
+    step_record,
+)
+from jaxpace._records import (
+    write_jsonl as _write_jsonl_file,
+)
 from jaxpace.errors import RecordsError
 
 __all__ = ["Records", "load_records"]
-
-FORMAT_VERSION = 1
-
-# Column name -> dtype of the columnar step store.
-_INT_FIELDS = ("step", "rank", "process", "arrive_ns", "done_ns", "wait_ns", "delay_ns")
-_REQUIRED_STEP_FIELDS = ("site", *_INT_FIELDS, "engaged")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -96,26 +105,25 @@ class Records:
         """The records as dicts in the JSONL format: headers first, then steps."""
         c = self.columns
         out: list[dict[str, Any]] = [dict(h) for h in self.headers]
-        device = c.get("device")
-        cols = {k: c[k].tolist() for k in _INT_FIELDS}
+        cols = {k: c[k].tolist() for k in INT_STEP_FIELDS}
         engaged = c["engaged"].tolist()
         site = c["site"].tolist()
-        dev = device.tolist() if device is not None else None
+        device = c.get("device")
+        dev = device.tolist() if device is not None else [-1] * len(self)
         for i in range(len(self)):
             out.append(
-                {
-                    "type": "step",
-                    "site": self.sites[site[i]],
-                    "step": cols["step"][i],
-                    "rank": cols["rank"][i],
-                    "process": cols["process"][i],
-                    "device": (None if dev is None or dev[i] < 0 else dev[i]),
-                    "arrive_ns": cols["arrive_ns"][i],
-                    "done_ns": cols["done_ns"][i],
-                    "wait_ns": cols["wait_ns"][i],
-                    "delay_ns": cols["delay_ns"][i],
-                    "engaged": engaged[i],
-                }
+                step_record(
+                    site=self.sites[site[i]],
+                    step=cols["step"][i],
+                    rank=cols["rank"][i],
+                    process=cols["process"][i],
+                    device=None if dev[i] < 0 else dev[i],
+                    arrive_ns=cols["arrive_ns"][i],
+                    done_ns=cols["done_ns"][i],
+                    wait_ns=cols["wait_ns"][i],
+                    delay_ns=cols["delay_ns"][i],
+                    engaged=engaged[i],
+                )
             )
         return out
 
@@ -127,19 +135,15 @@ class Records:
         """
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        by_proc: dict[int, list[str]] = {}
+        by_proc: dict[int, list[dict[str, Any]]] = {}
         for h in self.headers:
-            by_proc.setdefault(int(h["process_index"]), []).append(json.dumps(h))
+            by_proc.setdefault(int(h["process_index"]), []).append(h)
         for rec in self.to_dicts()[len(self.headers) :]:
-            by_proc.setdefault(int(rec["process"]), []).append(
-                json.dumps(rec, separators=(",", ":"))
-            )
-        paths = []
-        for p, lines in sorted(by_proc.items()):
-            path = d / f"records-p{p}.jsonl"
-            path.write_text("\n".join(lines) + "\n")
-            paths.append(path)
-        return paths
+            by_proc.setdefault(int(rec["process"]), []).append(rec)
+        return [
+            Path(_write_jsonl_file(d / records_filename(p), recs))
+            for p, recs in sorted(by_proc.items())
+        ]
 
 
 class _Builder:
@@ -148,7 +152,9 @@ class _Builder:
     def __init__(self) -> None:
         self.headers: list[tuple[dict[str, Any], str]] = []  # (header, where)
         self.site_index: dict[str, int] = {}
-        self.cols: dict[str, list] = {k: [] for k in (*_INT_FIELDS, "site", "engaged", "device")}
+        self.cols: dict[str, list] = {
+            k: [] for k in (*INT_STEP_FIELDS, "site", "engaged", "device")
+        }
         self.notes: list[str] = []
         self.partial = False
         self.sources: list[str] = []
@@ -172,21 +178,21 @@ class _Builder:
         self.headers.append((dict(rec), where))
 
     def add_step(self, rec: Mapping[str, Any], where: str) -> None:
-        missing = [k for k in _REQUIRED_STEP_FIELDS if k not in rec]
+        missing = [k for k in REQUIRED_STEP_FIELDS if k not in rec]
         if missing:
             raise RecordsError(
                 f"{where}: step record lacks {', '.join(f'`{k}`' for k in missing)}; "
-                f"expected the fields {', '.join(f'`{k}`' for k in _REQUIRED_STEP_FIELDS)} "
+                f"expected the fields {', '.join(f'`{k}`' for k in REQUIRED_STEP_FIELDS)} "
                 "(docs/records.md)."
             )
-        for k in _INT_FIELDS:
+        for k in INT_STEP_FIELDS:
             _check_int(rec, k, where)
         site = rec["site"]
         if not isinstance(site, str):
             raise RecordsError(f"{where}: `site` must be a string, got {site!r}.")
         idx = self.site_index.setdefault(site, len(self.site_index))
         cols = self.cols
-        for k in _INT_FIELDS:
+        for k in INT_STEP_FIELDS:
             cols[k].append(rec[k])
         cols["site"].append(idx)
         cols["engaged"].append(bool(rec["engaged"]))
@@ -260,7 +266,7 @@ class _Builder:
         order = np.argsort(np.array(sites, dtype=object)) if sites else np.zeros(0, int)
         remap = np.empty(len(sites), dtype=np.int64)
         remap[order] = np.arange(len(sites))
-        columns = {k: np.asarray(self.cols[k], dtype=np.int64) for k in _INT_FIELDS}
+        columns = {k: np.asarray(self.cols[k], dtype=np.int64) for k in INT_STEP_FIELDS}
         columns["site"] = remap[np.asarray(self.cols["site"], dtype=np.int64)]
         columns["engaged"] = np.asarray(self.cols["engaged"], dtype=bool)
         columns["device"] = np.asarray(self.cols["device"], dtype=np.int64)
@@ -369,7 +375,7 @@ def load_records(
     if isinstance(source, str | os.PathLike):
         path = Path(source)
         if path.is_dir():
-            files = sorted(path.glob("*.jsonl"))
+            files = sorted(path.glob(RECORDS_GLOB))
             if not files:
                 raise RecordsError(
                     f"no `*.jsonl` records files in directory {path}. Expected the files "

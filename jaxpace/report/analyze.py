@@ -1,0 +1,148 @@
+"""`analyze`: the report's pipeline, from records to a `Report`, one named stage at a time.
+
+Everything here is clock-free (docs/records.md): only durations measured on one
+process are used — `wait_ns`, `delay_ns`, and differences of one rank's own
+`arrive_ns`/`done_ns` — so per-process clock offsets never change a result.
+
+Definitions, per step k and rank i (seconds):
+
+- lateness ``max_j wait_j - wait_i`` (docs/records.md); the *excess lateness*
+  subtracts the median lateness of the other ranks at that step, so a rank
+  made late by L shows an excess of about L whatever the jitter of the others;
+- transfer ``min_j (wait_j - delay_j)``: the collective itself, measured by
+  the last rank to enter it; sync wait ``wait_i - delay_i - transfer``. These
+  equal records.md's ``min_j wait_j`` and ``earliness_i - delay_i`` whenever
+  the last arriver took no pacing delay (and stay non-negative when it did);
+- compute ``arrive_i(k) - done_i(k-1)``; step time ``done_i(k) - done_i(k-1)``;
+  iteration time of a step = the median over ranks of the step time.
+
+Order statistics (`Forecast`): the per-rank compute of each step is divided by
+that step's mean over ranks; the expected maximum of N independent draws from
+this empirical distribution is computed exactly,
+``E[max_N] = sum_i x_(i) ((i/M)^N - ((i-1)/M)^N)``, next to the same for a
+lognormal fitted to it (numerical integration of its quantile function).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+import jaxpace.report.stages as stages
+from jaxpace._validate import check_number
+from jaxpace.errors import ConfigError, RecordsError
+from jaxpace.report.model import Report
+from jaxpace.report.records import Records, load_records
+
+__all__ = ["analyze", "load_step_records"]
+
+
+def load_step_records(
+    records: Records | str | os.PathLike | Iterable[Mapping[str, Any]],
+) -> Records:
+    """`load_records`, raising when the input holds headers but no step record."""
+    recs = load_records(records)
+    if len(recs) == 0:
+        raise RecordsError(
+            f"no step records in {', '.join(recs.sources)} (headers only); the run stopped "
+            "before its first measured collective."
+        )
+    return recs
+
+
+def analyze(
+    records: Records | str | os.PathLike | Iterable[Mapping[str, Any]],
+    *,
+    warmup_steps: int | None = None,
+    site: str | None = None,
+    topology_groups: Mapping[str, Any] | None = None,
+    expected_transfer_s: float | None = None,
+) -> Report:
+    """Analyzes one site of a run's timing records.
+
+    Args:
+      records: `Records`, a run directory or JSONL path, or record dicts (as
+        `Pacer.records()` returns).
+      warmup_steps: steps excluded at the start (compilation, caches). Default:
+        5, but at most a quarter of the steps.
+      site: the collective site to analyze; default: the one with most records.
+      topology_groups: rank groups for the locality test, either
+        ``{kind: {rank: label}}`` (kinds like "numa", "nic", "host") or a flat
+        ``{rank: label}``. Default: the headers' `topology.rank_groups`, plus
+        hosts when ranks span several.
+      expected_transfer_s: alpha-beta expectation of the collective's transfer
+        time; transfer well above it counts as topology contention.
+
+    Returns:
+      A `Report`.
+
+    Raises:
+      RecordsError: unreadable records, or `site` not among them.
+      ConfigError: `warmup_steps` not an integer >= 0, or `expected_transfer_s`
+        not a number >= 0.
+
+    >>> from jaxpace.report import synthetic_records
+    >>> recs = synthetic_records(8, 60, late_rank=3, late_s=0.002, seed=0)
+    >>> rep = analyze(recs)
+    >>> rep.culprit, f"{rep.rank_stats(3).excess_lateness_s * 1e3:.0f} ms", rep.primary_mode
+    (3, '2 ms', 'persistent_straggler')
+    >>> analyze(synthetic_records(8, 60, seed=0)).culprit is None
+    True
+    """
+    if expected_transfer_s is not None:
+        check_number(
+            "expected_transfer_s", expected_transfer_s, lo=0.0, hi=math.inf, error=ConfigError
+        )
+    recs = load_step_records(records)
+    site = stages.pick_site(recs, site)
+    data, site_notes, site_partial = stages.site_data(recs, site)
+    notes = [*recs.notes, *site_notes]
+    if len(recs.sites) > 1:
+        notes.append(
+            f"analyzed site `{site}`; the records also hold "
+            f"{', '.join(f'`{s}`' for s in recs.sites if s != site)} (use `site=`)."
+        )
+    sel = stages.select_steps(data, warmup_steps)
+    notes += sel.notes
+    iteration = stages.iteration_stats(sel.iter_all[sel.rows])
+    amplification = stages.amplification(sel.compute)
+    culprits = stages.rank_culprits(data, sel, iteration)
+    notes += culprits.notes
+    groups = stages.normalize_groups(topology_groups, recs, data)
+    failure_modes, primary = stages.assess_modes(
+        data, sel, culprits, iteration, amplification, groups, expected_transfer_s
+    )
+    forecast, forecast_note = stages.forecast(sel.compute, amplification, culprits.culprit)
+    if forecast_note:
+        notes.append(forecast_note)
+    return Report(
+        run_id=recs.run_id,
+        site=site,
+        sites=recs.sites,
+        granularity=recs.granularity,
+        num_ranks=int(data.ranks.size),
+        num_processes=int(np.unique(data.processes).size),
+        num_steps=int(data.steps.size),
+        warmup_steps=sel.warmup_steps,
+        analyzed_steps=sel.n,
+        partial=bool(recs.partial or site_partial),
+        notes=tuple(notes),
+        iteration=iteration,
+        amplification=amplification,
+        ranks=culprits.rank_stats,
+        ranking=culprits.ranking,
+        culprit=culprits.culprit,
+        culprit_process=culprits.culprit_process,
+        noise_floor_s=culprits.noise_floor_s,
+        failure_modes=failure_modes,
+        primary_mode=primary,
+        periodic=sel.periodic,
+        what_if=stages.what_if(data, sel, culprits, iteration.mean_s),
+        forecast=forecast,
+        pacing=stages.pacing_effect(data, sel),
+        data=data,
+    )

@@ -1,0 +1,72 @@
+"""`jaxpace report RUN_DIR`: the command line of the report (`jaxpace.cli` delegates here)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from jaxpace.errors import RecordsError
+from jaxpace.report.analyze import analyze
+from jaxpace.report.html import write_html
+from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
+from jaxpace.report.terminal import print_summary
+from jaxpace.report.trace import write_trace
+
+__all__ = ["cli_main", "configure_parser"]
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Adds the `jaxpace report` arguments to `parser`."""
+    parser.add_argument("run_dir", help="run directory of `records-p*.jsonl` files, or one file")
+    parser.add_argument("--html", help="HTML report path (default: RUN_DIR/report.html)")
+    parser.add_argument("--trace", help="Perfetto trace path (default: RUN_DIR/trace.json)")
+    parser.add_argument("--json", help="also write the report as JSON to this path")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help=f"steps to skip at the start (default {DEFAULT_WARMUP_STEPS}, at most a quarter)",
+    )
+    parser.add_argument("--site", help="collective site to analyze (default: the busiest)")
+    parser.add_argument(
+        "--expected-transfer-ms",
+        type=float,
+        default=None,
+        help="alpha-beta expectation of the collective's transfer time, for contention",
+    )
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    """Runs `jaxpace report`; returns the exit code (2 for unusable records)."""
+    try:
+        report = analyze(
+            args.run_dir,
+            warmup_steps=args.warmup,
+            site=args.site,
+            expected_transfer_s=(
+                args.expected_transfer_ms / 1e3
+                if getattr(args, "expected_transfer_ms", None)
+                else None
+            ),
+        )
+        print_summary(report)
+        base = Path(args.run_dir)
+        out_dir = base if base.is_dir() else base.parent
+        html = write_html(report, args.html or out_dir / "report.html")
+        trace = write_trace(report, args.trace or out_dir / "trace.json")
+        written = [html, trace]
+        if args.json:
+            written.append(write_json(report, args.json))
+    except (RecordsError, ValueError) as e:
+        print(f"jaxpace report: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(
+            f"jaxpace report: error: cannot write output ({e.strerror or e}: "
+            f"{e.filename}). Pass writable paths with --html/--trace/--json.",
+            file=sys.stderr,
+        )
+        return 2
+    print("wrote " + ", ".join(str(w) for w in written))
+    return 0

@@ -1,0 +1,318 @@
+"""What `analyze` returns: the result types, the failure-mode names, and `SiteData`.
+
+`SiteData` holds one site's dense (step x rank) arrays; the stages, the HTML
+plots and the trace read it. Nothing here computes a statistic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_WARMUP_STEPS",
+    "FAILURE_MODES",
+    "FORECAST_RANKS",
+    "FailureMode",
+    "Forecast",
+    "IterationStats",
+    "PacingEffect",
+    "PeriodicOutliers",
+    "RankStats",
+    "Report",
+    "SiteData",
+    "WhatIf",
+    "write_json",
+]
+
+FORECAST_RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
+DEFAULT_WARMUP_STEPS = 5
+FAILURE_MODES = (
+    "persistent_straggler",
+    "locality",
+    "synchronization_amplification",
+    "topology_contention",
+    "balanced",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationStats:
+    """Iteration (step) time over the analyzed steps, seconds.
+
+    `cv` is std/mean (dimensionless, >= 0). Mean and CV belong side by side:
+    a persistent straggler slows every step yet leaves the CV small.
+    """
+
+    num_steps: int
+    mean_s: float
+    std_s: float
+    cv: float
+    p50_s: float
+    p90_s: float
+    p99_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStats:
+    """One rank's timing over the analyzed steps.
+
+    Attributes:
+      rank, process, host: who.
+      last_fraction: share of steps in which this rank arrived last (smallest
+        wait), in [0, 1].
+      mean_lateness_s: mean of ``max_j wait_j - wait_i``.
+      excess_lateness_s: mean lateness minus the median lateness of the other
+        ranks at each step: how much later than a typical rank it arrives.
+      ci_low_s, ci_high_s: 95% confidence interval of `excess_lateness_s`
+        (Student t over steps; ignores autocorrelation).
+      compute_s, delay_s, sync_wait_s, transfer_s: mean phase times per step.
+      late: the interval excludes 0 and the excess is above the noise floor.
+    """
+
+    rank: int
+    process: int
+    host: str
+    last_fraction: float
+    mean_lateness_s: float
+    excess_lateness_s: float
+    ci_low_s: float
+    ci_high_s: float
+    compute_s: float
+    delay_s: float
+    sync_wait_s: float
+    transfer_s: float
+    late: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureMode:
+    """One failure mode's verdict.
+
+    Attributes:
+      name: one of `FAILURE_MODES`.
+      score: strength of the evidence in [0, 1] (0 = none; see docs/diagnostics.md
+        for each mode's formula).
+      detected: whether the report calls this mode present.
+      evidence: human-readable facts behind the score.
+    """
+
+    name: str
+    score: float
+    detected: bool
+    evidence: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PeriodicOutliers:
+    """Slow steps that recur with a fixed period (eval, checkpointing, logging).
+
+    They are excluded from the culprit ranking and failure-mode classification:
+    periodic extra work on one rank is not a fabric problem.
+    """
+
+    period: int
+    phase: int
+    steps: tuple[int, ...]
+    dominant_rank: int | None
+    dominant_fraction: float
+    mean_extra_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class WhatIf:
+    """Expected step time if `rank` computed as fast as the median rank.
+
+    Model: step time = ``max_i(compute_i) + transfer`` per step (`model_step_s`;
+    pacing delays are left out: with no late rank there is nothing to pace);
+    `what_if_step_s` = measured mean minus the model's saving from replacing
+    `rank`'s compute by the per-step median compute.
+    """
+
+    rank: int
+    is_culprit: bool
+    measured_step_s: float
+    model_step_s: float
+    what_if_step_s: float
+    saving_s: float
+    saving_fraction: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Forecast:
+    """Synchronization amplification forecast at larger rank counts.
+
+    Attributes:
+      method: how it was computed (see the module docstring).
+      ranks: rank counts N.
+      amplification: E[max of N] / E[X] from the empirical per-rank compute
+        distribution (bootstrap order statistics, exact expectation).
+      lognormal_amplification: the same for a fitted lognormal.
+      sigma_log: the fitted lognormal's sigma.
+      measured_ranks, measured_amplification: the run itself, and the forecast
+        at its own rank count for comparison (`forecast_at_measured`).
+    """
+
+    method: str
+    ranks: tuple[int, ...]
+    amplification: tuple[float, ...]
+    lognormal_amplification: tuple[float, ...]
+    sigma_log: float
+    measured_ranks: int
+    measured_amplification: float
+    forecast_at_measured: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PacingEffect:
+    """Steps with pacing engaged vs. not, side by side (means over steps)."""
+
+    engaged_steps: int
+    unengaged_steps: int
+    engaged_step_s: float
+    unengaged_step_s: float
+    engaged_cv: float
+    unengaged_cv: float
+    engaged_sync_wait_s: float
+    unengaged_sync_wait_s: float
+    engaged_delay_s: float
+    unengaged_delay_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteData:
+    """Dense (step x rank) arrays of one site; seconds, NaN where unknown.
+
+    Built by `jaxpace.report.stages.site_data` from the complete steps (every
+    rank reported) of one site; read by the stages, the HTML plots and the trace.
+    """
+
+    steps: np.ndarray  # (S,) step numbers, complete steps only
+    ranks: np.ndarray  # (R,)
+    processes: np.ndarray  # (R,) process of each rank
+    hosts: tuple[str, ...]  # (R,)
+    arrive: np.ndarray  # (S, R) seconds since the rank's own first arrival
+    done: np.ndarray
+    wait: np.ndarray
+    delay: np.ndarray
+    engaged: np.ndarray  # (S,) bool
+    compute: np.ndarray  # (S, R)
+    step_time: np.ndarray  # (S, R)
+    transfer: np.ndarray  # (S,)
+    sync_wait: np.ndarray  # (S, R)
+    lateness: np.ndarray  # (S, R)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What `analyze` found. `to_dict()` / `to_json()` give everything but raw arrays.
+
+    Attributes:
+      run_id, site, sites, granularity: what was analyzed (`sites` lists all).
+      num_ranks, num_processes: ranks and processes that reported.
+      num_steps: complete steps (every rank reported) of `site`.
+      warmup_steps: steps excluded at the start.
+      analyzed_steps: steps used for statistics (after warm-up, without
+        periodic outliers).
+      partial: input was incomplete; `notes` says how.
+      iteration: step-time statistics.
+      amplification: mean over steps of the max-rank compute, over the mean
+        compute (>= 1; 1 = no rank ever waits for another); NaN without compute.
+      ranks: per-rank statistics, by rank.
+      ranking: ranks from most to least culpable (arrived last most often,
+        then largest excess lateness).
+      culprit: the persistent culprit rank, or None (never for balanced runs).
+      culprit_process: its process (or a process whose ranks are late together).
+      noise_floor_s: excess lateness below this is not called late.
+      failure_modes: one `FailureMode` per name in `FAILURE_MODES`.
+      primary_mode: the detected mode with the highest score, or "balanced".
+      periodic: periodic slow steps, or None.
+      what_if, forecast, pacing: see their classes (None when not computable).
+    """
+
+    run_id: str | None
+    site: str
+    sites: tuple[str, ...]
+    granularity: str
+    num_ranks: int
+    num_processes: int
+    num_steps: int
+    warmup_steps: int
+    analyzed_steps: int
+    partial: bool
+    notes: tuple[str, ...]
+    iteration: IterationStats
+    amplification: float
+    ranks: tuple[RankStats, ...]
+    ranking: tuple[int, ...]
+    culprit: int | None
+    culprit_process: int | None
+    noise_floor_s: float
+    failure_modes: tuple[FailureMode, ...]
+    primary_mode: str
+    periodic: PeriodicOutliers | None
+    what_if: WhatIf | None
+    forecast: Forecast | None
+    pacing: PacingEffect | None
+    data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def mode(self, name: str) -> FailureMode:
+        """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
+        for m in self.failure_modes:
+            if m.name == name:
+                return m
+        raise KeyError(f"unknown failure mode {name!r}; expected one of {FAILURE_MODES}.")
+
+    def rank_stats(self, rank: int) -> RankStats:
+        """The `RankStats` of `rank`."""
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        raise KeyError(f"rank {rank} is not in this report; ranks: {[r.rank for r in self.ranks]}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (NaN becomes None); no raw per-step arrays."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name == "data":
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+            if isinstance(v, tuple) and v and dataclasses.is_dataclass(v[0]):
+                out[f.name] = [dataclasses.asdict(x) for x in v]
+        return _jsonable(out)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """`to_dict()` as a JSON string."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def summary_table(self) -> Any:
+        """The terminal summary as a `rich` renderable (a group of tables)."""
+        from jaxpace.report.terminal import summary_renderable
+
+        return summary_renderable(self)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_json(report: Report, path: str | os.PathLike) -> Path:
+    """Writes `report.to_json()` to `path` and returns the path."""
+    p = Path(path)
+    p.write_text(report.to_json() + "\n")
+    return p

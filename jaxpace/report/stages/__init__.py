@@ -1,0 +1,61 @@
+"""The stages of `jaxpace.report.analyze`, in pipeline order.
+
+1. `site`: pick the site, build its dense `SiteData`;
+2. `steps`: drop the warm-up and periodic slow steps; iteration statistics;
+3. `culprit`: per-rank statistics, the ranking, the persistent culprit;
+4. `modes`: score each failure mode, pick the primary one;
+5. `outlook`: what-if, the amplification forecast, the pacing effect.
+"""
+
+from jaxpace.report.stages.culprit import CulpritRanking, noise_floor, rank_culprits
+from jaxpace.report.stages.modes import (
+    amplification_mode,
+    assess_modes,
+    classify,
+    contention_mode,
+    locality_mode,
+    locality_score,
+    normalize_groups,
+    straggler_mode,
+)
+from jaxpace.report.stages.outlook import (
+    empirical_max_ratio,
+    forecast,
+    lognormal_max_ratio,
+    pacing_effect,
+    what_if,
+)
+from jaxpace.report.stages.site import pick_site, site_data
+from jaxpace.report.stages.steps import (
+    StepSelection,
+    amplification,
+    iteration_stats,
+    periodic_outliers,
+    select_steps,
+)
+
+__all__ = [
+    "CulpritRanking",
+    "StepSelection",
+    "amplification",
+    "amplification_mode",
+    "assess_modes",
+    "classify",
+    "contention_mode",
+    "empirical_max_ratio",
+    "forecast",
+    "iteration_stats",
+    "locality_mode",
+    "locality_score",
+    "lognormal_max_ratio",
+    "noise_floor",
+    "normalize_groups",
+    "pacing_effect",
+    "periodic_outliers",
+    "pick_site",
+    "rank_culprits",
+    "select_steps",
+    "site_data",
+    "straggler_mode",
+    "what_if",
+]

@@ -1,0 +1,135 @@
+"""Stage 1: choose the site and build its dense (step x rank) `SiteData`."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxpace._exchange import earliness
+from jaxpace.errors import RecordsError
+from jaxpace.report.model import SiteData
+from jaxpace.report.records import Records
+from jaxpace.report.text import ranges
+
+__all__ = ["pick_site", "site_data"]
+
+
+def pick_site(recs: Records, site: str | None) -> str:
+    """`site` if the records have it (else a clear error); by default the busiest site."""
+    if site is None:
+        counts = np.bincount(recs.columns["site"], minlength=len(recs.sites))
+        return recs.sites[int(np.argmax(counts))]
+    if site not in recs.sites:
+        raise RecordsError(
+            f"site `{site}` is not in the records; available sites: "
+            f"{', '.join(f'`{s}`' for s in recs.sites)}."
+        )
+    return site
+
+
+class _Grid(NamedTuple):
+    """Where each record of one site sits in the (step x rank) grid."""
+
+    sel: np.ndarray  # records of the site
+    flat: np.ndarray  # their flat grid index
+    steps_all: np.ndarray  # (S,) every step seen
+    ranks: np.ndarray  # (R,)
+    complete: np.ndarray  # (S,) every rank reported the step
+
+
+def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
+    """Places the site's records on the grid; raises on duplicates or no complete step."""
+    c = records.columns
+    sel = c["site"] == records.sites.index(site)
+    step, rank = c["step"][sel], c["rank"][sel]
+    ranks = np.unique(rank)
+    steps_all = np.unique(step)
+    R, S = ranks.size, steps_all.size
+    flat = np.searchsorted(steps_all, step) * R + np.searchsorted(ranks, rank)
+    counts = np.bincount(flat, minlength=S * R)
+    if counts.max() > 1:
+        dup = np.flatnonzero(counts > 1)
+        s_dup, r_dup = divmod(int(dup[0]), R)
+        raise RecordsError(
+            f"site `{site}`: {dup.size} duplicate records, e.g. step {int(steps_all[s_dup])} "
+            f"of rank {int(ranks[r_dup])} appears {int(counts[dup[0]])} times. Each (site, "
+            "step, rank) must appear once; did two files come from the same process?"
+        )
+    present = (counts > 0).reshape(S, R)
+    complete = present.all(axis=1)
+    if not complete.all():
+        bad = steps_all[~complete]
+        lacking = ranks[~present[~complete].all(axis=0)]
+        notes.append(
+            f"PARTIAL: {bad.size} of {S} steps of `{site}` lack records of some ranks "
+            f"(steps {ranges(bad)}; ranks {ranges(lacking)}); analyzed the "
+            f"{int(complete.sum())} complete steps."
+        )
+    if not complete.any():
+        raise RecordsError(
+            f"site `{site}` has no step with records from all {R} ranks ({ranges(ranks)}); "
+            "nothing to compare. Were the records of different sites or runs mixed?"
+        )
+    return _Grid(sel, flat, steps_all, ranks, complete)
+
+
+def _dense(records: Records, g: _Grid, col: str, dtype: type = np.int64) -> np.ndarray:
+    """Column `col` of the site as a (complete steps x rank) array."""
+    a = np.zeros(g.steps_all.size * g.ranks.size, dtype)
+    a[g.flat] = records.columns[col][g.sel]
+    return a.reshape(g.steps_all.size, g.ranks.size)[g.complete]
+
+
+def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
+    """Dense arrays of one site's complete steps; returns (data, notes, partial).
+
+    All times are durations on one rank's own clock (each rank's origin is its
+    own first arrival), so clock offsets between processes never matter.
+    """
+    notes: list[str] = []
+    g = _grid(records, site, notes)
+    partial = not g.complete.all()
+    arrive_ns, done_ns = _dense(records, g, "arrive_ns"), _dense(records, g, "done_ns")
+    origin = arrive_ns.min(axis=0, keepdims=True)  # per-rank: only differences matter
+    arrive = (arrive_ns - origin) / 1e9
+    done = (done_ns - origin) / 1e9
+    wait = _dense(records, g, "wait_ns") / 1e9
+    delay = _dense(records, g, "delay_ns") / 1e9
+    engaged = _dense(records, g, "engaged", bool).any(axis=1)
+    steps = g.steps_all[g.complete]
+
+    consecutive = np.zeros(steps.size, bool)
+    consecutive[1:] = np.diff(steps) == 1
+    compute = np.full(arrive.shape, np.nan)
+    step_time = np.full(arrive.shape, np.nan)
+    compute[1:] = arrive[1:] - done[:-1]
+    step_time[1:] = done[1:] - done[:-1]
+    compute[~consecutive] = np.nan
+    step_time[~consecutive] = np.nan
+    if steps.size > 1 and not consecutive[1:].any():
+        notes.append(
+            "steps are not consecutive (sampled records?): compute and step time need "
+            "consecutive steps, so only wait-based statistics are available."
+        )
+    # Time in the collective before it could finish; its minimum is the transfer,
+    # and each rank's earliness beyond that minimum is its sync wait.
+    entered = np.maximum(wait - delay, 0.0)
+    proc_of, host_of = records.process_of_rank(), records.hosts()
+    data = SiteData(
+        steps=steps,
+        ranks=g.ranks,
+        processes=np.array([proc_of[int(r)] for r in g.ranks]),
+        hosts=tuple(host_of[int(r)] for r in g.ranks),
+        arrive=arrive,
+        done=done,
+        wait=wait,
+        delay=delay,
+        engaged=engaged,
+        compute=compute,
+        step_time=step_time,
+        transfer=entered.min(axis=1),
+        sync_wait=earliness(entered, axis=-1),
+        lateness=wait.max(axis=1, keepdims=True) - wait,
+    )
+    return data, notes, partial

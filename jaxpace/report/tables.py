@@ -1,0 +1,121 @@
+"""The report's tables as plain text rows, built once; `terminal` and `html` render them.
+
+Each function returns a list of rows (lists of strings), header row first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from jaxpace.report.text import format_ms
+
+if TYPE_CHECKING:
+    from jaxpace.report.model import PacingEffect, Report
+
+__all__ = [
+    "failure_mode_rows",
+    "forecast_rows",
+    "pacing_table",
+    "ranking_rows",
+    "summary_rows",
+]
+
+
+def summary_rows(report: Report) -> list[list[str]]:
+    """The headline numbers: ranks, steps, iteration time, amplification, culprit, what-if."""
+    it = report.iteration
+    culprit = "none (no persistent straggler)"
+    if report.culprit is not None:
+        rs = report.rank_stats(report.culprit)
+        culprit = (
+            f"rank {rs.rank} (process {rs.process}, {rs.host}): "
+            f"+{format_ms(rs.excess_lateness_s)} late, last in {rs.last_fraction:.0%} of steps"
+        )
+    rows = [
+        ["metric", "value"],
+        ["ranks / processes", f"{report.num_ranks} / {report.num_processes}"],
+        [
+            "steps (complete / warm-up / analyzed)",
+            f"{report.num_steps} / {report.warmup_steps} / {report.analyzed_steps}",
+        ],
+        ["iteration mean (CV)", f"{format_ms(it.mean_s)} ({it.cv:.3f})"],
+        [
+            "iteration p50 / p90 / p99",
+            f"{format_ms(it.p50_s)} / {format_ms(it.p90_s)} / {format_ms(it.p99_s)}",
+        ],
+        ["synchronization amplification", f"{report.amplification:.3f}"],
+        ["primary failure mode", report.primary_mode],
+        ["culprit", culprit],
+    ]
+    if report.what_if is not None:
+        w = report.what_if
+        rows.append(
+            [
+                f"what if rank {w.rank} were as fast as the median rank",
+                f"{format_ms(w.what_if_step_s)} per step ({w.saving_fraction:.1%} faster)",
+            ]
+        )
+    return rows
+
+
+def ranking_rows(report: Report, max_ranks: int) -> list[list[str]]:
+    """The first `max_ranks` ranks of the culprit ranking; times in ms, `*` marks late ranks."""
+    by_rank = {r.rank: r for r in report.ranks}
+    rows = [["rank", "host", "last", "excess", "95% CI", "compute", "sync wait", "delay"]]
+    for rank in report.ranking[:max_ranks]:
+        r = by_rank[rank]
+        rows.append(
+            [
+                f"{r.rank}{' *' if r.late else ''}",
+                r.host,
+                f"{r.last_fraction:.0%}",
+                format_ms(r.excess_lateness_s, unit=False),
+                f"[{format_ms(r.ci_low_s, unit=False)}, {format_ms(r.ci_high_s, unit=False)}]",
+                format_ms(r.compute_s, unit=False),
+                format_ms(r.sync_wait_s, unit=False),
+                format_ms(r.delay_s, unit=False),
+            ]
+        )
+    return rows
+
+
+def failure_mode_rows(report: Report) -> list[list[str]]:
+    """One row per failure mode; evidence items are separated by newlines."""
+    rows = [["mode", "score", "detected", "evidence"]]
+    for m in report.failure_modes:
+        rows.append([m.name, f"{m.score:.2f}", "yes" if m.detected else "", "\n".join(m.evidence)])
+    return rows
+
+
+def forecast_rows(report: Report) -> list[list[str]]:
+    """Forecast amplification per rank count; empty when there is no forecast."""
+    fc = report.forecast
+    if fc is None:
+        return []
+    rows = [["ranks", "empirical", "lognormal"]]
+    for n, a, b in zip(fc.ranks, fc.amplification, fc.lognormal_amplification, strict=True):
+        rows.append([str(n), f"{a:.3f}", f"{b:.3f}"])
+    return rows
+
+
+def pacing_table(p: PacingEffect) -> list[list[str]]:
+    """The pacing-effect table as text rows (header first), for terminal and HTML."""
+    return [
+        ["", "steps", "step time", "CV", "sync wait", "delay"],
+        [
+            "not engaged",
+            str(p.unengaged_steps),
+            format_ms(p.unengaged_step_s),
+            f"{p.unengaged_cv:.3f}",
+            format_ms(p.unengaged_sync_wait_s),
+            format_ms(p.unengaged_delay_s),
+        ],
+        [
+            "engaged",
+            str(p.engaged_steps),
+            format_ms(p.engaged_step_s),
+            f"{p.engaged_cv:.3f}",
+            format_ms(p.engaged_sync_wait_s),
+            format_ms(p.engaged_delay_s),
+        ],
+    ]
