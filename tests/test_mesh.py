@@ -333,3 +333,24 @@ def test_every_process_builds_the_same_mesh(tmp_path, launch, pcie):
         for dev_id, v in r["psum"].items():
             k = flat.index(int(dev_id))
             assert v == (k // 2) * 4 + 1  # k0 + k1 with k0 = 2*(k//2)
+
+
+def test_registry_is_bounded_most_recent_first_and_has_one_home(monkeypatch):
+    """`make_mesh` registers its mesh; the registry keeps the last MAX_MESHES, newest first."""
+    from jaxpace import _mesh_registry
+    from jaxpace.topology import registry
+
+    assert _mesh_registry is registry  # the old import path is the same module, not a copy
+    monkeypatch.setattr(registry, "_MESHES", type(registry._MESHES)(maxlen=registry.MAX_MESHES))
+    assert registry.recent() == []
+    mesh = T.make_mesh((8,), ("data",))
+    assert registry.recent() == [mesh]
+    jax.make_mesh((8,), ("data",))  # jax's own meshes are never registered
+    assert registry.recent() == [mesh]
+    for i in range(registry.MAX_MESHES + 3):
+        registry.register(f"m{i}")
+    got = registry.recent()
+    assert len(got) == registry.MAX_MESHES and got[0] == f"m{registry.MAX_MESHES + 2}"
+    assert mesh not in got
+    registry.clear()
+    assert registry.recent() == []

@@ -512,6 +512,19 @@ def simulate(
     pol = resolve_policy(policy, sc)
     draws = _Draws(sc, nodes, seed)
     su = _Setup.of(sc, draws.ranks)
+    step_times, total_delay, engaged, spin_sum = _run(draws, su, pol, steps, lag, progress)
+    return _result(sc, pol, nodes, su.ranks, seed, step_times, total_delay, engaged, spin_sum)
+
+
+def _run(
+    draws: _Draws,
+    su: _Setup,
+    pol: PacingPolicy,
+    steps: int,
+    lag: int,
+    progress: Callable[[int], None] | None,
+) -> tuple[np.ndarray, float, int, float]:
+    """The step loop; returns `(step times, total delay, engaged steps, spin rank-seconds)`."""
     R, B = su.ranks, su.buckets
     states = [pol.init(R) for _ in range(su.n_sites)]
     # pending[slot][site]: the delays decided `lag` steps before the step using `slot`.
@@ -540,7 +553,7 @@ def simulate(
         k += n
         if progress is not None:
             progress(k)
-    return _result(sc, pol, nodes, R, seed, step_times, total_delay, engaged, spin_sum)
+    return step_times, total_delay, engaged, spin_sum
 
 
 def _result(
