@@ -27,6 +27,7 @@ def records(pacer: Pacer) -> list[dict[str, Any]]:
     proc = jax.process_index()
     out: list[dict[str, Any]] = [header(pacer)]
     for name, site in sorted(pacer._sites.items()):
+        site.flush()  # native probes: drain what the handlers finished
         for r in sorted(site.ranks):
             st = site.ranks[r]
             with st.lock:
@@ -86,11 +87,12 @@ def export(pacer: Pacer, path: str | os.PathLike) -> str:
     import jax
 
     p = os.fspath(path)
-    if os.path.isdir(p):
+    ends_in_sep = p.endswith(os.sep) or bool(os.altsep and p.endswith(os.altsep))
+    if ends_in_sep or os.path.isdir(p):
+        # An existing directory (or a symlink to one), or a new one ("run/"): the file goes
+        # inside it.
+        _records.make_dirs(p)
         p = os.path.join(p, _records.records_filename(jax.process_index()))
-    d = os.path.dirname(p)
-    if d:
-        os.makedirs(d, exist_ok=True)
     return _records.write_jsonl(p, records(pacer))
 
 
@@ -133,7 +135,7 @@ def export_all(pacer: Pacer, directory: str | os.PathLike, timeout_s: float = 60
     if recs is None:
         return None
     d = os.fspath(directory)
-    os.makedirs(d, exist_ok=True)
+    _records.make_dirs(d)
     by_proc: dict[int, list[dict[str, Any]]] = {}
     current = None
     for r in recs:

@@ -18,6 +18,7 @@ from jaxpace._runtime.config import Granularity, PacerConfig
 from jaxpace._runtime.hooks import Hooks
 from jaxpace._runtime.sinks import SinkThread
 from jaxpace._runtime.sites import Site, SiteStats, site_stats
+from jaxpace._validate import check_callable, check_callables, check_rank_groups
 from jaxpace.errors import ConfigError, TracedConfigChangeError
 
 __all__ = ["Pacer", "configure", "default_pacer"]
@@ -32,6 +33,37 @@ def _check_policy(policy: Any) -> _policy.PacingPolicy:
             f"jp.adaptive(...)), got {type(policy).__name__}."
         )
     return policy
+
+
+def _check_clock(clock: Any) -> None:
+    check_callable(
+        "clock",
+        clock,
+        allow_none=True,
+        fix="Pass a function returning monotonic nanoseconds, e.g. `time.perf_counter_ns`, "
+        "or None for that default.",
+    )
+
+
+def _check_sinks(sinks: Any) -> list[Sink]:
+    return check_callables(
+        "sinks",
+        sinks,
+        fix="Pass a list of functions, each taking one summary dict, e.g. `sinks=[print]`.",
+    )
+
+
+def _check_mesh(mesh: Any) -> None:
+    import jax
+
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        shown = repr(mesh)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ConfigError(
+            f"`mesh` must be a jax.sharding.Mesh or None, got {shown} of type "
+            f"{type(mesh).__name__}. Pass the concrete mesh your shard_map uses "
+            "(e.g. `jax.make_mesh(...)`), or leave it out."
+        )
 
 
 class Pacer:
@@ -82,6 +114,10 @@ class Pacer:
         rank_groups: dict[str, dict[int, str]] | None = None,
     ) -> None:
         self._policy = _check_policy(policy)
+        _check_clock(clock)
+        _check_mesh(mesh)
+        sinks = _check_sinks(sinks)
+        rank_groups = check_rank_groups("rank_groups", rank_groups)
         self._config = PacerConfig(
             enabled=enabled,
             granularity=granularity,
@@ -133,16 +169,19 @@ class Pacer:
           ConfigError: a value is invalid.
         """
         self._refuse_if_traced()
-        if policy is not None:
-            if not isinstance(policy, _policy.PacingPolicy):
-                raise ConfigError(f"`policy` must be a PacingPolicy, got {type(policy).__name__}.")
-            self._policy = policy
+        if policy is not None and not isinstance(policy, _policy.PacingPolicy):
+            raise ConfigError(f"`policy` must be a PacingPolicy, got {type(policy).__name__}.")
+        config = self._config
         if changes:
             fields = {f.name for f in dataclasses.fields(PacerConfig)}
             bad = sorted(set(changes) - fields)
             if bad:
                 raise ConfigError(f"unknown setting(s) {bad}; valid: {sorted(fields)}.")
-            self._config = dataclasses.replace(self._config, **changes)
+            config = dataclasses.replace(self._config, **changes)
+        # Only now, with every value checked, change anything.
+        self._config = config
+        if policy is not None:
+            self._policy = policy
 
     def _refuse_if_traced(self) -> None:
         if self._traced:
@@ -192,10 +231,15 @@ class Pacer:
         """Waits (bounded) until queued sink summaries are delivered."""
         self._sink_thread.flush(timeout_s)
 
-    def close(self) -> None:
-        """Releases any pacing sleep now and makes later sleeps zero."""
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Releases any pacing sleep now and makes later sleeps zero; ends the sink thread.
+
+        Bounded: waits at most about `timeout_s` for sinks to drain, even when
+        one never returns. Summaries left undelivered are counted in
+        `sink_dropped` and the total is logged.
+        """
         self._stop.set()
-        self._sink_thread.close()
+        self._sink_thread.close(timeout_s)
 
     def release(self) -> None:
         """Ends any pacing sleep in progress (SIGTERM does this too)."""
@@ -223,7 +267,13 @@ class Pacer:
     def export(self, path: str | os.PathLike) -> str:
         """Writes this process's records as JSONL (docs/records.md) and returns the path.
 
-        If `path` is a directory, writes `records-p{process_index}.jsonl` in it.
+        If `path` is a directory, or ends in "/" (a new directory, created),
+        writes `records-p{process_index}.jsonl` in it. Missing parent
+        directories are created. The write is atomic (unique temporary file,
+        then one rename; concurrent exports: the last wins). Only a regular
+        file or a new path is replaced: a symlink, device node, FIFO, socket or
+        directory at the file path raises `FileExistsError` /
+        `IsADirectoryError` and is left untouched.
         """
         return _export.export(self, path)
 
@@ -282,20 +332,34 @@ def configure(policy: _policy.PacingPolicy | None = None, **settings: Any) -> Pa
     Args:
       policy: a `PacingPolicy`.
       **settings: `PacerConfig` fields (`enabled`, `granularity`, ...) or
-        `clock`, `sinks`, `mesh`.
+        `clock`, `sinks`, `mesh`, `rank_groups` (checked as by `Pacer(...)`).
 
     Returns:
       The default pacer.
 
     Raises:
       TracedConfigChangeError: the default pacer already traced a collective.
+      ConfigError: a value is invalid (nothing is changed then).
     """
     p = default_pacer()
-    for attr in ("clock", "mesh"):
-        if attr in settings:
-            p._refuse_if_traced()
-            setattr(p, attr, settings.pop(attr))
+    # Validate everything (as `Pacer(...)` does) before changing anything.
+    extra: dict[str, Any] = {}
+    if "clock" in settings:
+        _check_clock(settings["clock"])
+        extra["clock"] = settings.pop("clock")
+    if "mesh" in settings:
+        _check_mesh(settings["mesh"])
+        extra["mesh"] = settings.pop("mesh")
+    if "rank_groups" in settings:
+        extra["rank_groups"] = check_rank_groups("rank_groups", settings.pop("rank_groups"))
     if "sinks" in settings:
-        p._sink_thread.sinks = list(settings.pop("sinks"))
+        extra["sinks"] = _check_sinks(settings.pop("sinks"))
+    if extra:
+        p._refuse_if_traced()
     p.configure(policy=policy, **settings)
+    for attr in ("clock", "mesh", "rank_groups"):
+        if attr in extra:
+            setattr(p, attr, extra[attr])
+    if "sinks" in extra:
+        p._sink_thread.sinks = extra["sinks"]
     return p

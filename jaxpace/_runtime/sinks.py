@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -13,13 +14,18 @@ from jaxpace._probe import RateLimitedLog, Sink
 __all__ = ["SinkThread"]
 
 QUEUE_SLOTS = 10_000
+CLOSE_TIMEOUT_S = 1.0
+
+log = logging.getLogger("jaxpace")
 
 
 class SinkThread:
     """A bounded queue and one daemon thread that calls every sink with each summary.
 
     `emit` never blocks (a full queue drops and counts); the thread starts on
-    the first summary, so a `Pacer` without sinks starts no thread.
+    the first summary, so a `Pacer` without sinks starts no thread. `close`
+    never blocks longer than its timeout, even when a sink never returns: what
+    is still queued then is discarded and counted in `dropped`.
     """
 
     def __init__(self, sinks: Sequence[Sink], errlog: RateLimitedLog) -> None:
@@ -30,8 +36,12 @@ class SinkThread:
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def emit(self, summary: dict[str, Any]) -> None:
+        if self._closed:
+            self.dropped += 1
+            return
         if self._queue is None:
             with self._lock:
                 if self._queue is None:
@@ -50,6 +60,7 @@ class SinkThread:
         while True:
             item = q.get()
             if item is None:
+                q.task_done()
                 return
             for sink in self.sinks:
                 try:
@@ -68,8 +79,44 @@ class SinkThread:
         while q.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.005)
 
-    def close(self) -> None:
-        """Flushes briefly and ends the thread."""
-        if self._queue is not None:
-            self.flush(1.0)
-            self._queue.put(None)
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> int:
+        """Delivers what it can within `timeout_s`, ends the thread; returns `dropped`.
+
+        Never blocks past about `timeout_s`: summaries still queued then (a
+        sink that is slow or never returns) are discarded, counted in
+        `dropped`, and logged once with the total. Later `emit`s are dropped.
+        """
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+        q = self._queue
+        if q is None:
+            return self.dropped
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        self.flush(max(0.0, deadline - time.monotonic()))
+        discarded = 0
+        while True:
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                break
+            q.task_done()
+            if item is not None:
+                discarded += 1
+        self.dropped += discarded
+        try:
+            q.put_nowait(None)  # room now: the queue was just emptied
+        except queue.Full:  # pragma: no cover - nothing puts after `_closed`
+            pass
+        t = self._thread
+        if t is not None:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if self.dropped and (first or discarded):
+            stuck = t is not None and t.is_alive()
+            log.warning(
+                "jaxpace: sinks closed; %d summaries dropped (queue full or undelivered "
+                "at close)%s",
+                self.dropped,
+                "; a sink is still running and was left behind (daemon thread)" if stuck else "",
+            )
+        return self.dropped
