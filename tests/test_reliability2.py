@@ -270,3 +270,89 @@ def test_export_under_a_file_says_what_is_wrong(tmp_path):
     with pytest.raises(NotADirectoryError, match="not a directory"):
         jp.Pacer().export(tmp_path / "plain" / "r.jsonl")
     assert (tmp_path / "plain").read_text() == "x"
+
+
+# --------------------------------------------------------------------- 6-8. record hygiene
+
+
+def _header_line():
+    h = _records.header_record(
+        run_id="r",
+        process_index=0,
+        process_count=1,
+        host="h",
+        pid=1,
+        granularity="process",
+        jaxpace_version="0",
+        policy="no_pacing",
+        local_devices=[0],
+        rank_groups=None,
+    )
+    return json.dumps(h) + "\n"
+
+
+def _report_cli(path, capsys):
+    from jaxpace.cli import main
+
+    out = os.path.dirname(path)
+    rc = main(["report", str(path), "--html", f"{out}/r.html", "--trace", f"{out}/t.json"])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_a_huge_records_line_is_refused_without_reading_it_whole(tmp_path, capsys):
+    import tracemalloc
+
+    from jaxpace.report import records as _reader
+
+    MAX_LINE_BYTES = getattr(_reader, "MAX_LINE_BYTES", 8 << 20)  # (so it can fail on old code)
+    path = tmp_path / "records-p0.jsonl"
+    huge = 4 * MAX_LINE_BYTES
+    with open(path, "w") as f:
+        f.write(_header_line())
+        f.write('{"type":"step","site":"' + "a" * huge + '"}\n')
+    tracemalloc.start()
+    try:
+        with pytest.raises(jp.errors.RecordsError, match="line is longer than") as e:
+            jp.report.load_records(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "records-p0.jsonl:2" in str(e.value)
+    # Bounded by the cap (about one capped line in memory), not by the line's length.
+    assert peak < 2 * MAX_LINE_BYTES + (4 << 20) < huge, peak
+    rc, err = _report_cli(path, capsys)
+    assert rc == 2 and "line is longer than" in err
+
+
+@pytest.mark.timeout(60)
+def test_deeply_nested_records_line_gives_records_error_and_rc_2(tmp_path, capsys):
+    path = tmp_path / "records-p0.jsonl"
+    path.write_text(_header_line() + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(jp.errors.RecordsError, match="nested too deeply") as e:
+        jp.report.load_records(path)
+    assert "records-p0.jsonl:2" in str(e.value)
+    rc, err = _report_cli(path, capsys)
+    assert rc == 2 and "nested too deeply" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("field", ["wait_ns", "delay_ns"])
+def test_negative_durations_in_records_are_skipped_counted_and_noted(field, tmp_path):
+    dicts = jp.report.synthetic_records(num_ranks=4, num_steps=40, seed=3)
+    n_steps = sum(d["type"] == "step" for d in dicts)
+    bad = [d for d in dicts if d["type"] == "step" and d["step"] in (20, 21) and d["rank"] == 1]
+    for d in bad:
+        d[field] = -5_000_000
+    loaded = jp.report.load_records(dicts)
+    assert len(loaded) == n_steps - 2  # both lines dropped, as the runtime drops them
+    assert (loaded.columns["wait_ns"] >= 0).all() and (loaded.columns["delay_ns"] >= 0).all()
+    assert loaded.partial
+    assert any("skipped 2 step record(s) with a negative" in n for n in loaded.notes)
+    rep = jp.report.analyze(dicts)
+    assert rep.partial and any("negative" in n for n in rep.notes)
+    # From a file too, with the file and line named.
+    d = tmp_path / "run"
+    _records.write_jsonl(d / _records.records_filename(0), dicts)
+    loaded = jp.report.load_records(d)
+    assert any("records-p0.jsonl:" in n and "negative" in n for n in loaded.notes)

@@ -208,10 +208,10 @@ def test_generator_clock_offsets_of_seconds_do_not_change_results():
 def test_warmup_steps_are_excluded():
     recs = _synthetic(8, 100, seed=14)
     dicts = recs.to_dicts()
-    for d in dicts:  # rank 6 very late during the first 10 steps only
-        if d["type"] == "step" and d["rank"] == 6 and d["step"] < 10:
-            d["arrive_ns"] += 50_000_000
-            d["wait_ns"] -= 50_000_000
+    for d in dicts:  # rank 6 very late during the first 10 steps only: the others wait for it
+        if d["type"] == "step" and d["rank"] != 6 and d["step"] < 10:
+            d["arrive_ns"] -= 50_000_000
+            d["wait_ns"] += 50_000_000
     assert report.analyze(dicts, warmup_steps=10).culprit is None
     assert report.analyze(dicts, warmup_steps=10).analyzed_steps == 90
     assert report.analyze(dicts, warmup_steps=0).rank_stats(6).mean_lateness_s > 1e-3

@@ -158,6 +158,8 @@ class _Builder:
         self.notes: list[str] = []
         self.partial = False
         self.sources: list[str] = []
+        self.negative = 0  # step records skipped for a negative wait_ns/delay_ns
+        self.negative_first: str | None = None
 
     def add_header(self, rec: Mapping[str, Any], where: str) -> None:
         fmt = rec.get("format")
@@ -190,6 +192,13 @@ class _Builder:
         site = rec["site"]
         if not isinstance(site, str):
             raise RecordsError(f"{where}: `site` must be a string, got {site!r}.")
+        if rec["wait_ns"] < 0 or rec["delay_ns"] < 0:
+            # A clock that went backwards, or an edited file: the runtime drops such a
+            # record rather than trust it; the reader does the same, counts and notes it.
+            self.negative += 1
+            if self.negative_first is None:
+                self.negative_first = where
+            return
         idx = self.site_index.setdefault(site, len(self.site_index))
         cols = self.cols
         for k in INT_STEP_FIELDS:
@@ -251,6 +260,14 @@ class _Builder:
         process_count = counts.pop() if counts else None
         notes = list(self.notes)
         partial = self.partial
+        if self.negative:
+            partial = True
+            notes.append(
+                f"PARTIAL: skipped {self.negative} step record(s) with a negative `wait_ns` "
+                f"or `delay_ns` (first at {self.negative_first}): durations cannot be "
+                "negative, so these came from a clock that went backwards or an edited "
+                "file and are not trusted."
+            )
         if process_count is not None:
             missing = sorted(set(range(process_count)) - set(by_proc))
             if missing:
@@ -295,32 +312,47 @@ def _check_int(rec: Mapping[str, Any], key: str, where: str) -> None:
         raise RecordsError(f"{where}: `{key}` must be an integer, got {v!r}.")
 
 
+# Longest records line accepted. A step line is ~200 bytes and a header with
+# rank groups for 1024 ranks well under 1 MiB; a longer line is not a records
+# line, and it is refused after reading at most this much of it.
+MAX_LINE_BYTES = 8 * 1024 * 1024
+
+
 def _read_file(builder: _Builder, path: Path) -> None:
     builder.sources.append(str(path))
     try:
-        data = path.read_bytes()
+        f = path.open("rb")
     except OSError as e:
         raise RecordsError(f"cannot read records file {path}: {e.strerror or e}.") from None
-    text = data.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    ends_with_newline = text.endswith("\n")
-    if ends_with_newline:
-        lines.pop()
-    # Index of the last non-empty line: a process killed mid-write leaves it cut short.
-    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
-    if last < 0:
-        builder.partial = True
-        builder.notes.append(f"PARTIAL: {path} is empty (the process wrote nothing).")
-        return
+    with f:
+        _read_lines(builder, path, f)
+
+
+def _read_lines(builder: _Builder, path: Path, f: Any) -> None:
     first_seen = False
-    for i, line in enumerate(lines):
+    i = 0
+    while True:
+        try:
+            raw = f.readline(MAX_LINE_BYTES + 1)  # bounded: never a whole huge line
+        except OSError as e:
+            raise RecordsError(f"cannot read records file {path}: {e.strerror or e}.") from None
+        if not raw:
+            break
+        i += 1
+        where = f"{path}:{i}"
+        if len(raw) > MAX_LINE_BYTES:
+            raise RecordsError(
+                f"{where}: line is longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB; records "
+                "lines are short JSON objects (docs/records.md). This is not a jaxpace records "
+                "file, or it is corrupt; remove that line or point at the run's own files."
+            )
+        line = raw.decode("utf-8", errors="replace")
         if not line.strip():
             continue
-        where = f"{path}:{i + 1}"
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == last and not ends_with_newline:
+            if not raw.endswith(b"\n"):  # only the last line can lack it: cut short
                 builder.partial = True
                 builder.notes.append(
                     f"PARTIAL: {where}: last line is cut short (the process was probably "
@@ -332,6 +364,11 @@ def _read_file(builder: _Builder, path: Path) -> None:
                 "Records files hold one JSON object per line (docs/records.md); remove or "
                 "fix that line."
             ) from None
+        except RecursionError:
+            raise RecordsError(
+                f"{where}: JSON nested too deeply to read: {line[:40]!r}... Records lines "
+                "are flat JSON objects (docs/records.md); remove or fix that line."
+            ) from None
         if not first_seen:
             first_seen = True
             if not (isinstance(rec, Mapping) and rec.get("type") == "header"):
@@ -340,6 +377,9 @@ def _read_file(builder: _Builder, path: Path) -> None:
                     "not look like a jaxpace records file (docs/records.md)."
                 )
         builder.add(rec, where)
+    if not first_seen:
+        builder.partial = True
+        builder.notes.append(f"PARTIAL: {path} is empty (the process wrote nothing).")
 
 
 def load_records(
