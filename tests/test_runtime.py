@@ -95,9 +95,9 @@ def test_configure_default_pacer_rules():
 
 
 def test_stats_say_how_measuring_shards_were_found(monkeypatch):
-    from jaxpace import _mesh_registry
+    from jaxpace.topology import registry
 
-    monkeypatch.setattr(_mesh_registry, "_MESHES", type(_mesh_registry._MESHES)(maxlen=16))
+    monkeypatch.setattr(registry, "_MESHES", type(registry._MESHES)(maxlen=16))
     pacer = jp.Pacer()
     _run(pacer, steps=1)
     assert "process-contiguous" in pacer.stats()["s"].layout
