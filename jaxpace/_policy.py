@@ -354,30 +354,7 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
     c = config
 
     def init_fn(num_ranks: int) -> AdaptiveState:
-        if (
-            isinstance(num_ranks, bool)
-            or not isinstance(num_ranks, (int, np.integer))
-            or num_ranks < 1
-        ):
-            raise ConfigError(f"`num_ranks` must be a positive integer, got {num_ranks!r}.")
-        n = int(num_ranks)
-        return AdaptiveState(
-            step=0,
-            history=np.full((c.window, n), np.nan),
-            delays=np.zeros((c.window, n)),
-            filled=0,
-            engaged=False,
-            above=0,
-            below=0,
-            giveup=0,
-            backed_off=False,
-            spread_s=0.0,
-            ab_arm=1,
-            ab_sum_s=np.zeros(2),
-            ab_count=np.zeros(2, dtype=np.int64),
-            ab_rejected=False,
-            steps_paced=0,
-        )
+        return _adaptive_init(c, num_ranks)
 
     def update_fn(obs: Observation, state: AdaptiveState) -> tuple[np.ndarray, AdaptiveState]:
         e = sanitize_seconds(obs.earliness_s)
@@ -421,6 +398,29 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
         name=f"adaptive({fields})",
         max_delay_s=c.max_delay_s,
         status=adaptive_status,
+    )
+
+
+def _adaptive_init(c: AdaptiveConfig, num_ranks: int) -> AdaptiveState:
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
+        raise ConfigError(f"`num_ranks` must be a positive integer, got {num_ranks!r}.")
+    n = int(num_ranks)
+    return AdaptiveState(
+        step=0,
+        history=np.full((c.window, n), np.nan),
+        delays=np.zeros((c.window, n)),
+        filled=0,
+        engaged=False,
+        above=0,
+        below=0,
+        giveup=0,
+        backed_off=False,
+        spread_s=0.0,
+        ab_arm=1,
+        ab_sum_s=np.zeros(2),
+        ab_count=np.zeros(2, dtype=np.int64),
+        ab_rejected=False,
+        steps_paced=0,
     )
 
 
