@@ -41,6 +41,7 @@ __all__ = [
     "psum",
     "report",
     "sim",
+    "sinks",
     "topology",
 ]
 
@@ -48,7 +49,7 @@ __all__ = [
 def __getattr__(name: str):
     # `report` and `sim` load on first use: they pull in rich/HTML code that a
     # training process never needs.
-    if name in ("report", "sim"):
+    if name in ("report", "sim", "sinks"):
         import importlib
 
         return importlib.import_module(f"jaxpace.{name}")

@@ -167,6 +167,7 @@ class Hooks:
             step = int(flag) - 1
             if p._fault_hook is not None:
                 p._fault_hook("post", site.name, rank, step)
+            early = None  # the exchanged earliness, for sinks
             with st.lock:
                 wait_ns, delay_ns = self._close_record(st, step, t)
                 if reduced is None:
@@ -179,6 +180,7 @@ class Hooks:
                         self._note_backoff(site, st)
                         st.early_hist[st.early_n % len(st.early_hist)] = view.earliness_s
                         st.early_n += 1
+                        early = view.earliness_s
             if p._sink_thread.sinks:
                 p._sink_thread.emit(
                     {
@@ -188,6 +190,7 @@ class Hooks:
                         "wait_s": (wait_ns or 0) / 1e9,
                         "delay_s": delay_ns / 1e9,
                         "engaged": st.engaged,
+                        "earliness_s": None if early is None else early.tolist(),
                     }
                 )
         except Exception as e:  # noqa: BLE001 - callbacks must never raise

@@ -60,6 +60,7 @@ class SinkThread:
         while True:
             item = q.get()
             if item is None:
+                self._close_sinks()
                 q.task_done()
                 return
             for sink in self.sinks:
@@ -69,6 +70,17 @@ class SinkThread:
                     self.errors += 1
                     self._errlog.warning("sink", "jaxpace: metrics sink %r raised %r", sink, e)
             q.task_done()
+
+    def _close_sinks(self) -> None:
+        # On this thread, never a callback: e.g. jaxpace.sinks' final file write.
+        for sink in self.sinks:
+            try:
+                close = getattr(sink, "close", None)
+                if callable(close):
+                    close()
+            except Exception as e:  # noqa: BLE001
+                self.errors += 1
+                self._errlog.warning("sink", "jaxpace: closing sink %r raised %r", sink, e)
 
     def flush(self, timeout_s: float = 5.0) -> None:
         """Waits (bounded) until queued summaries are delivered."""

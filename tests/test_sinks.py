@@ -1,0 +1,173 @@
+"""jaxpace.sinks: Prometheus textfile and TensorBoard exporters, read back with their own parsers."""
+
+import math
+import sys
+import threading
+
+import numpy as np
+import pytest
+from conftest import SCRIPTS
+
+import jaxpace as jp
+from jaxpace._probe import RateLimitedLog
+from jaxpace._runtime.sinks import SinkThread
+
+prom_parser = pytest.importorskip("prometheus_client.parser")
+pytest.importorskip("tensorboardX")
+
+
+def _families(path):
+    with open(path) as f:
+        text = f.read()
+    return {f.name: f for f in prom_parser.text_string_to_metric_families(text)}
+
+
+def _samples(fams, name):
+    return [(s.labels, s.value) for s in fams[name].samples]
+
+
+def _summary(step, rank, wait, earliness=None, delay=0.0):
+    return {
+        "site": "grads",
+        "step": step,
+        "rank": rank,
+        "wait_s": wait,
+        "delay_s": delay,
+        "engaged": delay > 0,
+        "earliness_s": earliness,
+    }
+
+
+def test_public_submodule():
+    import jaxpace.sinks
+
+    assert jp.sinks is jaxpace.sinks
+    assert "sinks" in jp.__all__
+
+
+def test_prometheus_runs_on_the_sink_thread_and_closes_with_it(tmp_path):
+    prom = jp.sinks.prometheus_textfile(tmp_path / "m.prom", write_every_s=3600)
+    seen = []
+
+    def spy(s):
+        seen.append(threading.current_thread().name)
+
+    th = SinkThread([spy, prom], RateLimitedLog())
+    for k in range(10):
+        # rank 2 is last (earliness 0) in 8 of 10 steps, rank 0 in the others
+        e = [0.01, 0.02, 0.0, 0.03] if k % 5 else [0.0, 0.02, 0.001, 0.03]
+        th.emit(_summary(k, 0, 0.01 + k * 1e-3, e, delay=0.002))
+    th.close(timeout_s=10)
+    assert set(seen) == {"jaxpace-sinks"} and len(seen) == 10
+    fams = _families(tmp_path / "m.prom")  # written once, by close(), with write_every_s=1h
+    [(labels, culprit)] = _samples(fams, "jaxpace_culprit_rank")
+    assert culprit == 2 and labels["site"] == "grads" and labels["process"] == "0"
+    [(_, frac)] = _samples(fams, "jaxpace_culprit_last_fraction")
+    assert frac == pytest.approx(0.8)
+    [(labels, steps)] = _samples(fams, "jaxpace_steps_measured")
+    assert steps == 10 and labels["rank"] == "0" and labels["host"]
+    [(_, wait)] = _samples(fams, "jaxpace_wait_seconds")
+    assert wait == pytest.approx(0.019)
+    [(_, total)] = _samples(fams, "jaxpace_delay_total_seconds")
+    assert total == pytest.approx(0.02)
+    early = {int(lab["rank"]): v for lab, v in _samples(fams, "jaxpace_earliness_seconds")}
+    assert early[2] == pytest.approx(0.0002) and early[3] == pytest.approx(0.03)
+
+
+def test_prometheus_culprit_unknown_without_exchange(tmp_path):
+    prom = jp.sinks.prometheus_textfile(tmp_path / "m.prom", write_every_s=0)
+    prom(_summary(0, 3, 0.004))
+    fams = _families(prom.path)
+    assert _samples(fams, "jaxpace_culprit_rank")[0][1] == -1
+    assert "jaxpace_earliness_seconds" not in fams or not fams["jaxpace_earliness_seconds"].samples
+
+
+def test_prometheus_bad_setting_names_the_field(tmp_path):
+    with pytest.raises(jp.errors.ConfigError, match="write_every_s"):
+        jp.sinks.prometheus_textfile(tmp_path / "m.prom", write_every_s=-1)
+
+
+def _scalars(logdir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_single_process_pacer(tmp_path):
+    """A real measured psum on 8 CPU devices; the event file is read back by tensorboard."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    tb = jp.sinks.tensorboard(tmp_path / "tb")
+    mesh = jax.make_mesh((8,), ("data",))
+    pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=0.001), granularity="device", sinks=[tb])
+    f = jax.jit(
+        jax.shard_map(
+            lambda x: pacer.psum(x, "data", site="s"), mesh=mesh, in_specs=P("data"), out_specs=P()
+        )  # fmt: skip
+    )
+    x = jax.device_put(np.ones((8, 2), np.float32), jax.NamedSharding(mesh, P("data")))
+    for _ in range(6):
+        jax.block_until_ready(f(x))
+    pacer.flush()
+    pacer.close(timeout_s=10)
+    got = _scalars(tmp_path / "tb")
+    steps = sorted(s for s, _ in got["jaxpace/s/wait_ms/rank3"])
+    assert steps == list(range(6))
+    assert all(v >= 0 and math.isfinite(v) for _, v in got["jaxpace/s/wait_ms/rank3"])
+    assert {f"jaxpace/s/delay_ms/rank{r}" for r in range(8)} <= set(got)
+    # earliness of all 8 ranks, written once per step (by this process's lowest rank)
+    assert len(got["jaxpace/s/earliness_ms/rank7"]) >= 5
+
+
+@pytest.fixture(scope="module")
+def four_by_two(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sinks4x2")
+    proc = __import__("conftest").run_launch(
+        [
+            "-n",
+            4,
+            "--local-devices",
+            2,
+            "--timeout",
+            240,
+            "--",
+            sys.executable,
+            SCRIPTS / "sinks_job.py",
+            out,
+        ],  # fmt: skip
+        timeout_s=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.multiprocess
+def test_prometheus_textfile_4x2(four_by_two):
+    """Each process's textfile parses; all name process 1 (20 ms late) culprit; waits per rank."""
+    waits = {}
+    for p in range(4):
+        fams = _families(four_by_two / f"jaxpace.p{p}.prom")
+        [(labels, culprit)] = _samples(fams, "jaxpace_culprit_rank")
+        assert labels == {"site": "grads", "process": str(p), "host": labels["host"]}
+        assert culprit == 1
+        for labels, v in _samples(fams, "jaxpace_wait_mean_seconds"):
+            waits[int(labels["rank"])] = v
+        [(_, steps)] = _samples(fams, "jaxpace_steps_measured")
+        assert steps == 30
+        early = {int(lab["rank"]): v for lab, v in _samples(fams, "jaxpace_earliness_seconds")}
+        assert sorted(early) == [0, 1, 2, 3] and min(early, key=early.get) == 1
+    assert sorted(waits) == [0, 1, 2, 3]
+    # the late process waits least; the others wait for it
+    assert min(waits, key=waits.get) == 1
+    assert np.median([waits[r] for r in (0, 2, 3)]) > waits[1]
+
+
+@pytest.mark.multiprocess
+def test_tensorboard_4x2(four_by_two):
+    for p in range(4):
+        got = _scalars(four_by_two / "tb" / f"process-{p}")
+        assert len(got[f"jaxpace/grads/wait_ms/rank{p}"]) == 30
+        assert {f"jaxpace/grads/earliness_ms/rank{r}" for r in range(4)} <= set(got)
