@@ -110,15 +110,16 @@ def analyze(
     notes += sel.notes
     iteration = stages.iteration_stats(sel.iter_all[sel.rows])
     amplification = stages.amplification(sel.compute)
-    culprits = stages.rank_culprits(data, sel, iteration)
-    notes += culprits.notes
     groups = stages.normalize_groups(topology_groups, recs, data)
+    culprits = stages.rank_culprits(data, sel, iteration, groups)
+    notes += culprits.notes
     failure_modes, primary = stages.assess_modes(
         data, sel, culprits, iteration, amplification, groups, expected_transfer_s
     )
     forecast, forecast_note = stages.forecast(sel.compute, amplification, culprits.culprit)
     if forecast_note:
         notes.append(forecast_note)
+    costs = stages.waiting_costs(data, sel, culprits, iteration.mean_s)
     return Report(
         run_id=recs.run_id,
         site=site,
@@ -144,5 +145,9 @@ def analyze(
         what_if=stages.what_if(data, sel, culprits, iteration.mean_s),
         forecast=forecast,
         pacing=stages.pacing_effect(data, sel),
+        culprits=culprits.culprits,
+        late_groups=culprits.groups,
+        costs=costs,
+        decisions=stages.decisions(culprits, failure_modes, primary, costs, sel.periodic),
         data=data,
     )

@@ -21,12 +21,14 @@ __all__ = [
     "FORECAST_RANKS",
     "FailureMode",
     "Forecast",
+    "GroupFinding",
     "IterationStats",
     "PacingEffect",
     "PeriodicOutliers",
     "RankStats",
     "Report",
     "SiteData",
+    "WaitingCost",
     "WhatIf",
     "write_json",
 ]
@@ -73,7 +75,13 @@ class RankStats:
       ci_low_s, ci_high_s: 95% confidence interval of `excess_lateness_s`
         (Student t over steps; ignores autocorrelation).
       compute_s, delay_s, sync_wait_s, transfer_s: mean phase times per step.
-      late: the interval excludes 0 and the excess is above the noise floor.
+      late: significantly later than the median rank after correcting for
+        testing every rank (Holm-adjusted p below `stages.culprit.ALPHA`), and
+        by more than the noise floor.
+      z: that test's statistic: the excess over the median rank in units of its
+        standard error (batch means over steps, plus the spread healthy ranks
+        show); >= 5 is overwhelming evidence at any rank count.
+      p_adjusted: its one-sided p-value, Holm-adjusted over all ranks, in [0, 1].
     """
 
     rank: int
@@ -89,6 +97,70 @@ class RankStats:
     sync_wait_s: float
     transfer_s: float
     late: bool
+    z: float = 0.0
+    p_adjusted: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupFinding:
+    """A group of ranks (host, NUMA node, NIC, leaf switch, process) late together.
+
+    Attributes:
+      kind, label: the grouping (`host`, `numa`, `nic`, `leaf`, `process`, or a
+        user-given kind) and the group's name in it.
+      ranks: its ranks; hosts: the hosts they run on.
+      excess_lateness_s: mean over steps of (members' mean excess lateness minus
+        the other ranks'), seconds; ci_low_s/ci_high_s: its 95% interval.
+      typical_member_s: median member's mean excess minus the median non-member's
+        (a group is late only when this, not one culprit inside it, is large).
+      z, p_adjusted: batch-means t statistic and its Holm-adjusted p-value over
+        every group of every kind.
+      late_ranks: the members later than the median non-member by more than the
+        noise floor.
+    """
+
+    kind: str
+    label: str
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    excess_lateness_s: float
+    typical_member_s: float
+    ci_low_s: float
+    ci_high_s: float
+    z: float
+    p_adjusted: float
+    late_ranks: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """`kind label`, e.g. `numa node-3/1`."""
+        return f"{self.kind} {self.label}"
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitingCost:
+    """What one culprit (or late group) costs the job, and what fixing it saves.
+
+    Model as in `WhatIf`: step = ``max_i(compute_i) + transfer``; the culprit's
+    (or every member's) compute is replaced by the per-step median compute.
+
+    Attributes:
+      target: `rank 200`, `host node-3`, `numa node-3/1`, or `all culprits`.
+      ranks: the ranks replaced.
+      saving_s: mean step time saved per step, seconds (>= 0).
+      saving_fraction: `saving_s` over the measured mean step time.
+      what_if_step_s: measured mean step time minus `saving_s`.
+      gpu_hours_per_1000_steps: GPU-hours all ranks spend waiting for the
+        target per 1,000 steps, ``saving_s x ranks x 1000 / 3600``: what fixing
+        it gives back.
+    """
+
+    target: str
+    ranks: tuple[int, ...]
+    saving_s: float
+    saving_fraction: float
+    what_if_step_s: float
+    gpu_hours_per_1000_steps: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,10 +297,15 @@ class Report:
       amplification: mean over steps of the max-rank compute, over the mean
         compute (>= 1; 1 = no rank ever waits for another); NaN without compute.
       ranks: per-rank statistics, by rank.
-      ranking: ranks from most to least culpable (arrived last most often,
-        then largest excess lateness).
+      ranking: ranks from most to least culpable (late ranks first, then by
+        largest excess lateness).
       culprit: the persistent culprit rank, or None (never for balanced runs).
       culprit_process: its process (or a process whose ranks are late together).
+      culprits: every individual culprit rank, latest first (`culprit` is the first).
+      late_groups: groups of ranks late together (`GroupFinding`), most significant first.
+      costs: GPU-hours spent waiting for each culprit and late group (`WaitingCost`).
+      decisions: one line per decision (culprit, group, mode, or none), each with
+        its evidence and confidence, in the order a user should act on them.
       noise_floor_s: excess lateness below this is not called late.
       failure_modes: one `FailureMode` per name in `FAILURE_MODES`.
       primary_mode: the detected mode with the highest score, or "balanced".
@@ -260,6 +337,10 @@ class Report:
     what_if: WhatIf | None
     forecast: Forecast | None
     pacing: PacingEffect | None
+    culprits: tuple[int, ...] = ()
+    late_groups: tuple[GroupFinding, ...] = ()
+    costs: tuple[WaitingCost, ...] = ()
+    decisions: tuple[str, ...] = ()
     data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def mode(self, name: str) -> FailureMode:

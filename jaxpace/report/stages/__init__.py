@@ -4,10 +4,18 @@
 2. `steps`: drop the warm-up and periodic slow steps; iteration statistics;
 3. `culprit`: per-rank statistics, the ranking, the persistent culprit;
 4. `modes`: score each failure mode, pick the primary one;
-5. `outlook`: what-if, the amplification forecast, the pacing effect.
+5. `outlook`: what-if, waiting costs, the amplification forecast, the pacing effect;
+6. `decide`: one line per decision with its evidence and confidence.
 """
 
-from jaxpace.report.stages.culprit import CulpritRanking, noise_floor, rank_culprits
+from jaxpace.report.stages.culprit import (
+    ALPHA,
+    CulpritRanking,
+    late_groups,
+    noise_floor,
+    rank_culprits,
+)
+from jaxpace.report.stages.decide import decisions
 from jaxpace.report.stages.modes import (
     amplification_mode,
     assess_modes,
@@ -23,6 +31,7 @@ from jaxpace.report.stages.outlook import (
     forecast,
     lognormal_max_ratio,
     pacing_effect,
+    waiting_costs,
     what_if,
 )
 from jaxpace.report.stages.site import pick_site, site_data
@@ -35,6 +44,7 @@ from jaxpace.report.stages.steps import (
 )
 
 __all__ = [
+    "ALPHA",
     "CulpritRanking",
     "StepSelection",
     "amplification",
@@ -42,9 +52,11 @@ __all__ = [
     "assess_modes",
     "classify",
     "contention_mode",
+    "decisions",
     "empirical_max_ratio",
     "forecast",
     "iteration_stats",
+    "late_groups",
     "locality_mode",
     "locality_score",
     "lognormal_max_ratio",
@@ -57,5 +69,6 @@ __all__ = [
     "select_steps",
     "site_data",
     "straggler_mode",
+    "waiting_costs",
     "what_if",
 ]

@@ -1,37 +1,69 @@
-"""Stage 3: rank the ranks by culpability and name a persistent culprit."""
+"""Stage 3: rank the ranks by culpability; name persistent culprits and late groups.
+
+A rank is a *culprit* when its excess lateness is significantly above that of
+the typical rank after correcting for testing every rank (Holm, family-wise
+error `ALPHA`), and above the noise floor. How often it arrives last does not
+decide: among thousands of ranks, the per-step maximum of the others' jitter
+beats a modest but persistent lead most of the time. Groups of ranks (host,
+NUMA, NIC, leaf switch, process) are tested the same way on their members'
+mean lateness against the other ranks'; a group is *late* when it is
+significant, its typical member (not one culprit inside it) is above the noise
+floor, and then its late members are explained by the group.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
-from jaxpace.report.model import IterationStats, RankStats, SiteData
-from jaxpace.report.stages.stats import col_mean, median_of_others, robust_std, t95
+from jaxpace.report.model import GroupFinding, IterationStats, RankStats, SiteData
+from jaxpace.report.stages.stats import (
+    batch_means_se,
+    col_mean,
+    holm,
+    median_of_others,
+    robust_std,
+    t95,
+    t_sf,
+)
 from jaxpace.report.stages.steps import StepSelection
 from jaxpace.report.text import ranges
 
-__all__ = ["CulpritRanking", "noise_floor", "rank_culprits"]
+__all__ = ["ALPHA", "CulpritRanking", "late_groups", "noise_floor", "rank_culprits"]
+
+# Family-wise error rate of one report: the chance, on a healthy run, that any
+# rank or group is named (each family corrected by Holm's method).
+ALPHA = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
 class CulpritRanking:
-    """Who arrives last, by how much, and whether one rank (or process) is to blame.
+    """Who arrives late, by how much, and whether a rank, process or group is to blame.
 
-    Indices (`order`, `culprit_index`) are positions in `SiteData.ranks`.
+    Indices (`order`, `culprit_index`, `culprit_indices`) are positions in `SiteData.ranks`.
     """
 
     rank_stats: tuple[RankStats, ...]
     ranking: tuple[int, ...]  # rank ids, most culpable first
     order: tuple[int, ...]  # the same as indices
     last_fraction: np.ndarray  # (R,)
-    late: np.ndarray  # (R,) bool
+    late: np.ndarray  # (R,) bool: significant and above the noise floor
     noise_floor_s: float
     culprit_index: int | None
     culprit: int | None
     culprit_process: int | None
     notes: tuple[str, ...]
+    culprit_indices: tuple[int, ...] = ()  # every individual culprit, latest first
+    groups: tuple[GroupFinding, ...] = ()  # late groups (any kind), most significant first
+    excess: np.ndarray | None = None  # (n, R) per-step excess lateness of the analyzed steps
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        """Rank ids of every individual culprit, latest first."""
+        return tuple(self.rank_stats[i].rank for i in self.culprit_indices)
 
 
 def noise_floor(excess: np.ndarray, p50_s: float) -> float:
@@ -44,51 +76,83 @@ def noise_floor(excess: np.ndarray, p50_s: float) -> float:
     return max(terms)
 
 
-def rank_culprits(data: SiteData, sel: StepSelection, iteration: IterationStats) -> CulpritRanking:
-    """Per-rank statistics, the ranking, and the persistent culprit (if any)."""
+def _significance(excess: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per rank: (d, se, z, p): excess over the median rank, its error, t statistic, p-value.
+
+    `d_i` = mean excess of rank i minus the median over ranks of the mean
+    excess (so a heavy tail shared by every rank cancels). Its variance is the
+    batch-means error of rank i, plus the between-rank spread that healthy
+    ranks show (static speed differences; estimated robustly, so a few
+    culprits do not inflate it), plus the error of the median itself.
+    """
+    n, R = excess.shape
+    m = excess.mean(axis=0)
+    d = m - np.median(m)
+    se, df = batch_means_se(excess)
+    if df < 1 or R < 2:
+        return d, se, np.zeros(R), np.ones(R)
+    se2 = se**2
+    med_se2 = float(np.median(se2))
+    tau2 = max(float(robust_std(d)) ** 2 - med_se2, 0.0)
+    var = se2 + tau2 + 1.571 * med_se2 / R
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(var > 0, d / np.sqrt(var), np.where(d > 0, np.inf, 0.0))
+    return d, np.sqrt(var), z, t_sf(z, df)
+
+
+def rank_culprits(
+    data: SiteData,
+    sel: StepSelection,
+    iteration: IterationStats,
+    groups: Mapping[str, Mapping[int, str]] | None = None,
+) -> CulpritRanking:
+    """Per-rank statistics, the ranking, culprits and late groups.
+
+    Args:
+      data, sel, iteration: the earlier stages' results.
+      groups: `{kind: {rank: label}}` to test as groups (see `normalize_groups`);
+        processes with several ranks are always tested.
+    """
     rows, n, R = sel.rows, sel.n, data.ranks.size
     wait, lat = data.wait[rows], data.lateness[rows]
-    last = np.argmin(wait, axis=1)
+    last = np.argmin(wait, axis=1) if n else np.zeros(0, int)
     last_fraction = np.bincount(last, minlength=R) / max(n, 1)
-    excess = lat - median_of_others(lat)
-    ex_mean = excess.mean(axis=0)
+    excess = lat - median_of_others(lat) if n else np.zeros((0, R))
+    ex_mean = excess.mean(axis=0) if n else np.zeros(R)
     ex_std = excess.std(axis=0, ddof=1) if n > 1 else np.zeros(R)
     half = t95(n - 1) * ex_std / math.sqrt(n) if n > 1 else np.full(R, math.inf)
     ci_low, ci_high = ex_mean - half, ex_mean + half
-    floor = noise_floor(excess, iteration.p50_s)
-    late = (ci_low > 0) & (ex_mean > floor)
-    order = sorted(range(R), key=lambda i: (-last_fraction[i], -ex_mean[i], int(data.ranks[i])))
-    mean_compute = col_mean(sel.compute, R)
-    mean_delay = col_mean(data.delay[rows], R)
-    mean_sync = col_mean(data.sync_wait[rows], R)
-    mean_transfer = float(data.transfer[rows].mean()) if n else math.nan
-    rank_stats = tuple(
-        RankStats(
-            rank=int(data.ranks[i]),
-            process=int(data.processes[i]),
-            host=data.hosts[i],
-            last_fraction=float(last_fraction[i]),
-            mean_lateness_s=float(lat[:, i].mean()) if n else math.nan,
-            excess_lateness_s=float(ex_mean[i]),
-            ci_low_s=float(ci_low[i]),
-            ci_high_s=float(ci_high[i]),
-            compute_s=float(mean_compute[i]),
-            delay_s=float(mean_delay[i]),
-            sync_wait_s=float(mean_sync[i]),
-            transfer_s=mean_transfer,
-            late=bool(late[i]),
-        )
-        for i in range(R)
+    floor = noise_floor(excess, iteration.p50_s) if n else 20e-6
+    if n >= 2 and R >= 2:
+        d, _, z, p = _significance(excess)
+    else:
+        d, z, p = np.zeros(R), np.zeros(R), np.ones(R)
+    p_adj = holm(p)
+    late = (p_adj < ALPHA) & (d > floor)
+    order = sorted(range(R), key=lambda i: (not late[i], -ex_mean[i], int(data.ranks[i])))
+    found = late_groups(data, lat, groups or {}, floor) if n >= 2 else ()
+    explained = np.zeros(R, bool)
+    for g in found:
+        explained[np.isin(data.ranks, g.ranks)] = True
+    individual = [i for i in order if late[i] and not explained[i]]
+    individual.sort(key=lambda i: (-d[i], int(data.ranks[i])))
+    rank_stats = _rank_stats(
+        data, sel, lat, last_fraction, ex_mean, ci_low, ci_high, late, z, p_adj
     )
-    cands = [i for i in order if late[i] and last_fraction[i] >= 0.5]
-    culprit_i = cands[0] if cands else None
+    culprit_i = individual[0] if individual else None
     culprit_process = int(data.processes[culprit_i]) if culprit_i is not None else None
     notes: list[str] = []
     if culprit_i is None:
-        found = _late_process(data, last, last_fraction, late, n)
-        if found is not None:
-            culprit_i, culprit_process, note = found
-            notes.append(note)
+        proc = next((g for g in found if g.kind == "process"), None)
+        if proc is not None:
+            members = np.flatnonzero(np.isin(data.ranks, proc.ranks))
+            culprit_i = int(members[np.argmax(d[members])])
+            culprit_process = int(proc.label)
+            pl = float(np.isin(last, members).mean()) if n else 0.0
+            notes.append(
+                f"process {proc.label} is last in {pl:.0%} of steps: its ranks "
+                f"{ranges(data.ranks[members])} are late together."
+            )
     return CulpritRanking(
         rank_stats=rank_stats,
         ranking=tuple(int(data.ranks[i]) for i in order),
@@ -100,29 +164,162 @@ def rank_culprits(data: SiteData, sel: StepSelection, iteration: IterationStats)
         culprit=int(data.ranks[culprit_i]) if culprit_i is not None else None,
         culprit_process=culprit_process,
         notes=tuple(notes),
+        culprit_indices=tuple(individual),
+        groups=found,
+        excess=excess,
     )
 
 
-def _late_process(
-    data: SiteData, last: np.ndarray, last_fraction: np.ndarray, late: np.ndarray, n: int
-) -> tuple[int, int, str] | None:
-    """(culprit index, process, note) when one process's ranks are late together, else None.
+def _rank_stats(data, sel, lat, last_fraction, ex_mean, ci_low, ci_high, late, z, p_adj):
+    rows, n, R = sel.rows, sel.n, data.ranks.size
+    mean_compute = col_mean(sel.compute, R)
+    mean_delay = col_mean(data.delay[rows], R)
+    mean_sync = col_mean(data.sync_wait[rows], R)
+    mean_lat = col_mean(lat, R)
+    mean_transfer = float(data.transfer[rows].mean()) if n else math.nan
+    return tuple(
+        RankStats(
+            rank=int(data.ranks[i]),
+            process=int(data.processes[i]),
+            host=data.hosts[i],
+            last_fraction=float(last_fraction[i]),
+            mean_lateness_s=float(mean_lat[i]),
+            excess_lateness_s=float(ex_mean[i]),
+            ci_low_s=float(ci_low[i]),
+            ci_high_s=float(ci_high[i]),
+            compute_s=float(mean_compute[i]),
+            delay_s=float(mean_delay[i]),
+            sync_wait_s=float(mean_sync[i]),
+            transfer_s=mean_transfer,
+            late=bool(late[i]),
+            z=float(z[i]),
+            p_adjusted=float(p_adj[i]),
+        )
+        for i in range(R)
+    )
 
-    Device granularity: a late process makes all its ranks late together, so each
-    of them is last only part of the time; judge the process as a unit.
+
+def _partitions(
+    data: SiteData, groups: Mapping[str, Mapping[int, str]]
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(kind, labels, codes per rank) of each testable grouping; processes first, no duplicates."""
+    out: list[tuple[str, np.ndarray, np.ndarray]] = []
+    seen: list[np.ndarray] = []
+    kinds: list[tuple[str, list]] = [("process", [str(int(p)) for p in data.processes])]
+    for kind, mapping in sorted(groups.items()):
+        labels = [mapping.get(int(r)) for r in data.ranks]
+        if any(lbl is None for lbl in labels):
+            continue
+        kinds.append((str(kind), [str(x) for x in labels]))
+    for kind, labels in kinds:
+        names, codes = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)
+        sizes = np.bincount(codes, minlength=names.size)
+        if names.size < 2 or sizes.max() < 2:
+            continue
+        # Canonical form of the partition: the first rank index of each rank's group.
+        first = np.full(names.size, -1)
+        first[codes[::-1]] = np.arange(codes.size)[::-1]
+        canon = first[codes]
+        if any(np.array_equal(canon, s) for s in seen):
+            continue
+        seen.append(canon)
+        out.append((kind, names, codes))
+    return out
+
+
+def late_groups(
+    data: SiteData,
+    lateness: np.ndarray,
+    groups: Mapping[str, Mapping[int, str]],
+    floor: float,
+) -> tuple[GroupFinding, ...]:
+    """Groups whose ranks are late together, most significant first (see the module docstring).
+
+    Per grouping kind and group g, per step: the mean lateness of g's members
+    minus that of the other ranks (`lateness`: analyzed steps x ranks). Its mean over steps is tested with a
+    batch-means t statistic, Holm-corrected over every group of every kind. A
+    significant group is late when its median member is later than the median
+    non-member by more than `floor` and at least half its members are.
     """
-    procs = np.unique(data.processes)
-    if not (1 < procs.size < data.ranks.size):
-        return None
-    proc_idx = np.searchsorted(procs, data.processes)
-    proc_last = np.bincount(proc_idx[last], minlength=procs.size) / max(n, 1)
-    for pi in np.argsort(-proc_last, kind="stable"):
-        members = np.flatnonzero(proc_idx == pi)
-        if proc_last[pi] >= 0.5 and late[members].all():
-            process = int(procs[pi])
-            note = (
-                f"process {process} is last in {proc_last[pi]:.0%} of steps: its "
-                f"ranks {ranges(data.ranks[members])} are late together."
+    excess = lateness
+    n, R = excess.shape
+    parts = _partitions(data, groups)
+    cands: list[tuple[int, str, str, np.ndarray, float, float, float, float]] = []
+    p_all: list[float] = []
+    m_rank = excess.mean(axis=0)
+    total = excess.sum(axis=1, keepdims=True)
+    for kind, names, codes in parts:
+        G = names.size
+        order = np.argsort(codes, kind="stable")
+        sizes = np.bincount(codes, minlength=G)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        sums = np.add.reduceat(excess[:, order], starts, axis=1)  # (n, G)
+        rest = np.maximum(R - sizes, 1)
+        diff = sums / sizes - (total - sums) / rest
+        eff = diff.mean(axis=0)
+        se, df = batch_means_se(diff)
+        if df < 1:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(se > 0, eff / se, np.where(eff > 0, np.inf, 0.0))
+        p = t_sf(t, df)
+        p_all.extend(p.tolist())  # every group of every kind counts towards the correction
+        base = len(p_all) - G
+        for g in np.flatnonzero((eff > floor) & (p < ALPHA)):
+            members = codes == g
+            if members.all():
+                continue
+            ref = np.median(m_rank[~members])
+            typical = float(np.median(m_rank[members]) - ref)
+            share = float(np.mean(m_rank[members] - ref > floor))
+            members = (members, members & (m_rank - ref > floor))
+            cands.append(
+                (base + int(g), kind, str(names[g]), members, float(eff[g]), float(se[g]),
+                 typical, share)
+            )  # fmt: skip
+    if not cands:
+        return ()
+    p_adj = holm(np.array(p_all))
+    out = []
+    for i, kind, label, (members, late_m), eff, se, typical, share in cands:
+        if p_adj[i] >= ALPHA or typical <= floor or share < 0.5:
+            continue
+        hosts = sorted({data.hosts[j] for j in np.flatnonzero(members)})
+        out.append(
+            GroupFinding(
+                kind=kind,
+                label=label,
+                ranks=tuple(int(r) for r in data.ranks[members]),
+                hosts=tuple(hosts),
+                excess_lateness_s=eff,
+                typical_member_s=typical,
+                ci_low_s=eff - 1.96 * se,
+                ci_high_s=eff + 1.96 * se,
+                z=eff / se if se > 0 else math.inf,
+                p_adjusted=float(p_adj[i]),
+                late_ranks=tuple(int(r) for r in data.ranks[late_m]),
             )
-            return int(members[np.argmax(last_fraction[members])]), process, note
-    return None
+        )
+    out = _nested(out)
+    out.sort(key=lambda g: (g.p_adjusted, -g.excess_lateness_s))
+    return tuple(out)
+
+
+def _nested(found: list[GroupFinding]) -> list[GroupFinding]:
+    """Of two late groups where one holds the other, keeps the one that explains the lateness.
+
+    The coarser group goes when its late members all sit in the finer one (a
+    late NUMA node inside a host); the finer one goes when the coarser group has
+    late members outside it too (a whole late host and its NUMA halves).
+    """
+    drop: set[int] = set()
+    sets = [set(g.ranks) for g in found]
+    for a in range(len(found)):
+        for b, coarse in enumerate(found):
+            if a == b or not sets[a] < sets[b]:
+                continue
+            if set(coarse.late_ranks) <= sets[a]:
+                drop.add(b)
+            else:
+                drop.add(a)
+    return [g for i, g in enumerate(found) if i not in drop]

@@ -8,9 +8,16 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace.report.model import FAILURE_MODES, FailureMode, IterationStats, SiteData
+from jaxpace.report.model import (
+    FAILURE_MODES,
+    FailureMode,
+    GroupFinding,
+    IterationStats,
+    SiteData,
+)
 from jaxpace.report.records import Records
-from jaxpace.report.stages.culprit import CulpritRanking
+from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, late_groups
+from jaxpace.report.stages.stats import robust_std
 from jaxpace.report.stages.steps import StepSelection
 from jaxpace.report.text import format_ms, ranges
 
@@ -26,28 +33,54 @@ __all__ = [
 ]
 
 
+def _p_text(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-12 else "< 1e-12"
+
+
 def straggler_mode(c: CulpritRanking, n: int) -> FailureMode:
-    """Persistent straggler: one rank last in >= 50% of steps and significantly late."""
-    if c.culprit_index is not None:
-        rs = c.rank_stats[c.culprit_index]
-        ev = (
-            f"rank {rs.rank} ({rs.host}) arrived last in {rs.last_fraction:.0%} of {n} steps",
-            f"excess lateness {format_ms(rs.excess_lateness_s)} (95% CI "
-            f"{format_ms(rs.ci_low_s)} to {format_ms(rs.ci_high_s)}); noise floor "
-            f"{format_ms(c.noise_floor_s)}",
-        )
-        score = float(max(c.last_fraction[c.culprit_index], 0.5))
-        return FailureMode("persistent_straggler", score, True, ev)
+    """Persistent straggler: ranks (or one process) significantly later than the median rank.
+
+    Significance is tested per rank against the median rank and corrected for
+    testing all ranks (Holm, family-wise `ALPHA`); see `rank_culprits`.
+    """
     R = c.last_fraction.size
-    lf_late = [c.last_fraction[i] for i in range(R) if c.late[i]]
+    if c.culprit_indices:
+        ev = []
+        for i in c.culprit_indices[:5]:
+            rs = c.rank_stats[i]
+            ev.append(
+                f"rank {rs.rank} ({rs.host}) is {format_ms(rs.excess_lateness_s)} later than a "
+                f"typical rank (95% CI {format_ms(rs.ci_low_s)} to {format_ms(rs.ci_high_s)}; "
+                f"z = {rs.z:.1f}, Holm p = {_p_text(rs.p_adjusted)} over {R} ranks); last in "
+                f"{rs.last_fraction:.0%} of {n} steps"
+            )
+        if len(c.culprit_indices) > 5:
+            ev.append(f"... {len(c.culprit_indices) - 5} more late ranks")
+        ev.append(f"noise floor {format_ms(c.noise_floor_s)}")
+        top = c.rank_stats[c.culprit_indices[0]]
+        return FailureMode("persistent_straggler", max(0.5, 1.0 - top.p_adjusted), True, tuple(ev))
+    proc = next((g for g in c.groups if g.kind == "process"), None)
+    if c.culprit_index is not None and proc is not None:
+        ev = (
+            f"process {proc.label} (ranks {ranges(proc.ranks)}, {', '.join(proc.hosts)}) is "
+            f"{format_ms(proc.excess_lateness_s)} later than the other ranks (95% CI "
+            f"{format_ms(proc.ci_low_s)} to {format_ms(proc.ci_high_s)}; z = {proc.z:.1f}, "
+            f"Holm p = {_p_text(proc.p_adjusted)})",
+            f"noise floor {format_ms(c.noise_floor_s)}",
+        )
+        return FailureMode("persistent_straggler", max(0.5, 1.0 - proc.p_adjusted), True, ev)
+    if not c.rank_stats:
+        return FailureMode("persistent_straggler", 0.0, False, ("no ranks",))
+    top = c.rank_stats[c.order[0]]
     return FailureMode(
         "persistent_straggler",
-        float(max(lf_late, default=0.0)) * 0.5,
+        0.4 if top.p_adjusted < ALPHA else 0.0,
         False,
         (
-            f"most frequent last arriver: rank {c.ranking[0]} in "
-            f"{c.last_fraction[c.order[0]]:.0%} of {n} steps (uniform: {1 / max(R, 1):.0%}); "
-            f"needs >= 50% and a significant excess lateness above {format_ms(c.noise_floor_s)}",
+            f"latest rank: {top.rank}, {format_ms(top.excess_lateness_s)} later than a typical "
+            f"rank (z = {top.z:.1f}, Holm p = {_p_text(top.p_adjusted)} over {R} ranks); a "
+            f"culprit needs p < {ALPHA:g} and an excess above the noise floor "
+            f"{format_ms(c.noise_floor_s)}",
         ),
     )
 
@@ -109,7 +142,8 @@ def locality_score(
         return 0.0, [f"{kind}: all ranks equally late; nothing to explain"]
     eta2 = float(ssb(y) / sst)
     rng = np.random.default_rng(0)
-    perms = np.argsort(rng.random((2000, R)), axis=1)
+    n_perm = int(min(2000, max(200, 4_000_000 // R)))
+    perms = np.argsort(rng.random((n_perm, R)), axis=1)
     null = ssb(y[perms]) / sst
     p_value = float((1 + np.count_nonzero(null >= eta2 - 1e-12)) / (1 + null.size))
     gmeans = (y @ onehot) / sizes
@@ -125,37 +159,68 @@ def locality_score(
     return (eta2 if significant else 0.0), evidence
 
 
+def group_line(g: GroupFinding, floor_s: float, num_groups: int | None = None) -> str:
+    """One line of evidence for a late group."""
+    over = f" over {num_groups} groups" if num_groups else ""
+    return (
+        f"{g.kind} `{g.label}` (ranks {ranges(g.ranks)}) on {', '.join(g.hosts[:3])}"
+        f"{', ...' if len(g.hosts) > 3 else ''} is {format_ms(g.excess_lateness_s)} later than "
+        f"the other ranks (95% CI {format_ms(g.ci_low_s)} to {format_ms(g.ci_high_s)}; typical "
+        f"member +{format_ms(g.typical_member_s)}; z = {g.z:.1f}, Holm p = "
+        f"{_p_text(g.p_adjusted)}{over}); noise floor {format_ms(floor_s)}"
+    )
+
+
 def locality_mode(
     groups: Mapping[str, Mapping[int, str]],
     data: SiteData,
     sel: StepSelection,
     noise_floor_s: float,
+    findings: tuple[GroupFinding, ...] | None = None,
 ) -> FailureMode:
-    """Locality: the best-scoring testable grouping of ranks explains their lateness."""
+    """Locality: ranks sharing a host, NUMA node, NIC or leaf switch are late together.
+
+    Detected when `late_groups` names a group that is not a process (a late
+    process is a persistent straggler). The score is the larger of the group's
+    confidence (1 - Holm p) and the share of between-rank variance its grouping
+    explains (eta^2).
+    """
+    if findings is None:
+        lat = data.lateness[sel.rows]
+        findings = late_groups(data, lat, groups, noise_floor_s) if sel.n >= 2 else ()
+    found = [g for g in findings if g.kind != "process"]
     lat = data.lateness[sel.rows]
     mean_lat = lat.mean(axis=0) if sel.n else np.zeros(data.ranks.size)
-    best: tuple[float, list[str]] = (0.0, [])
-    tested = []
+    scored: dict[str, tuple[float, list[str]]] = {}
     for kind, mapping in sorted(groups.items()):
         res = locality_score(kind, mapping, data, mean_lat, noise_floor_s)
-        if res is None:
-            continue
-        tested.append(kind)
-        if res[0] > best[0] or not best[1]:
-            best = res
-    if not tested:
-        if groups:
-            why = (
-                f"rank groups ({', '.join(sorted(groups))}) cannot separate ranks here: one "
-                "group, one rank per group, or groups equal to processes"
-            )
-        else:
-            why = (
-                "no rank groups to test (pass `topology_groups=` or record "
-                "`topology.rank_groups` in the headers)"
-            )
-        best = (0.0, [why])
-    return FailureMode("locality", float(best[0]), best[0] >= 0.5, tuple(best[1]))
+        if res is not None:
+            scored[kind] = res
+    if found:
+        g = found[0]
+        eta = scored.get(g.kind, (0.0, []))
+        ev = [eta[1][0] if eta[1] else f"{g.kind} groups"]
+        ev += [group_line(f, noise_floor_s) for f in found[:5]]
+        if len(found) > 5:
+            ev.append(f"... {len(found) - 5} more late groups")
+        score = max(float(eta[0]), 1.0 - g.p_adjusted, 0.5)
+        return FailureMode("locality", float(min(score, 1.0)), True, tuple(ev))
+    if scored:
+        kind = max(scored, key=lambda k: scored[k][0])
+        sc, ev = scored[kind]
+        ev = [*ev, "no group is significantly late as a group (Holm-corrected over all groups)"]
+        return FailureMode("locality", float(min(sc, 0.49)), False, tuple(ev))
+    if groups:
+        why = (
+            f"rank groups ({', '.join(sorted(groups))}) cannot separate ranks here: one "
+            "group, one rank per group, or groups equal to processes"
+        )
+    else:
+        why = (
+            "no rank groups to test (pass `topology_groups=` or record "
+            "`topology.rank_groups` in the headers)"
+        )
+    return FailureMode("locality", 0.0, False, (why,))
 
 
 def amplification_mode(c: CulpritRanking, compute: np.ndarray, amp: float) -> FailureMode:
@@ -190,38 +255,72 @@ def amplification_mode(c: CulpritRanking, compute: np.ndarray, amp: float) -> Fa
 
 
 def contention_mode(
-    data: SiteData, sel: StepSelection, mean_it: float, expected_transfer_s: float | None
+    data: SiteData,
+    sel: StepSelection,
+    mean_it: float,
+    expected_transfer_s: float | None,
+    groups: Mapping[str, Mapping[int, str]] | None = None,
 ) -> FailureMode:
-    """Topology contention: transfer above the alpha-beta expectation, or growing."""
+    """Topology contention, from the collective's own time (the transfer, ranks' waits aside).
+
+    Three signs, each scored in [0, 1]; the mode's score is the largest:
+    above the alpha-beta expectation (`clip(median / expected - 1)`); growing
+    over the run (linear fit on the non-spike steps, r^2 >= 0.3,
+    `clip(growth / 0.5)`); spiky (steps above `1.5 x median + 3 robust sd`
+    cost at least 2% of the mean step and drive a share of the step-time
+    variance: `clip(lost / (0.02 step)) x clip(share / 0.3)`).
+    """
     tr = data.transfer[sel.rows]
-    tr_steps = data.steps[sel.rows]
+    tr_steps = data.steps[sel.rows].astype(float)
+    it = sel.iter_all[sel.rows]
     ev_t: list[str] = []
-    score_ab = score_trend = 0.0
-    if sel.n >= 2:
-        med_tr = float(np.median(tr))
+    score_ab = score_trend = score_tail = 0.0
+    if sel.n < 2:
+        return FailureMode("topology_contention", 0.0, False, ("too few steps",))
+    med_tr = float(np.median(tr))
+    ok_it = math.isfinite(mean_it) and mean_it > 0
+    ev_t.append(
+        f"transfer (last arriver's wait) median {format_ms(med_tr)}, "
+        f"{med_tr / mean_it:.0%} of the step"
+        if ok_it
+        else f"transfer median {format_ms(med_tr)}"
+    )
+    if expected_transfer_s:
+        ratio = med_tr / expected_transfer_s
+        score_ab = min(max(ratio - 1.0, 0.0), 1.0)
+        ev_t.append(f"{ratio:.2f}x the alpha-beta expectation {format_ms(expected_transfer_s)}")
+    spike = tr > 1.5 * med_tr + 3.0 * float(robust_std(tr))
+    calm = ~spike
+    if calm.sum() >= 10 and np.ptp(tr_steps[calm]) > 0 and tr[calm].std() > 0:
+        x, y = tr_steps[calm], tr[calm]
+        slope, icpt = np.polyfit(x, y, 1)
+        r = float(np.corrcoef(x, y)[0, 1])
+        start = icpt + slope * x[0]
+        growth = slope * float(np.ptp(x)) / start if start > 0 else 0.0
+        if r * r >= 0.3:
+            score_trend = min(max(growth / 0.5, 0.0), 1.0)
+        ev_t.append(f"transfer changes {growth:+.0%} over the run (linear fit, r^2 = {r * r:.2f})")
+    if spike.any() and ok_it:
+        lost = float((tr[spike] - med_tr).sum() / sel.n)
+        fin = np.isfinite(it)
+        share = 0.0
+        if fin.sum() > 2 and np.var(it[fin]) > 0:
+            share = float(np.cov(tr[fin], it[fin])[0, 1] / np.var(it[fin], ddof=1))
+        score_tail = min(max(lost / (0.02 * mean_it), 0.0), 1.0) * min(max(share / 0.3, 0.0), 1.0)
         ev_t.append(
-            f"transfer (last arriver's wait) median {format_ms(med_tr)}, "
-            f"{med_tr / mean_it:.0%} of the step"
-            if math.isfinite(mean_it) and mean_it > 0
-            else f"transfer median {format_ms(med_tr)}"
+            f"transfer spikes on {spike.mean():.1%} of steps (up to {tr.max() / med_tr:.1f}x the "
+            f"median): {format_ms(lost)} lost per step ({lost / mean_it:.1%}), "
+            f"{min(max(share, 0.0), 1.0):.0%} of the step-time variance"
         )
-        if expected_transfer_s:
-            ratio = med_tr / expected_transfer_s
-            score_ab = min(max(ratio - 1.0, 0.0), 1.0)
-            ev_t.append(f"{ratio:.2f}x the alpha-beta expectation {format_ms(expected_transfer_s)}")
-        if sel.n >= 10 and np.ptp(tr_steps) > 0 and tr.std() > 0:
-            slope, icpt = np.polyfit(tr_steps.astype(float), tr, 1)
-            r = float(np.corrcoef(tr_steps, tr)[0, 1])
-            start = icpt + slope * tr_steps[0]
-            growth = slope * float(np.ptp(tr_steps)) / start if start > 0 else 0.0
-            if r * r >= 0.3:
-                score_trend = min(max(growth / 0.5, 0.0), 1.0)
-            ev_t.append(
-                f"transfer changes {growth:+.0%} over the run (linear fit, r^2 = {r * r:.2f})"
-            )
     else:
-        ev_t.append("too few steps")
-    score = float(max(score_ab, score_trend))
+        ev_t.append("no transfer spikes (steps above 1.5x the median)")
+    score = float(max(score_ab, score_trend, score_tail))
+    leaves = sorted(set((groups or {}).get("leaf", {}).values()))
+    if score >= 0.5 and len(leaves) > 1:
+        ev_t.append(
+            f"the ranks span {len(leaves)} leaf switches: collisions of flows on leaf uplinks "
+            "(ECMP) are a likely cause; compare a run inside one leaf"
+        )
     return FailureMode("topology_contention", score, score >= 0.5, tuple(ev_t))
 
 
@@ -256,8 +355,10 @@ def assess_modes(
     """Every failure mode in `FAILURE_MODES` order, and the primary one."""
     modes = {
         "persistent_straggler": straggler_mode(c, sel.n),
-        "locality": locality_mode(groups, data, sel, c.noise_floor_s),
+        "locality": locality_mode(groups, data, sel, c.noise_floor_s, c.groups),
         "synchronization_amplification": amplification_mode(c, sel.compute, amp),
-        "topology_contention": contention_mode(data, sel, iteration.mean_s, expected_transfer_s),
+        "topology_contention": contention_mode(
+            data, sel, iteration.mean_s, expected_transfer_s, groups
+        ),
     }
     return classify(modes)

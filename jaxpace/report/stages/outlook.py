@@ -8,7 +8,14 @@ from statistics import NormalDist
 
 import numpy as np
 
-from jaxpace.report.model import FORECAST_RANKS, Forecast, PacingEffect, SiteData, WhatIf
+from jaxpace.report.model import (
+    FORECAST_RANKS,
+    Forecast,
+    PacingEffect,
+    SiteData,
+    WaitingCost,
+    WhatIf,
+)
 from jaxpace.report.stages.culprit import CulpritRanking
 from jaxpace.report.stages.stats import mean_finite
 from jaxpace.report.stages.steps import StepSelection
@@ -18,6 +25,7 @@ __all__ = [
     "forecast",
     "lognormal_max_ratio",
     "pacing_effect",
+    "waiting_costs",
     "what_if",
 ]
 
@@ -44,6 +52,49 @@ def what_if(data: SiteData, sel: StepSelection, c: CulpritRanking, mean_it: floa
         saving_s=saving,
         saving_fraction=saving / mean_it if mean_it > 0 else math.nan,
     )
+
+
+def waiting_costs(
+    data: SiteData, sel: StepSelection, c: CulpritRanking, mean_it: float
+) -> tuple[WaitingCost, ...]:
+    """GPU-hours spent waiting for each culprit and late group, and what fixing saves.
+
+    Same model as `what_if`: per step ``max_i(compute_i) + transfer``, with the
+    target's compute replaced by the per-step median. Empty without compute.
+    """
+    compf = sel.compute
+    R = data.ranks.size
+    targets: list[tuple[str, np.ndarray]] = []
+    for i in c.culprit_indices[:20]:
+        targets.append((f"rank {int(data.ranks[i])}", np.array([i])))
+    for g in c.groups[:20]:
+        targets.append((g.name, np.flatnonzero(np.isin(data.ranks, g.ranks))))
+    if len(targets) > 1:
+        idx = np.unique(np.concatenate([t[1] for t in targets]))
+        targets.append(("all of the above", idx))
+    if not (targets and compf.size and R >= 2 and math.isfinite(mean_it) and mean_it > 0):
+        return ()
+    t = data.transfer[sel.rows][sel.compute_rows]
+    model = float((compf.max(axis=1) + t).mean())
+    med = np.median(compf, axis=1)
+    out = []
+    for name, idx in targets:
+        keep = np.ones(R, bool)
+        keep[idx] = False
+        rest = compf[:, keep].max(axis=1) if keep.any() else np.full(med.shape, -np.inf)
+        alt = float((np.maximum(rest, med) + t).mean())
+        saving = max(model - alt, 0.0)
+        out.append(
+            WaitingCost(
+                target=name,
+                ranks=tuple(int(r) for r in data.ranks[idx]),
+                saving_s=saving,
+                saving_fraction=saving / mean_it,
+                what_if_step_s=mean_it - saving,
+                gpu_hours_per_1000_steps=saving * R * 1000.0 / 3600.0,
+            )
+        )
+    return tuple(out)
 
 
 def forecast(compute: np.ndarray, amp: float, culprit: int | None) -> tuple[Forecast | None, str]:
