@@ -2,7 +2,8 @@
 
 Modules, in data-flow order: `_scenario` (what is simulated: `Scenario` and
 its parts, presets), `_collectives` (alpha-beta collective costs, ECMP
-contention), `_engine` (`simulate`, `compare`), and `cli` (`jaxpace
+contention), `_engine` (`simulate`, `compare`), `_records` (a simulated run as runtime
+records with its ground truth: `simulate_records`, `write_records`), and `cli` (`jaxpace
 simulate`: table, JSON, HTML page). Only `cli` imports the engine for
 output; nothing inside the package imports this `__init__`. The CLI names
 load on first use, so `import jaxpace.sim` does not pull in rich.
@@ -28,6 +29,14 @@ from jaxpace.sim._engine import (
     resolve_policy,
     simulate,
 )
+from jaxpace.sim._records import (
+    Faults,
+    GroundTruth,
+    SimRecords,
+    rank_groups,
+    simulate_records,
+    write_records,
+)
 from jaxpace.sim._scenario import (
     CollectiveModel,
     ComputeModel,
@@ -48,9 +57,12 @@ __all__ = [
     "ComputeModel",
     "CouplingModel",
     "FabricModel",
+    "Faults",
+    "GroundTruth",
     "LocalityModel",
     "PacingSettings",
     "Scenario",
+    "SimRecords",
     "SimResult",
     "StragglerModel",
     "ThermalModel",
@@ -65,6 +77,7 @@ __all__ = [
     "load_scenario",
     "preset_names",
     "rabenseifner_allreduce_s",
+    "rank_groups",
     "recursive_doubling_allreduce_s",
     "render_scaling_html",
     "resolve_policy",
@@ -72,7 +85,9 @@ __all__ = [
     "ring_allreduce_s",
     "ring_reduce_scatter_s",
     "simulate",
+    "simulate_records",
     "tree_allreduce_s",
+    "write_records",
 ]
 
 _CLI_NAMES = ("cli_main", "configure_parser", "render_scaling_html")

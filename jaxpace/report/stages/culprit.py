@@ -239,7 +239,7 @@ def late_groups(
     minus that of the other ranks (`lateness`: analyzed steps x ranks). Its mean over steps is tested with a
     batch-means t statistic, Holm-corrected over every group of every kind. A
     significant group is late when its median member is later than the median
-    non-member by more than `floor` and at least half its members are.
+    non-member by more than `floor` and more than half its members are.
     """
     excess = lateness
     n, R = excess.shape
@@ -248,6 +248,11 @@ def late_groups(
     p_all: list[float] = []
     m_rank = excess.mean(axis=0)
     total = excess.sum(axis=1, keepdims=True)
+    # Healthy ranks differ persistently too (static speed spread): a group mean of k
+    # such ranks varies by tau^2 / k around the others' mean, on top of step noise.
+    # tau is estimated inside the groups of each kind, so late groups do not inflate it.
+    se_rank, _ = batch_means_se(excess)
+    med_se2 = float(np.median(se_rank**2)) if np.isfinite(se_rank).all() else 0.0
     for kind, names, codes in parts:
         G = names.size
         order = np.argsort(codes, kind="stable")
@@ -260,6 +265,10 @@ def late_groups(
         se, df = batch_means_se(diff)
         if df < 1:
             continue
+        resid = m_rank - (np.bincount(codes, m_rank, G) / sizes)[codes]
+        inflate = float(np.mean(sizes[codes] / np.maximum(sizes[codes] - 1, 1)))
+        tau2 = max(float(robust_std(resid)) ** 2 * inflate - med_se2, 0.0)
+        se = np.sqrt(se**2 + tau2 * (1.0 / sizes + 1.0 / rest))
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(se > 0, eff / se, np.where(eff > 0, np.inf, 0.0))
         p = t_sf(t, df)
@@ -282,7 +291,7 @@ def late_groups(
     p_adj = holm(np.array(p_all))
     out = []
     for i, kind, label, (members, late_m), eff, se, typical, share in cands:
-        if p_adj[i] >= ALPHA or typical <= floor or share < 0.5:
+        if p_adj[i] >= ALPHA or typical <= floor or share <= 0.5:
             continue
         hosts = sorted({data.hosts[j] for j in np.flatnonzero(members)})
         out.append(

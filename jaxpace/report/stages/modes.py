@@ -267,8 +267,8 @@ def contention_mode(
     above the alpha-beta expectation (`clip(median / expected - 1)`); growing
     over the run (linear fit on the non-spike steps, r^2 >= 0.3,
     `clip(growth / 0.5)`); spiky (steps above `1.5 x median + 3 robust sd`
-    cost at least 2% of the mean step and drive a share of the step-time
-    variance: `clip(lost / (0.02 step)) x clip(share / 0.3)`).
+    cost at least 0.5% of the mean step and drive a share of the step-time
+    variance: `clip(lost / (0.005 step)) x clip(share / 0.3)`).
     """
     tr = data.transfer[sel.rows]
     tr_steps = data.steps[sel.rows].astype(float)
@@ -306,7 +306,7 @@ def contention_mode(
         share = 0.0
         if fin.sum() > 2 and np.var(it[fin]) > 0:
             share = float(np.cov(tr[fin], it[fin])[0, 1] / np.var(it[fin], ddof=1))
-        score_tail = min(max(lost / (0.02 * mean_it), 0.0), 1.0) * min(max(share / 0.3, 0.0), 1.0)
+        score_tail = min(max(lost / (0.005 * mean_it), 0.0), 1.0) * min(max(share / 0.3, 0.0), 1.0)
         ev_t.append(
             f"transfer spikes on {spike.mean():.1%} of steps (up to {tr.max() / med_tr:.1f}x the "
             f"median): {format_ms(lost)} lost per step ({lost / mean_it:.1%}), "
