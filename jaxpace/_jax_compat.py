@@ -89,3 +89,17 @@ def inside_remat() -> bool:
         return False
     finally:
         del f
+
+
+# The stall watchdog's calls on `distributed_client()` (off the hot path, on its own thread).
+KV_METHODS = ("key_value_set", "key_value_dir_get", "key_value_delete")
+
+
+def distributed_client_type() -> Any:
+    """The class of `distributed_client()`, or None if this JAX moved it (canary test only)."""
+    try:
+        from jax._src.lib import _jax
+
+        return _jax.DistributedRuntimeClient
+    except Exception:  # noqa: BLE001 - internal API; the canary test catches a move
+        return None

@@ -9,6 +9,7 @@ __all__ = [
     "LaunchError",
     "RecordsError",
     "ScenarioError",
+    "StallError",
     "TopologyError",
     "TracedConfigChangeError",
     "UnboundAxisError",
@@ -92,4 +93,15 @@ class ScenarioError(JaxpaceError, ValueError):
 
     Fix: use one of the preset names the message lists, or correct the field
     it names in your scenario file.
+    """
+
+
+class StallError(JaxpaceError, RuntimeError):
+    """This process sat inside one measured collective longer than `stall_after_s`.
+
+    Cause: another process never arrived (stuck loader, hung filesystem, swap,
+    a skipped collective). Raised in the main thread by the stall watchdog with
+    `Pacer(on_stall="raise")`; the message names who is missing.
+    Fix: read the message and the `stall-p*.json` records (`jaxpace report`);
+    raise `stall_after_s` if the wait was legitimate.
     """

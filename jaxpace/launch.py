@@ -13,9 +13,17 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from jaxpace._runtime.watchdog import STALL_EXIT_CODE
 from jaxpace.errors import ConfigError, LaunchError
 
-__all__ = ["LaunchResult", "free_port", "init_from_env", "launch", "ENV_PREFIX"]
+__all__ = [
+    "LaunchResult",
+    "free_port",
+    "init_from_env",
+    "launch",
+    "ENV_PREFIX",
+    "STALL_EXIT_CODE",
+]
 
 ENV_PREFIX = "JAXPACE_"
 _ENV = {
@@ -328,4 +336,12 @@ def describe_failure(res: LaunchResult, timeout_s: float | None) -> str:
         )
     r = res.failed_rank if res.failed_rank is not None else 0
     tail = "\n".join(f"  {line}" for line in res.output[r][-25:])
+    if res.returncodes[r] == STALL_EXIT_CODE:
+        stalled = [i for i, c in enumerate(res.returncodes) if c == STALL_EXIT_CODE]
+        return (
+            f"rank {r} stalled (jaxpace on_stall='exit', exit code {STALL_EXIT_CODE}): it sat "
+            f"in a collective past `stall_after_s`; ranks that stalled: {stalled}. The others "
+            "were stopped. Its message names the process it was waiting for; stack dumps are "
+            f"in stall-p{{i}}.json in the run directory (`jaxpace report`). Its last output:\n{tail}"
+        )
     return f"rank {r} exited with code {res.returncodes[r]}; the others were stopped. Its last output:\n{tail}"

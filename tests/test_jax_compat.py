@@ -67,3 +67,13 @@ def test_inside_remat_detects_checkpoint():
 
     assert ac.__file__.endswith(compat.REMAT_FILE)
     assert os.path.exists(ac.__file__)
+
+
+def test_distributed_client_offers_what_the_stall_watchdog_calls():
+    cls = compat.distributed_client_type()
+    assert cls is not None
+    for name in compat.KV_METHODS:
+        assert callable(getattr(cls, name, None)), name
+    # Entries are rewritten in place: `key_value_set(key, value, allow_overwrite)`.
+    assert "allow_overwrite" in (cls.key_value_set.__doc__ or "")
+    assert "list[tuple[str, str]]" in (cls.key_value_dir_get.__doc__ or "")

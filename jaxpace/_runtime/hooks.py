@@ -131,6 +131,7 @@ class Hooks:
                 with st.lock:
                     st.recorder.arrive(step, t, int(slept * 1e9))
                     st.last_arrive_ns = t
+                    st.wd_in = step  # for the stall watchdog: after the pacing sleep
             return payload, np.int32((step + 1) if sampled else 0)
         except Exception as e:  # noqa: BLE001 - callbacks must never raise
             self._count_error(site, "pre", e)
@@ -170,6 +171,7 @@ class Hooks:
             early = None  # the exchanged earliness, for sinks
             with st.lock:
                 wait_ns, delay_ns = self._close_record(st, step, t)
+                st.wd_out = step  # for the stall watchdog: left the collective
                 if reduced is None:
                     # No exchange: only this rank's own view (fixed / measure-only).
                     self._decide(st, rank, np.full(site.num_slots, np.nan), st.prev_step_s)

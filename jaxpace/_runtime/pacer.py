@@ -18,6 +18,7 @@ from jaxpace._runtime.config import Granularity, PacerConfig
 from jaxpace._runtime.hooks import Hooks
 from jaxpace._runtime.sinks import SinkThread
 from jaxpace._runtime.sites import Site, SiteStats, site_stats
+from jaxpace._runtime.watchdog import Watchdog, WatchdogConfig
 from jaxpace._validate import check_callable, check_callables, check_rank_groups
 from jaxpace.errors import ConfigError, TracedConfigChangeError
 
@@ -92,6 +93,15 @@ class Pacer:
         header (e.g. `{"numa": {0: "socket0", ...}, "nic": {...}}`) so
         `jaxpace report` can test whether lateness follows a locality group.
         Each rank's host is recorded without asking.
+      stall_after_s: seconds this process may sit inside one measured
+        collective (pacing sleeps excluded) before the stall watchdog names
+        the processes that never arrived (docs/troubleshooting.md, "My job
+        hangs"); default 300, None turns the watchdog off.
+      on_stall: after the message and the stall record: `"warn"` (keep
+        waiting, default), `"raise"` (`StallError` in the main thread when it
+        next runs Python) or `"exit"` (exit code 75, `STALL_EXIT_CODE`).
+      run_dir: directory for `stall-p{i}.json`; default `$JAXPACE_RUN_DIR`,
+        else the current directory.
 
     >>> import jaxpace as jp
     >>> pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=0.005))
@@ -112,7 +122,11 @@ class Pacer:
         mesh: Any = None,
         consensus_timeout_s: float = 60.0,
         rank_groups: dict[str, dict[int, str]] | None = None,
+        stall_after_s: float | None = 300.0,
+        on_stall: str = "warn",
+        run_dir: str | os.PathLike | None = None,
     ) -> None:
+        watchdog = WatchdogConfig(stall_after_s=stall_after_s, on_stall=on_stall, run_dir=run_dir)
         self._policy = _check_policy(policy)
         _check_clock(clock)
         _check_mesh(mesh)
@@ -140,6 +154,7 @@ class Pacer:
         self.run_id: str | None = None
         self._fault_hook = None  # tests: called inside callbacks to inject faults
         self.hooks = Hooks(self)
+        self._watchdog = Watchdog(self, watchdog)  # thread starts at the first trace
 
     # ------------------------------------------------------------------ config
 
@@ -202,6 +217,8 @@ class Pacer:
             mine = consensus.fingerprint(self._agreed_settings())
             self.run_id = consensus.agree(mine, self._config.consensus_timeout_s)
             self._consensus_done = True
+            if self._config.enabled:
+                self._watchdog.start(self.run_id)
 
     def _agreed_settings(self) -> dict[str, Any]:
         """The settings every process must share (they shape the traced program)."""
@@ -240,6 +257,7 @@ class Pacer:
         """
         self._stop.set()
         self._sink_thread.close(timeout_s)
+        self._watchdog.stop(timeout_s)
 
     def release(self) -> None:
         """Ends any pacing sleep in progress (SIGTERM does this too)."""

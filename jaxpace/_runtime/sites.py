@@ -72,6 +72,8 @@ class RankState:
         self.last_done_ns: int | None = None
         self.last_arrive_ns: int | None = None
         self.open_step: int | None = None  # arrived, not yet done
+        self.wd_in = -1  # last sampled step arrived at (after its pacing sleep); watchdog
+        self.wd_out = -1  # last sampled step done; the watchdog reads both, off the hot path
         self.pending_delay_s = 0.0
         self.policy_state = policy.init(num_slots)
         self.engaged = False

@@ -1,0 +1,618 @@
+"""Stall watchdog: when this process sits in a measured collective too long, name who is missing.
+
+One daemon thread per `Pacer` (started at its first trace, stopped by `close`).
+It never runs inside a JAX callback and never blocks one: the callbacks only
+store two integers per step (`RankState.wd_in` after the pacing sleep,
+`RankState.wd_out` when the collective is done); this thread reads them on its
+own clock. A pacing sleep never counts: `wd_in` is stored after it.
+
+Every key-value store call runs on a helper thread with a bounded wait, so a
+hung or dead coordinator gives "the coordinator does not answer", never a hang.
+
+Keys (under `jaxpace/watchdog/{run_id}/`):
+  `last/p{i}`   this process's last arrival, published at most once per second
+                and only when it changed (refreshed with its age while a stall
+                is reported).
+  `stall/p{i}`  process i declared a stall at (site, step): every process that
+                reads it turns pacing off and answers with a fresh `last/p{j}`
+                and its own stall record (stack dumps of all its threads).
+  `done/p{i}`   process i has printed its message and written its record.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import faulthandler
+import json
+import logging
+import os
+import queue
+import socket
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+from jaxpace import _jax_compat
+from jaxpace._validate import check_choice, check_number
+from jaxpace.errors import ConfigError, StallError
+
+__all__ = ["ON_STALL", "STALL_EXIT_CODE", "Watchdog", "WatchdogConfig", "stall_filename"]
+
+log = logging.getLogger("jaxpace")
+
+STALL_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; `jaxpace launch` names it a stall
+ON_STALL = ("warn", "raise", "exit")
+RUN_DIR_ENV = "JAXPACE_RUN_DIR"
+PUBLISH_EVERY_S = 1.0  # at most one `last/p{i}` write per second per process
+KV_TIMEOUT_S = 5.0  # a store call that takes longer means the coordinator does not answer
+ANSWER_WAIT_S = 1.5  # how long a declarer waits for peers to refresh their entries
+EXIT_GRACE_S = 5.0
+# The first steps of a site include the other processes' compile and connection set-up.
+WARMUP_STEPS = 2
+WARMUP_STALL_S = 60.0  # on_stall="exit": wait at most this for peers at the same collective
+
+
+def stall_filename(process_index: int) -> str:
+    return f"stall-p{process_index}.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchdogConfig:
+    """Watchdog settings (`Pacer(stall_after_s=..., on_stall=..., run_dir=...)`).
+
+    Attributes:
+      stall_after_s: seconds this process may sit inside one measured
+        collective (after any pacing sleep) before it declares a stall; None
+        turns the watchdog off.
+      on_stall: `"warn"` (print and keep waiting), `"raise"` (raise
+        `StallError` in the main thread) or `"exit"` (exit with code 75).
+      run_dir: where `stall-p{i}.json` goes; default `$JAXPACE_RUN_DIR`, else
+        the current directory.
+    """
+
+    stall_after_s: float | None = 300.0
+    on_stall: str = "warn"
+    run_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.stall_after_s is not None:
+            check_number("stall_after_s", self.stall_after_s, lo=0.0, hi=7 * 86400.0, lo_open=True)
+        check_choice("on_stall", self.on_stall, ON_STALL)
+        if self.run_dir is not None and not isinstance(self.run_dir, (str, os.PathLike)):
+            raise ConfigError(
+                f"`run_dir` must be a directory path (str or os.PathLike) or None, got "
+                f"{self.run_dir!r} of type {type(self.run_dir).__name__}. Pass where stall "
+                f"records go, or leave it out (then ${RUN_DIR_ENV}, else the current directory)."
+            )
+
+    def directory(self) -> str:
+        d = self.run_dir if self.run_dir is not None else os.environ.get(RUN_DIR_ENV) or "."
+        return os.fspath(d)
+
+
+class _BoundedKV:
+    """Runs key-value store calls on one helper thread; each caller waits at most `timeout_s`.
+
+    A call still pending (a hung coordinator) makes the next ones fail at once.
+    """
+
+    def __init__(self, client: Any, timeout_s: float = KV_TIMEOUT_S) -> None:
+        self.client = client
+        self.timeout_s = timeout_s
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while True:
+            fn, box, done = self._q.get()
+            if fn is None:
+                return
+            try:
+                box.append((True, fn(self.client)))
+            except Exception as e:  # noqa: BLE001 - reported to the caller
+                box.append((False, e))
+            self._pending.clear()
+            done.set()
+
+    def call(self, fn) -> tuple[bool, Any]:
+        """`(True, result)`, or `(False, exception)` on an error or no answer in time."""
+        if self._pending.is_set():
+            return False, TimeoutError("an earlier key-value store call never returned")
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="jaxpace-watchdog-kv", daemon=True
+            )
+            self._thread.start()
+        box: list = []
+        done = threading.Event()
+        self._pending.set()
+        self._q.put((fn, box, done))
+        if not done.wait(self.timeout_s):
+            return False, TimeoutError(f"no answer within {self.timeout_s:g} s")
+        return box[0]
+
+    def close(self) -> None:
+        if self._thread is not None and not self._pending.is_set():
+            self._q.put((None, None, None))
+
+
+def _secs(s: float) -> str:
+    """Seconds for a message: whole seconds from 10 s up, one decimal below."""
+    return f"{s:.0f}" if s >= 10 else f"{s:.1f}"
+
+
+def _ranges(ps: list[int]) -> str:
+    """`[0, 1, 2, 4, 6, 7]` -> `"0-2,4,6-7"`."""
+    out, ps = [], sorted(ps)
+    i = 0
+    while i < len(ps):
+        j = i
+        while j + 1 < len(ps) and ps[j + 1] == ps[j] + 1:
+            j += 1
+        out.append(str(ps[i]) if i == j else f"{ps[i]}-{ps[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def classify(me: int, site: str, step: int, counts: dict, peers: dict[int, dict | None]):
+    """Sorts peers into here / missing / diverged for a stall of `me` at (site, step).
+
+    `counts` are this process's per-site arrival counts; each peer entry carries
+    its own `counts`, its last `site`/`step` and `state` ("in" a collective or
+    "left" it). Returns `(here, missing, diverged)`: lists of `(process, text)`.
+    """
+    here, missing, diverged = [], [], []
+    for p, e in sorted(peers.items()):
+        if p == me:
+            continue
+        if not e or e.get("site") is None:
+            missing.append((p, "has not reached a measured collective"))
+            continue
+        where = f"{e.get('site')} step {e.get('step')}"
+        age = e.get("age_s")
+        ago = f", {_secs(age)} s ago" if isinstance(age, (int, float)) else ""
+        pc = e.get("counts") or {}
+        if e.get("state") == "in":
+            if e.get("site") == site and e.get("step") == step:
+                here.append((p, ""))
+            else:
+                diverged.append((p, f"is in the collective at {where} instead"))
+            continue
+        ahead = sorted(s for s, c in pc.items() if c > counts.get(s, 0))
+        if pc.get(site, 0) > step or ahead:
+            diff = "; ".join(
+                f"{s}: {pc.get(s, 0)} arrivals vs {counts.get(s, 0)} here"
+                for s in sorted(set(pc) | set(counts))
+                if pc.get(s, 0) != counts.get(s, 0)
+            )
+            diverged.append((p, f"has already passed this collective ({diff}), last at {where}"))
+        else:
+            missing.append((p, f"last seen at {where}{ago}"))
+    return here, missing, diverged
+
+
+class Watchdog:
+    """The stall watchdog of one `Pacer` (see the module docstring)."""
+
+    def __init__(self, pacer: Any, config: WatchdogConfig) -> None:
+        self._pacer = weakref.ref(pacer)
+        self.config = config
+        self._thread: threading.Thread | None = None
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self.stalls: list[dict] = []  # stall records this process wrote (declared or answered)
+        self._open: dict[tuple[str, int], tuple[int, float]] = {}  # (site, rank) -> (step, seen)
+        self._marks: dict[tuple[str, int], tuple[int, int]] = {}  # (site, rank) -> (in, out)
+        self._last: dict[str, Any] | None = None  # latest change: site, step, state, at
+        self._declared: set[tuple[str, int]] = set()
+        self._answered: set[int] = set()
+        self._published: tuple | None = None
+        self._published_at = -1e18
+        self._warned_native: set[str] = set()
+        self.ticks = 0
+        self._kv: _BoundedKV | None = None
+        self.me, self.nproc, self.host = 0, 1, socket.gethostname()
+        self.prefix = ""
+
+    @property
+    def tick_s(self) -> float:
+        s = self.config.stall_after_s or 1.0
+        return min(PUBLISH_EVERY_S, max(0.01, s / 10))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, run_id: str | None) -> bool:
+        """Starts the thread (once; no-op when off). Called at the pacer's first trace."""
+        if self.config.stall_after_s is None:
+            return False
+        with self._lock:
+            if self._thread is not None:
+                return True
+            try:
+                import jax
+
+                self.me, self.nproc = jax.process_index(), jax.process_count()
+            except Exception:  # noqa: BLE001
+                self.me, self.nproc = 0, 1
+            client = _jax_compat.distributed_client() if self.nproc > 1 else None
+            self._kv = _BoundedKV(client) if client is not None else None
+            self.prefix = f"jaxpace/watchdog/{run_id or 'run'}"
+            self._thread = threading.Thread(target=self._loop, name="jaxpace-watchdog", daemon=True)
+            self._thread.start()
+            return True
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Stops the thread, waiting at most `timeout_s` (it is a daemon either way)."""
+        self._halt.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+        if self._kv is not None:
+            self._kv.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while not self._halt.wait(self.tick_s):
+            try:
+                if not self.tick(time.monotonic()):
+                    return
+            except Exception as e:  # noqa: BLE001 - the watchdog must never die loudly
+                log.warning("jaxpace: stall watchdog error %r (it keeps running)", e)
+
+    # ------------------------------------------------------------------ one tick
+
+    def tick(self, now: float) -> bool:
+        """One scan (the thread calls it every `tick_s`; tests call it directly).
+
+        Returns False once the pacer is gone.
+        """
+        p = self._pacer()
+        if p is None:
+            return False
+        counts = self._scan(p, now)
+        del p
+        self.ticks += 1
+        if self._kv is not None:
+            self._exchange(now, counts)
+        for (site, _rank), (step, seen) in list(self._open.items()):
+            stalled = now - seen
+            limit = self.config.stall_after_s
+            if step < WARMUP_STEPS:
+                limit = max(limit, WARMUP_STALL_S)
+            if stalled >= limit and (site, step) not in self._declared:
+                self._declared.add((site, step))
+                self.declare(site, step, stalled, counts)
+        return True
+
+    def _scan(self, p: Any, now: float) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for name, site in list(p._sites.items()):
+            if (getattr(site, "probe", "") or "").startswith("native") and (
+                name not in self._warned_native
+            ):
+                self._warned_native.add(name)
+                log.warning(
+                    "jaxpace: the stall watchdog cannot see arrivals at %s (native probes); "
+                    "stalls there are not reported.",
+                    name,
+                )
+            for rank, st in list(site.ranks.items()):
+                counts[name] = max(counts.get(name, 0), st.next_step)
+                a, d = st.wd_in, st.wd_out
+                key = (name, rank)
+                if self._marks.get(key) != (a, d):
+                    self._marks[key] = (a, d)
+                    state = "in" if a > d else "left"
+                    step = a if a > d else d
+                    last = self._last
+                    if step >= 0 and (
+                        last is None
+                        or state == "in"
+                        or last["state"] != "in"
+                        or key == (last["site"], last["rank"])
+                    ):
+                        self._last = {
+                            "site": name,
+                            "rank": rank,
+                            "step": step,
+                            "state": state,
+                            "at": now,
+                        }
+                if a > d:
+                    prev = self._open.get(key)
+                    if prev is None or prev[0] != a:
+                        self._open[key] = (a, now)
+                else:
+                    self._open.pop(key, None)
+        return counts
+
+    def _entry(self, now: float, counts: dict, answered: bool = False) -> dict:
+        last = self._last or {}
+        return {
+            "p": self.me,
+            "host": self.host,
+            "pid": os.getpid(),
+            "site": last.get("site"),
+            "step": last.get("step"),
+            "state": last.get("state", "none"),
+            "age_s": round(now - last["at"], 3) if last else None,
+            "counts": counts,
+            "answered": answered,
+        }
+
+    # ------------------------------------------------------------------ key-value store
+
+    def _exchange(self, now: float, counts: dict) -> None:
+        """Publishes this process's last arrival (bounded rate) and reads peers' stall notices."""
+        if now - self._published_at < PUBLISH_EVERY_S:
+            return
+        self._published_at = now
+        kv = self._kv
+        assert kv is not None
+        notices = self._read_dir("stall/")
+        peer_stall = [n for n in (notices or []) if n.get("p") != self.me]
+        key = (
+            (self._last or {}).get("site"),
+            (self._last or {}).get("step"),
+            (self._last or {}).get("state"),
+        )
+        if key != self._published or peer_stall:
+            entry = self._entry(now, counts, answered=bool(peer_stall))
+            ok, _ = kv.call(
+                lambda c: c.key_value_set(f"{self.prefix}/last/p{self.me}", json.dumps(entry), True)
+            )
+            if ok:
+                self._published = key
+        for n in peer_stall:
+            if n.get("confirmed") and n["p"] not in self._answered:
+                self._answered.add(n["p"])
+                self._answer(n, now, counts)
+
+    def _still_in(self, site: str, step: int) -> bool:
+        p = self._pacer()
+        s = p._sites.get(site) if p is not None else None
+        if s is None:
+            return False
+        return any(st.wd_in == step and st.wd_in > st.wd_out for st in list(s.ranks.values()))
+
+    def _read_dir(self, sub: str) -> list[dict] | None:
+        ok, got = self._kv.call(lambda c: c.key_value_dir_get(f"{self.prefix}/{sub}"))
+        if not ok:
+            return None
+        out = []
+        for _k, v in got:
+            try:
+                out.append(json.loads(v))
+            except (TypeError, ValueError):
+                pass
+        return out
+
+    def _answer(self, notice: dict, now: float, counts: dict) -> None:
+        """A peer declared a stall: pacing off here too, and a stall record with our stacks."""
+        self._pacing_off()
+        # A process itself inside a collective reports on its own if it stalls there.
+        if len(self._answered) == 1 and not self._open and not self._declared:
+            self._say(
+                f"jaxpace: process {notice['p']} (host {notice.get('host')}) reports a stall at "
+                f"{notice.get('site')} step {notice.get('step')}; pacing is off. This process "
+                f"was last at {self._where()}."
+            )
+            self._write_record(
+                {
+                    "role": "answered",
+                    "notice": notice,
+                    "entry": self._entry(now, counts, answered=True),
+                    "message": None,
+                }
+            )
+
+    def _where(self) -> str:
+        last = self._last
+        if not last:
+            return "no measured collective yet"
+        verb = "inside" if last["state"] == "in" else "after"
+        return f"{verb} {last['site']} step {last['step']}"
+
+    # ------------------------------------------------------------------ a stall
+
+    def declare(self, site: str, step: int, stalled_s: float, counts: dict) -> dict | None:
+        """This process has sat in (site, step) for `stalled_s`: report, record, act.
+
+        With peers, a tentative notice first asks them to refresh their entries;
+        if this process left (site, step) meanwhile, the notice is withdrawn and
+        nothing is reported (returns None).
+        """
+        t0 = time.monotonic()
+        coordinator = "ok"
+        peers: dict[int, dict | None] = {}
+        if self._kv is not None:
+            key = f"{self.prefix}/stall/p{self.me}"
+            notice = {"p": self.me, "host": self.host, "site": site, "step": step}
+            ok, err = self._kv.call(
+                lambda c: c.key_value_set(key, json.dumps({**notice, "confirmed": False}), True)
+            )
+            if ok:
+                self._halt.wait(ANSWER_WAIT_S)  # peers' watchdogs refresh their entries
+                if not self._still_in(site, step):
+                    self._kv.call(lambda c: c.key_value_delete(key))
+                    log.info("jaxpace: %s step %d finished after %.1f s", site, step, stalled_s)
+                    return None
+                got = self._read_dir("last/")
+                if got is None:
+                    coordinator = "does not answer"
+                else:
+                    peers = {p: None for p in range(self.nproc)}
+                    for e in got:
+                        peers[int(e["p"])] = e
+                    self._kv.call(
+                        lambda c: c.key_value_set(
+                            key, json.dumps({**notice, "confirmed": True}), True
+                        )
+                    )
+            else:
+                coordinator = f"does not answer ({err})"
+        self._pacing_off()
+        stalled_s += time.monotonic() - t0
+        message = self._message(site, step, stalled_s, counts, peers, coordinator)
+        here, missing, diverged = (
+            classify(self.me, site, step, counts, peers) if peers else ([], [], [])
+        )
+        self._say(message)
+        rec = self._write_record(
+            {
+                "role": "stalled",
+                "site": site,
+                "step": step,
+                "stalled_s": round(stalled_s, 3),
+                "declared_monotonic": time.monotonic(),
+                "message": message,
+                "coordinator": coordinator,
+                "here": [p for p, _ in here],
+                "missing": [{"process": p, "why": w} for p, w in missing],
+                "diverged": [{"process": p, "why": w} for p, w in diverged],
+                "peers": {str(k): v for k, v in peers.items()},
+            }
+        )
+        self._act(message, [p for p, _ in here])
+        return rec
+
+    def _message(self, site, step, stalled_s, counts, peers, coordinator) -> str:
+        head = f"jaxpace: stalled {_secs(stalled_s)} s at {site} step {step}"
+        if self.nproc == 1:
+            return head + " (single process: a device or host callback is stuck)."
+        if coordinator != "ok":
+            return (
+                f"{head}; the jax.distributed coordinator (the key-value service on process 0) "
+                f"{coordinator}, so who is missing cannot be told: the coordinator process is "
+                "hung or gone. JAX ends this process when its heartbeat times out."
+            )
+        here, missing, diverged = classify(self.me, site, step, counts, peers)
+
+        def host(p):
+            return (peers.get(p) or {}).get("host") or "?"
+
+        parts = [head]
+        if diverged:
+            parts.append(
+                "the program diverged (processes ran different collectives): "
+                + "; ".join(f"process {p} (host {host(p)}) {w}" for p, w in diverged)
+            )
+        if missing:
+            parts.append(
+                "waiting for " + "; ".join(f"process {p} (host {host(p)}), {w}" for p, w in missing)
+            )
+        parts.append(f"processes {_ranges([self.me] + [p for p, _ in here])} are here.")
+        return "; ".join(parts)
+
+    def _pacing_off(self) -> None:
+        p = self._pacer()
+        if p is not None:
+            p._stop.set()  # pending and future pacing sleeps become zero
+
+    def _say(self, message: str) -> None:
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _write_record(self, fields: dict) -> dict:
+        p = self._pacer()
+        rec = {
+            "type": "stall",
+            "format": 1,
+            "process_index": self.me,
+            "process_count": self.nproc,
+            "host": self.host,
+            "pid": os.getpid(),
+            "run_id": getattr(p, "run_id", None),
+            "on_stall": self.config.on_stall,
+            "stall_after_s": self.config.stall_after_s,
+            **fields,
+            "stacks": _stacks(),
+        }
+        del p
+        self.stalls.append(rec)
+        d = self.config.directory()
+        try:
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, stall_filename(self.me))
+            fd, tmp = tempfile.mkstemp(prefix=".stall-", dir=d)
+            with os.fdopen(fd, "w") as f:
+                json.dump(rec, f, indent=1)
+            os.replace(tmp, path)
+            rec["path"] = path
+        except OSError as e:
+            self._say(f"jaxpace: could not write the stall record in {d!r}: {e}")
+        if rec.get("role") == "stalled" and self._kv is not None:
+            self._kv.call(lambda c: c.key_value_set(f"{self.prefix}/done/p{self.me}", "1", True))
+        return rec
+
+    def _act(self, message: str, here: list[int]) -> None:
+        how = self.config.on_stall
+        if how == "raise":
+            _raise_in_main_thread(message)
+        elif how == "exit":
+            self._wait_for_peers(here)
+            try:
+                sys.stderr.flush()
+                sys.stdout.flush()
+            except Exception:  # noqa: BLE001
+                pass
+            os._exit(STALL_EXIT_CODE)
+
+    def _wait_for_peers(self, here: list[int]) -> None:
+        """Bounded: lets processes stalled at the same collective finish their report first."""
+        if self._kv is None or not here:
+            return
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while time.monotonic() < deadline:
+            ok, got = self._kv.call(lambda c: c.key_value_dir_get(f"{self.prefix}/done/"))
+            if not ok:
+                return
+            done = {k.rsplit("/", 1)[-1] for k, _ in got}
+            if all(f"p{p}" in done for p in here):
+                return
+            time.sleep(0.1)
+
+
+def _stacks() -> str:
+    """Every thread's Python stack in this process (faulthandler's text)."""
+    try:
+        with tempfile.TemporaryFile(mode="w+") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            f.flush()
+            f.seek(0)
+            return f.read()
+    except Exception as e:  # noqa: BLE001
+        return f"(stack dump failed: {e!r})"
+
+
+def _raise_in_main_thread(message: str) -> bool:
+    """Raises `StallError(message)` in the main thread when it next runs Python.
+
+    A callback must not raise (it would hang the peers), so the watchdog thread
+    delivers the error to the main thread instead (CPython's
+    `PyThreadState_SetAsyncExc`). A main thread blocked inside a hung
+    collective only sees it if that collective returns: use `on_stall="exit"`
+    to end a process that is truly stuck.
+    """
+
+    class _Stall(StallError):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*(args or (message,)))
+
+    _Stall.__name__ = _Stall.__qualname__ = "StallError"
+    _Stall.__module__ = "jaxpace.errors"
+    tid = threading.main_thread().ident
+    if tid is None:
+        return False
+    n = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(_Stall))
+    return n == 1
