@@ -293,12 +293,18 @@ def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
             "tangent/cotangent under autodiff (a linear value JAX will transpose; host "
             "callbacks cannot be transposed)"
         )
-    if reason is None and _jax_compat.inside_remat():
+    probe = _native_probe(rt, am) if reason is None else (None, "")
+    if probe[0] is not None and all(int(np.prod(jnp.shape(leaf))) == 0 for leaf in leaves):
+        probe = (
+            None,
+            "io_callback probes: every operand is empty (nothing to tie the native ones to)",
+        )
+    if reason is None and probe[0] is None and _jax_compat.inside_remat():
         reason = (
             "inside jax.checkpoint/remat (JAX rejects host callbacks in remat partial-eval "
             "under grad); move the collective outside the checkpointed function to time it"
         )
-    if reason is None and not rt.callbacks_available():
+    if reason is None and probe[0] is None and not rt.callbacks_available():
         reason = (
             "no CPU backend for host callbacks (add `cpu` to JAX_PLATFORMS, e.g. "
             "JAX_PLATFORMS=cuda,cpu, to measure)"
@@ -307,7 +313,7 @@ def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
         rt.note_unmeasured(site, reason)
         return plain()
     return _measured(
-        rt, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am
+        rt, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am, probe
     )
 
 
@@ -318,7 +324,38 @@ def _is_traced(leaf) -> bool:
     return isinstance(leaf, jax.core.Tracer)
 
 
-def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, am):
+def _native_probe(rt: Runtime, am) -> tuple[str | None, str]:
+    """`(platform, why)`: "cpu"/"cuda" when the native probes time this trace, else None.
+
+    Chosen at trace time; `why` goes into `stats()[site].probe` either way, so a
+    fallback to the io_callback probes is never silent.
+    """
+    from jaxpace import _native
+    from jaxpace._native import primitive
+
+    ok, why = _native.available()
+    if not ok:
+        return None, f"io_callback probes: {why}"
+    blocker = getattr(rt, "native_blocker", lambda: "this runtime has no native hooks")()
+    if blocker:
+        return None, f"io_callback probes: {blocker}"
+    dev = getattr(am, "abstract_device", None)
+    platform = getattr(dev, "platform", None) or jax.default_backend()
+    if _jax_compat.inside_remat() and not primitive.remat_supported()[0]:
+        return None, f"io_callback probes: {primitive.remat_supported()[1]}"
+    if platform == "cpu":
+        if not rt.callbacks_available():
+            return None, "io_callback probes: no CPU backend"
+        return "cpu", why
+    if platform in ("gpu", "cuda"):
+        ok_cuda, why_cuda = primitive.cuda_registered()
+        if not ok_cuda:
+            return None, f"io_callback probes: no native CUDA handlers ({why_cuda})"
+        return "cuda", f"{why}, CUDA events on XLA's stream ({why_cuda}; unverified on a GPU)"
+    return None, f"io_callback probes: no native handler for platform {platform!r}"
+
+
+def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, am, probe):
     lax_fn = _LAX[kind]
     axes = _axes(axis_name)
     granularity = rt.config.granularity
@@ -331,6 +368,28 @@ def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, a
         table, source = None, "every shard (granularity='device')"
     site_obj = rt.open_site(site, num_slots, source)
     scale = _exchange.reduction_scale(kind, group)
+    exchange = rt.policy.needs_exchange
+    n_pay = _exchange.payload_size(num_slots) if exchange else 0
+    native_id, native_why = None, probe[1]
+    if probe[0] is not None:
+        native_id, native_why = _attach_native(
+            rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
+        )
+    site_obj.probe = native_why
+    if native_id is not None:
+        return _measured_native(
+            kind,
+            x,
+            axis_name,
+            axis_index_groups,
+            native_id,
+            n_pay,
+            granularity,
+            table,
+            am,
+            axes,
+            sizes,
+        )
 
     def pre_cb(tok, rank):
         del tok
@@ -348,8 +407,6 @@ def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, a
     # through a select that never picks its other side (bitwise the leaf), since
     # CPU/gloo runs each operand of a variadic all-reduce as its own collective.
     # With exchange, the payload is one more (tiny) operand of the same op.
-    exchange = rt.policy.needs_exchange
-    n_pay = _exchange.payload_size(num_slots) if exchange else 0
     pre_shape = (
         jax.ShapeDtypeStruct((n_pay,), jnp.float32),
         jax.ShapeDtypeStruct((), jnp.int32),
@@ -405,6 +462,112 @@ def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, a
         # A collective over a named axis is elementwise in any other (vmapped)
         # dimension, exactly as lax.psum's own batching rule: one measured call
         # on the stacked operand, instead of one callback per batch element.
+        del axis_size
+        return measured(x), in_batched[0]
+
+    @jax.custom_jvp
+    def run(x):
+        return measured(x)
+
+    @run.defjvp
+    def run_jvp(primals, tangents):
+        (xp,), (xt,) = primals, tangents
+        y = run(xp)
+        return y, _tangent(lax_fn, xt, y, axis_name, axis_index_groups)
+
+    return run(x)
+
+
+def _attach_native(
+    rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
+):
+    """Registers the native site; returns `(native id or None, what stats() says)`."""
+    from jaxpace._native import driver
+
+    platform, why = probe
+    fixed_rank = jax.process_index() if granularity == "process" else -1
+    try:
+        nid = driver.attach(
+            rt,
+            site_obj,
+            num_slots=num_slots,
+            fixed_rank=fixed_rank,
+            sample_every=rt.config.sample_every,
+            payload_len=n_pay,
+            scale=scale,
+            capacity=rt.config.capacity * max(1, jax.local_device_count()),
+            max_delay_s=rt.policy.max_delay_s,
+            stop=getattr(rt, "stop_event", None),
+        )
+        if platform == "cuda":
+            why_dev = _cuda_device_table(rt, nid, granularity, table, am, axes, sizes)
+            if why_dev is not None:
+                return None, f"io_callback probes: {why_dev}"
+    except Exception as e:  # noqa: BLE001 - any failure here means "use the fallback"
+        return None, f"io_callback probes: native site registration failed ({e})"
+    return nid, f"native: {why}"
+
+
+def _cuda_device_table(rt, nid, granularity, table, am, axes, sizes) -> str | None:
+    """GPU operands live on the device, so the handlers read each shard's rank from a host
+    table keyed by local device ordinal, built from a concrete mesh. None when set."""
+    from jaxpace import _native
+
+    mesh = rt.mesh if rt.mesh is not None else _jax_compat.concrete_mesh()
+    names, shape = tuple(am.axis_names), tuple(am.axis_sizes)
+    if mesh is None or tuple(mesh.axis_names) != names or tuple(mesh.devices.shape) != shape:
+        return "the CUDA handlers need the concrete mesh (Pacer(mesh=...) or jax.set_mesh)"
+    devs = mesh.devices
+    ranks = {}
+    for idx in np.ndindex(*shape):
+        d = devs[idx]
+        if d.process_index != jax.process_index():
+            continue
+        if granularity == "process":
+            lin = int(np.ravel_multi_index(idx, shape))
+            r = 0 if table is not None and table[lin] else -1
+        else:
+            pos = dict(zip(names, idx, strict=True))
+            r = 0
+            for a in axes:
+                r = r * sizes[a] + pos[a]
+        ranks[int(d.local_hardware_id)] = r
+    arr = np.full(max(ranks) + 1 if ranks else 0, -1, np.int32)
+    for k, v in ranks.items():
+        arr[k] = v
+    _native.set_site_devices(nid, arr)
+    return None
+
+
+def _measured_native(
+    kind, x, axis_name, axis_index_groups, nid, n_pay, granularity, table, am, axes, sizes
+):
+    """The measured collective through the native probes: no JAX effect, no Python per step.
+
+    Arrive and done are effect-free primitives lowered to side-effecting FFI calls
+    (jaxpace._native.primitive); a shard that does not measure passes rank -1 and
+    the handler returns at once. Works under remat (measured once per step),
+    custom_jvp and jax_enable_checks; the custom_jvp below keeps lax's own tangent
+    rule, so gradients stay bitwise lax's (the ties' transposes would add zeros,
+    which turns -0.0 into +0.0).
+    """
+    from jaxpace._native import primitive
+
+    lax_fn = _LAX[kind]
+
+    def reduce(t):  # t is (x, payload) with exchange: one all-reduce for both
+        return lax_fn(t, axis_name, axis_index_groups=axis_index_groups)
+
+    @jax.custom_batching.custom_vmap
+    def measured(x):
+        rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+        if table is not None:
+            rank = jnp.where(jnp.asarray(table)[_linear_shard_index(am)], rank, -1)
+        out, _ = primitive.native_collective(reduce, x, site_id=nid, rank=rank, payload_size=n_pay)
+        return out
+
+    @measured.def_vmap
+    def measured_vmap(axis_size, in_batched, x):
         del axis_size
         return measured(x), in_batched[0]
 

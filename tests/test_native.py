@@ -22,13 +22,10 @@ from jaxpace._native import primitive as prim
 OK, WHY = nat.available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"native probes unavailable: {WHY}")
 
-_next_site = [100]
-
 
 def new_site(num_slots=8, **kw):
     """A fresh native site id, registered."""
-    sid = _next_site[0]
-    _next_site[0] += 1
+    sid = nat.allocate_site_id()
     nat.register_site(sid, num_slots, **kw)
     return sid
 
@@ -89,7 +86,7 @@ def test_bitwise_identical_to_lax_under_jit_shard_map(mesh, kind, payload):
         )
     )
     for _ in range(3):
-        got, want = f(tree), ref(tree)
+        got, want = jax.block_until_ready((f(tree), ref(tree)))
         for k in ("a", "b"):
             assert np.asarray(got[k]).tobytes() == np.asarray(want[k]).tobytes()
     recs, _ = all_records(sid, payload)
@@ -214,7 +211,7 @@ def test_pmap_is_measured(mesh):
     sid = new_site()
     f = jax.pmap(measured("psum", sid, axis="i"), axis_name="i")
     x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-    got = f(x)
+    got = jax.block_until_ready(f(x))
     want = jax.pmap(lambda v: lax.psum(v, "i"), axis_name="i")(x)
     assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
     recs, _ = all_records(sid)
@@ -252,7 +249,7 @@ def test_fixed_rank_records_the_process_slot(mesh):
 
     g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=(P(), P())))
     for _ in range(3):
-        _, red = g(x)
+        _, red = jax.block_until_ready(g(x))
     recs, pays = all_records(sid, payload_len=6)
     assert recs["rank"].tolist() == [1, 1, 1]
     # Slot 1 carries the previous step's wait (seconds) and presence; slot 0 nothing.
@@ -279,9 +276,9 @@ def test_exchange_payload_carries_previous_waits(mesh):
             out_specs=(P(), P()),
         )
     )
-    _, red0 = f(x)
+    _, red0 = jax.block_until_ready(f(x))
     assert not np.asarray(red0).any()  # step 0: no previous wait anywhere
-    _, red1 = f(x)
+    _, red1 = jax.block_until_ready(f(x))
     recs, _ = all_records(sid, 24)
     step0 = recs[recs["step"] == 0]
     waits = np.zeros(8, np.float32)
@@ -387,3 +384,173 @@ def test_bad_site_arguments_name_the_field():
 def test_remat_rule_is_registered():
     ok, why = prim.remat_supported()
     assert ok, why
+
+
+# --------------------------------------------------------------------- through jaxpace.Pacer
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jaxpace as jp  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def smap(mesh, f, out_specs=None):
+    out_specs = P() if out_specs is None else out_specs
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=out_specs))
+
+
+def raw(a):
+    return np.asarray(a).tobytes()
+
+
+@pytest.mark.parametrize("checks", [False, True], ids=["plain", "enable_checks"])
+def test_pacer_measures_inside_checkpoint_under_grad_bitwise(mesh, checks):
+    x = sharded(mesh, jnp.linspace(-3, 3, 8 * 16, dtype=jnp.float32).reshape(8, 16))
+
+    def grad_fn(red):
+        return jax.grad(lambda t: jax.checkpoint(lambda u: jnp.sum(red(jnp.sin(u)) ** 2))(t))
+
+    prev = jax.config.jax_enable_checks
+    jax.config.update("jax_enable_checks", checks)
+    try:
+        pacer = jp.Pacer(granularity="device")
+        f = smap(mesh, grad_fn(lambda v: pacer.psum(v, "d", site="remat")), P("d"))
+        g = smap(mesh, grad_fn(lambda v: lax.psum(v, "d")), P("d"))
+        for _ in range(3):
+            assert raw(f(x)) == raw(g(x))
+    finally:
+        jax.config.update("jax_enable_checks", prev)
+    s = pacer.stats()["remat"]
+    assert s.measured and s.probe.startswith("native")
+    assert s.steps == 3 * 8  # once per step and shard: the remat replay is not re-measured
+    assert sorted(s.ranks) == list(range(8))
+
+
+def test_pacer_native_exchange_and_fixed_delay_reach_the_records(mesh):
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    pacer = jp.Pacer(policy=jp.fixed(0.002), granularity="device")
+    f = smap(mesh, lambda v: pacer.pmean(v * 2.0, "d", site="fx"))
+    want = smap(mesh, lambda v: lax.pmean(v * 2.0, "d"))(x)
+    for _ in range(6):
+        assert raw(f(x)) == raw(want)
+    recs = [r for r in pacer.records()[1:] if r["site"] == "fx"]
+    assert len(recs) == 6 * 8
+    assert all(r["wait_ns"] >= 0 for r in recs)
+    # The policy runs on drained records and sets the native delay for a later step.
+    assert sum(r["delay_ns"] > 0 for r in recs) >= 8
+    s = pacer.stats()["fx"]
+    assert s.steps_paced > 0 and s.probe.startswith("native")
+
+
+def test_pacer_native_adaptive_exchange_sees_every_rank(mesh):
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=0.001), granularity="device")
+    f = smap(mesh, lambda v: pacer.psum(v, "d", site="ad"))
+    for _ in range(5):
+        f(x).block_until_ready()
+    s = pacer.stats()["ad"]
+    assert s.probe.startswith("native") and s.steps == 5 * 8
+    assert len(s.earliness_mean_s) == 8 and np.isfinite(s.earliness_mean_s).all()
+
+
+def test_pacer_native_sample_every_records_only_sampled_steps(mesh):
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    pacer = jp.Pacer(sample_every=4)
+    f = smap(mesh, lambda v: pacer.psum(v, "d", site="smp"))
+    for _ in range(9):
+        f(x).block_until_ready()
+    steps = sorted(r["step"] for r in pacer.records()[1:])
+    assert steps == [0, 4, 8]
+
+
+def test_pacer_release_ends_a_native_sleep(mesh):
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    pacer = jp.Pacer(policy=jp.fixed(5.0))
+    f = smap(mesh, lambda v: pacer.psum(v, "d", site="rel"))
+    f(x).block_until_ready()
+    pacer.stats()  # drains step 0: step 1 now sleeps 5 s unless released
+    threading.Timer(0.3, pacer.release).start()
+    f(x).block_until_ready()  # returns once the driver sees the stop (pytest timeout guards)
+    recs = [r for r in pacer.records()[1:] if r["site"] == "rel"]
+    assert recs[-1]["delay_ns"] < 4e9
+
+
+def test_custom_clock_or_fault_hook_uses_the_fallback_and_says_why(mesh):
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    pacer = jp.Pacer(clock=lambda: time.perf_counter_ns())
+    f = smap(mesh, lambda v: pacer.psum(v, "d", site="clk"))
+    f(x).block_until_ready()
+    s = pacer.stats()["clk"]
+    assert s.measured and s.steps == 1
+    assert s.probe.startswith("io_callback probes") and "clock" in s.probe
+    assert "callback" in f.lower(x).as_text()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "env", [{"JAXPACE_NATIVE_LIB": "/nonexistent/libjaxpace.so"}, {"JAXPACE_NATIVE": "0"}]
+)
+def test_absent_native_library_falls_back_to_io_callback(env):
+    """A fresh process whose native library is missing (or disabled) measures with io_callback."""
+    code = (
+        "import jax; jax.config.update('jax_num_cpu_devices', 8)\n"
+        "import jax.numpy as jnp, numpy as np\n"
+        "from jax import lax\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "import jaxpace as jp\n"
+        "m = jax.make_mesh((8,), ('d',))\n"
+        "x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(m, P('d')))\n"
+        "p = jp.Pacer(policy=jp.adaptive(max_delay_s=0.001))\n"
+        "def sm(f): return jax.jit(jax.shard_map(f, mesh=m, in_specs=P('d'), out_specs=P()))\n"
+        "f = sm(lambda v: p.pmean(jnp.sin(v), 'd', site='s'))\n"
+        "g = sm(lambda v: lax.pmean(jnp.sin(v), 'd'))\n"
+        "same = all(np.asarray(f(x)).tobytes() == np.asarray(g(x)).tobytes() for _ in range(3))\n"
+        "s = p.stats()['s']\n"
+        "print('SAME', same, 'STEPS', s.steps, 'CALLBACK', 'callback' in f.lower(x).as_text())\n"
+        "print('PROBE', s.probe)\n"
+    )
+    e = dict(os.environ)
+    e.pop("XLA_FLAGS", None)
+    e.update(env, JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=200, env=e, cwd=REPO
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SAME True STEPS 3 CALLBACK True" in out.stdout, out.stdout
+    probe = next(ln for ln in out.stdout.splitlines() if ln.startswith("PROBE"))
+    assert "io_callback probes" in probe
+    assert ("failed to load" in probe) if "JAXPACE_NATIVE_LIB" in env else ("disabled" in probe)
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_ends_a_native_sleep_promptly():
+    e = dict(os.environ)
+    e.pop("XLA_FLAGS", None)
+    e["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "scripts" / "native_sigterm.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=e,
+        cwd=REPO,
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("SLEEPING"):
+                break
+        time.sleep(1.0)  # let the 5 s sleep begin
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("STEP_S"))
+    assert float(line.split()[1]) < 4.0 and "SIGNALS 1" in line and "SUM 2.0" in line, line
+    assert "PROBE native" in out, out

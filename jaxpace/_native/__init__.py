@@ -21,6 +21,7 @@ import numpy as np
 __all__ = [
     "ABI_VERSION",
     "MAX_SITES",
+    "allocate_site_id",
     "NATIVE_RECORD_DTYPE",
     "available",
     "counters",
@@ -31,6 +32,7 @@ __all__ = [
     "rearm",
     "register_site",
     "release_all",
+    "release_site",
     "released",
     "set_delay",
     "set_max_delay",
@@ -113,6 +115,7 @@ def _declare(lib) -> None:
         "jaxpace_set_max_delay_ns": (None, [i64]),
         "jaxpace_release_all": (None, []),
         "jaxpace_rearm": (None, []),
+        "jaxpace_release_site": (ctypes.c_int, [i64]),
         "jaxpace_released": (ctypes.c_int, []),
         "jaxpace_drain": (i64, [i64, i64, vp, vp]),
         "jaxpace_site_counters": (ctypes.c_int, [i64, vp]),
@@ -180,6 +183,23 @@ def now_ns() -> int:
     return int(_lib().jaxpace_now_ns())
 
 
+_next_site_id = [0]
+
+
+def allocate_site_id() -> int:
+    """A native site id no one else in this process uses (ids are never reused).
+
+    Raises:
+      RuntimeError: all MAX_SITES ids are taken.
+    """
+    with _lock:
+        if _next_site_id[0] >= MAX_SITES:
+            raise RuntimeError(f"native site table full ({MAX_SITES} sites in this process)")
+        sid = _next_site_id[0]
+        _next_site_id[0] += 1
+        return sid
+
+
 def register_site(
     site_id: int,
     num_slots: int,
@@ -244,6 +264,13 @@ def release_all() -> None:
         lib.jaxpace_release_all()
 
 
+def release_site(site_id: int) -> None:
+    """Ends the native sleeps of one site now, and its later ones (its pacer closed)."""
+    lib = _load()
+    if lib is not None:
+        lib.jaxpace_release_site(int(site_id))
+
+
 def rearm() -> None:
     """Undoes `release_all` (a new run in the same process)."""
     _lib().jaxpace_rearm()
@@ -253,15 +280,23 @@ def released() -> bool:
     return bool(_lib().jaxpace_released())
 
 
-def drain(site_id: int, payload_len: int = 0, max_n: int = 4096):
+def drain(site_id: int, payload_len: int = 0, max_n: int = 4096, *, out=None):
     """Finished records of a site, oldest first, and their reduced payloads.
+
+    Args:
+      out: optional `(records, payloads)` buffers to fill (reused by the drain thread);
+        `max_n` is then their length.
 
     Returns:
       `(records, payloads)`: a NATIVE_RECORD_DTYPE array and a float32 `(len, payload_len)`
-      array (zero columns when the site keeps no payload).
+      array (zero columns when the site keeps no payload); views of `out` when given.
     """
-    recs = np.zeros(max_n, NATIVE_RECORD_DTYPE)
-    pays = np.zeros((max_n, max(payload_len, 0)), np.float32)
+    if out is None:
+        recs = np.zeros(max_n, NATIVE_RECORD_DTYPE)
+        pays = np.zeros((max_n, max(payload_len, 0)), np.float32)
+    else:
+        recs, pays = out
+        max_n = len(recs)
     n = _lib().jaxpace_drain(
         int(site_id), int(max_n), recs.ctypes.data, pays.ctypes.data if payload_len > 0 else None
     )

@@ -52,13 +52,17 @@ std::condition_variable g_sleep_cv;
 std::atomic<int> g_released{0};
 std::atomic<int64_t> g_max_delay_ns{0};  // 0: no delays at all
 
-// Sleeps up to `ns`, returns early when released. Returns the ns actually slept.
-int64_t interruptible_sleep(int64_t ns) {
-  if (ns <= 0 || g_released.load(std::memory_order_acquire)) return 0;
+// Sleeps up to `ns`, returns early when everything (or this site) is released. Returns the ns
+// actually slept.
+int64_t interruptible_sleep(int64_t ns, const std::atomic<int>* site_released) {
+  auto released = [site_released] {
+    return g_released.load(std::memory_order_acquire) != 0 ||
+           (site_released != nullptr && site_released->load(std::memory_order_acquire) != 0);
+  };
+  if (ns <= 0 || released()) return 0;
   int64_t t0 = now_ns();
   std::unique_lock<std::mutex> lk(g_sleep_mu);
-  g_sleep_cv.wait_for(lk, std::chrono::nanoseconds(ns),
-                      [] { return g_released.load(std::memory_order_acquire) != 0; });
+  g_sleep_cv.wait_for(lk, std::chrono::nanoseconds(ns), released);
   return now_ns() - t0;
 }
 
@@ -114,6 +118,7 @@ struct Site {
   std::mutex drain_mu;
   std::atomic<int64_t> dropped{0};
   std::atomic<int64_t> unsampled{0};
+  std::atomic<int> released{0};  // this site's sleeps end (its pacer closed)
   // GPU: pending event pairs per rank (ring of kGpuDepth), polled by the drain.
   std::vector<GpuPair*> gpu;
   // GPU: rank of each local device ordinal (-1: that device's shard does not measure).
@@ -218,7 +223,7 @@ ffi::Error ArriveCpu(ffi::BufferR1<ffi::S32> tr, ffi::ResultBufferR0<ffi::S32> f
   int64_t delay = 0, step = 0;
   int32_t f = arrive_common(s, r, t, &delay, &step);
   if (f > 0 && len > 0) fill_payload(s, s->ranks[r], r, p, len);
-  int64_t slept = interruptible_sleep(delay);
+  int64_t slept = interruptible_sleep(delay, &s->released);
   if (f > 0) s->ranks[r].open_delay_ns.store(slept, std::memory_order_relaxed);
   flag->typed_data()[0] = f;
   return ffi::Error::Success();
@@ -305,10 +310,11 @@ struct GpuPair {
 
 struct HostSleep {
   int64_t ns;
+  const std::atomic<int>* released;
 };
 void host_sleep_fn(void* p) {  // runs on CUDA's host-callback thread, never the enqueuer
   HostSleep* hs = static_cast<HostSleep*>(p);
-  interruptible_sleep(hs->ns);
+  interruptible_sleep(hs->ns, hs->released);
   delete hs;
 }
 
@@ -361,7 +367,7 @@ ffi::Error ArriveCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR1<ffi::S
       g_cuda.EventRecord(gs.ev_arrive, stream);
       s->ranks[r].open_delay_ns.store(delay, std::memory_order_relaxed);
     }
-    if (delay > 0) g_cuda.LaunchHostFunc(stream, host_sleep_fn, new HostSleep{delay});
+    if (delay > 0) g_cuda.LaunchHostFunc(stream, host_sleep_fn, new HostSleep{delay, &s->released});
   }
   // Pageable host -> device copies are staged at once: no stream or device synchronization.
   g_cuda.MemcpyAsync(flag->typed_data(), &f, sizeof(f), kCudaMemcpyHostToDevice, stream);
@@ -523,6 +529,16 @@ void jaxpace_release_all() {
   { std::lock_guard<std::mutex> lk(g_wait_mu); }
   g_wait_cv.notify_all();
 }
+// Ends the sleeps of one site (its pacer closed) and makes its later ones return at once.
+int jaxpace_release_site(int64_t id) {
+  Site* s = site_of(id);
+  if (s == nullptr) return -1;
+  s->released.store(1, std::memory_order_release);
+  { std::lock_guard<std::mutex> lk(g_sleep_mu); }
+  g_sleep_cv.notify_all();
+  return 0;
+}
+
 void jaxpace_rearm() { g_released.store(0, std::memory_order_release); }
 int jaxpace_released() { return g_released.load(std::memory_order_acquire); }
 

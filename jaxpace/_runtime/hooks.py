@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -168,35 +169,95 @@ class Hooks:
             step = int(flag) - 1
             if p._fault_hook is not None:
                 p._fault_hook("post", site.name, rank, step)
-            early = None  # the exchanged earliness, for sinks
-            with st.lock:
-                wait_ns, delay_ns = self._close_record(st, step, t)
-                st.wd_out = step  # for the stall watchdog: left the collective
-                if reduced is None:
-                    # No exchange: only this rank's own view (fixed / measure-only).
-                    self._decide(st, rank, np.full(site.num_slots, np.nan), st.prev_step_s)
-                else:
-                    view = _exchange.decode(reduced, site.num_slots, scale)
-                    if view is not None:
-                        self._decide(st, rank, view.earliness_s, view.step_time_s)
-                        self._note_backoff(site, st)
-                        st.early_hist[st.early_n % len(st.early_hist)] = view.earliness_s
-                        st.early_n += 1
-                        early = view.earliness_s
-            if p._sink_thread.sinks:
-                p._sink_thread.emit(
-                    {
-                        "site": site.name,
-                        "step": step,
-                        "rank": rank,
-                        "wait_s": (wait_ns or 0) / 1e9,
-                        "delay_s": delay_ns / 1e9,
-                        "engaged": st.engaged,
-                        "earliness_s": None if early is None else early.tolist(),
-                    }
-                )
+            self._finish(site, st, rank, step, t, reduced, scale)
         except Exception as e:  # noqa: BLE001 - callbacks must never raise
             self._count_error(site, "post", e)
+
+    def _finish(
+        self,
+        site: Site,
+        st: RankState,
+        rank: int,
+        step: int,
+        t: int,
+        reduced: np.ndarray | None,
+        scale: float,
+    ) -> None:
+        """Closes `step` at `t` and runs the policy (both probe paths)."""
+        p = self._p
+        early = None  # the exchanged earliness, for sinks
+        with st.lock:
+            wait_ns, delay_ns = self._close_record(st, step, t)
+            st.wd_out = step  # for the stall watchdog: left the collective
+            if reduced is None:
+                # No exchange: only this rank's own view (fixed / measure-only).
+                self._decide(st, rank, np.full(site.num_slots, np.nan), st.prev_step_s)
+            else:
+                view = _exchange.decode(reduced, site.num_slots, scale)
+                if view is not None:
+                    self._decide(st, rank, view.earliness_s, view.step_time_s)
+                    self._note_backoff(site, st)
+                    st.early_hist[st.early_n % len(st.early_hist)] = view.earliness_s
+                    st.early_n += 1
+                    early = view.earliness_s
+        if p._sink_thread.sinks:
+            p._sink_thread.emit(
+                {
+                    "site": site.name,
+                    "step": step,
+                    "rank": rank,
+                    "wait_s": (wait_ns or 0) / 1e9,
+                    "delay_s": delay_ns / 1e9,
+                    "engaged": st.engaged,
+                    "earliness_s": None if early is None else early.tolist(),
+                }
+            )
+
+    # ------------------------------------------------------------------ native probes
+
+    def native_blocker(self) -> str | None:
+        """Why this pacer needs the Python (io_callback) probes, or None."""
+        p = self._p
+        if p._fault_hook is not None:
+            return "a fault hook is installed (it runs inside the Python probes)"
+        if p.clock is not time.perf_counter_ns:
+            return "a custom Pacer(clock=...) is set (the native probes use the steady clock)"
+        return None
+
+    @property
+    def stop_event(self):
+        """Set when the pacer stops (close/release/SIGTERM): native sleeps end too."""
+        return self._p._stop
+
+    def native_record(
+        self,
+        site: Site,
+        rank: int,
+        step: int,
+        arrive_ns: int,
+        done_ns: int,
+        delay_ns: int,
+        reduced: np.ndarray | None,
+        scale: float,
+    ) -> float:
+        """One record finished by the native probes (drained off the hot path).
+
+        Same bookkeeping and policy step as `done`; returns the delay (s) that the
+        rank's next arrival sleeps. Never raises (an error gives no delay).
+        """
+        try:
+            st = site.rank(rank)
+            with st.lock:
+                st.next_step = max(st.next_step, step + 1)
+                st.recorder.arrive(step, arrive_ns, delay_ns)
+                st.last_arrive_ns = arrive_ns
+            self._finish(site, st, rank, step, done_ns, reduced, scale)
+            with st.lock:
+                delay_s, st.pending_delay_s = st.pending_delay_s, 0.0
+            return delay_s
+        except Exception as e:  # noqa: BLE001 - the drain thread must never raise
+            self._count_error(site, "post", e)
+            return 0.0
 
     @staticmethod
     def _close_record(st: RankState, step: int, t: int) -> tuple[int | None, int]:

@@ -246,6 +246,8 @@ class Pacer:
 
     def flush(self, timeout_s: float = 5.0) -> None:
         """Waits (bounded) until queued sink summaries are delivered."""
+        for site in list(self._sites.values()):
+            site.flush()  # native probes: their records make the summaries
         self._sink_thread.flush(timeout_s)
 
     def close(self, timeout_s: float = 1.0) -> None:

@@ -40,6 +40,8 @@ class SiteStats:
         find each process's first shard ("Pacer(mesh=...)", "jax.set_mesh",
         "jaxpace.make_mesh", or an assumption of process-contiguous blocks), or
         every shard at device granularity.
+      probe: which probes time this site and why: the native XLA FFI handlers,
+        or the io_callback fallback with the reason the native ones do not apply.
     """
 
     site: str
@@ -58,6 +60,7 @@ class SiteStats:
     backed_off: bool = False
     ab_effect: dict[str, Any] | None = None
     layout: str | None = None
+    probe: str | None = None
 
 
 class RankState:
@@ -101,6 +104,9 @@ class Site:
         self.lock = threading.Lock()
         self.errors = 0
         self.layout = layout  # how each process's measuring shard was found
+        self.probe: str | None = None  # which probes time it, and why (set at trace time)
+        self.native = None  # (native site id, layout key) on the native path
+        self.flush = _no_flush  # brings host state up to date (the native drain)
 
     def rank(self, r: int) -> RankState:
         st = self.ranks.get(r)
@@ -113,8 +119,13 @@ class Site:
         return st
 
 
+def _no_flush() -> None:
+    return None
+
+
 def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
     """Summarizes one measured site over this process's ranks."""
+    site.flush()
     ranks = sorted(site.ranks)
     s = SiteStats(
         site=site.name,
@@ -123,6 +134,7 @@ def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
         ranks=ranks,
         errors=site.errors,
         layout=site.layout,
+        probe=site.probe,
     )
     waits, hists = [], []
     for r in ranks:

@@ -1,0 +1,163 @@
+"""Runs the policy on native records, off the hot path: one background thread per process.
+
+The native handlers push one finished record per (site, rank, step) into their site's ring.
+This thread blocks in `wait_records` (without the GIL) until the handlers push something,
+drains every attached site, hands each record to its runtime (`Runtime.native_record`: the
+same bookkeeping and policy step as the io_callback path's `done`), and stores the resulting
+delay natively, where the rank's next arrival sleeps it. `sync()` drains on the caller's thread
+(stats, records). When a pacer stops (close/release/SIGTERM) its sites' native sleeps end.
+
+Lag: the io_callback path decides step k's delay inside step k's post-callback, before step
+k+1 can arrive. Here the decision is made when this thread has drained step k; when it has not
+yet done so by step k+1's arrival (host load), the delay lands one step later.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jaxpace import _native as nat
+
+__all__ = ["attach", "sync"]
+
+log = logging.getLogger("jaxpace")
+
+
+@dataclass
+class _Entry:
+    rt: Any  # the Runtime (Pacer.hooks)
+    site: Any  # its host Site
+    native_id: int
+    payload_len: int
+    scale: float
+    stop: threading.Event | None
+    lock: threading.Lock
+    released: bool = False
+    bufs: tuple | None = None  # reused drain buffers
+
+
+_entries: dict[int, _Entry] = {}
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_max_delay = [0.0]
+_BATCH = 1024  # records per drain call
+
+
+class _ReleaseNative(threading.Event):
+    """A stop event in `_delay`'s SIGTERM set: setting it ends every native sleep at once."""
+
+    def set(self) -> None:
+        super().set()
+        nat.release_all()
+
+
+_SIGTERM_EVENT = _ReleaseNative()
+
+
+def attach(
+    rt,
+    site,
+    *,
+    num_slots: int,
+    fixed_rank: int,
+    sample_every: int,
+    payload_len: int,
+    scale: float,
+    capacity: int,
+    max_delay_s: float,
+    stop: threading.Event | None,
+) -> int:
+    """Registers a native site for the host `site` of runtime `rt`; returns its native id.
+
+    A site re-traced with the same layout keeps its id (its step counters continue).
+
+    Raises:
+      RuntimeError: the native site table is full (the caller falls back to io_callback).
+    """
+    key = (num_slots, fixed_rank, sample_every, payload_len)
+    prev = getattr(site, "native", None)
+    if prev is not None and prev[1] == key:
+        return prev[0]
+    with _lock:
+        sid = nat.allocate_site_id()
+        nat.register_site(
+            sid,
+            num_slots,
+            capacity=max(int(capacity), 64),
+            fixed_rank=fixed_rank,
+            sample_every=sample_every,
+            payload_len=payload_len,
+        )
+        if max_delay_s > _max_delay[0]:
+            _max_delay[0] = float(max_delay_s)
+            nat.set_max_delay(_max_delay[0])
+        _entries[sid] = _Entry(rt, site, sid, payload_len, float(scale), stop, threading.Lock())
+        site.native = (sid, key)
+        site.flush = lambda: sync(sid)
+        if max_delay_s > 0:
+            from jaxpace._delay import register_stop
+
+            register_stop(_SIGTERM_EVENT)  # weakly held; this module keeps it alive
+        _start_thread()
+    return sid
+
+
+def _start_thread() -> None:
+    global _thread
+    if _thread is None or not _thread.is_alive():
+        _thread = threading.Thread(target=_loop, name="jaxpace-native-drain", daemon=True)
+        _thread.start()
+
+
+def _loop() -> None:
+    seen = 0
+    while True:
+        try:
+            seen = nat.wait_records(seen, 0.02)
+            for e in list(_entries.values()):
+                _drain(e)
+        except Exception as ex:  # noqa: BLE001 - the drain thread must survive anything
+            log.warning("jaxpace: native drain thread error %r (continuing)", ex)
+
+
+def sync(native_id: int | None = None) -> None:
+    """Drains one site (or all) now, on the calling thread."""
+    entries = [_entries[native_id]] if native_id in _entries else list(_entries.values())
+    for e in entries:
+        _drain(e)
+
+
+def _drain(e: _Entry) -> None:
+    with e.lock:
+        if e.stop is not None and e.stop.is_set() and not e.released:
+            nat.release_site(e.native_id)
+            e.released = True
+        if e.bufs is None:
+            e.bufs = (
+                np.zeros(_BATCH, nat.NATIVE_RECORD_DTYPE),
+                np.zeros((_BATCH, e.payload_len), np.float32),
+            )
+        while True:
+            recs, pays = nat.drain(e.native_id, e.payload_len, out=e.bufs)
+            for i, r in enumerate(recs):
+                reduced = pays[i] if e.payload_len > 0 else None
+                rank = int(r["rank"])
+                delay_s = e.rt.native_record(
+                    e.site,
+                    rank,
+                    int(r["step"]),
+                    int(r["arrive_ns"]),
+                    int(r["done_ns"]),
+                    int(r["delay_ns"]),
+                    reduced,
+                    e.scale,
+                )
+                if delay_s > 0 and not e.released:
+                    nat.set_delay(e.native_id, rank, delay_s)
+            if len(recs) < _BATCH:
+                return
