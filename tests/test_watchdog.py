@@ -335,3 +335,20 @@ def test_mp_hung_coordinator_is_reported_and_nothing_hangs(launch, tmp_path):
         [msg] = _lines(proc, r, "jaxpace: stalled")
         assert "does not answer" in msg and "at mp.grads step 20" in msg
         assert _records(run_dir)[r]["coordinator"].startswith("does not answer")
+
+
+def test_report_shows_the_stall_records_first(tmp_path, capsys):
+    from jaxpace import cli
+
+    pacer = jp.Pacer(policy=jp.fixed(0.001), stall_after_s=0.3, run_dir=tmp_path, clock=PY_CLOCK)
+    pacer._fault_hook = _stall_at(3, 1.0)
+    f, x = _step_fn(pacer)
+    for _ in range(40):
+        f(x).block_until_ready()
+    pacer.close(timeout_s=2.0)
+    pacer.export(tmp_path)
+    capsys.readouterr()
+    cli.main(["report", str(tmp_path), "--warmup", "2"])
+    out = capsys.readouterr().out
+    assert out.startswith("STALLED: this run hung"), out[:500]
+    assert "process 0: jaxpace: stalled" in out.splitlines()[1]

@@ -10,6 +10,7 @@ from jaxpace.errors import RecordsError
 from jaxpace.report.analyze import analyze
 from jaxpace.report.html import write_html
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
+from jaxpace.report.stalls import format_stalls, load_stalls
 from jaxpace.report.terminal import print_summary
 from jaxpace.report.trace import write_trace
 
@@ -39,6 +40,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def cli_main(args: argparse.Namespace) -> int:
     """Runs `jaxpace report`; returns the exit code (2 for unusable records)."""
+    stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
+    if stalls:
+        print(stalls + "\n")
     try:
         report = analyze(
             args.run_dir,
