@@ -1,18 +1,21 @@
 """The whole change jaxpace asks of a shard_map train step: one import, one call.
 
-python examples/replace_psum.py
+python examples/replace_psum.py                                      # one process, 8 CPU devices
+jaxpace launch -n 2 --local-devices 2 -- python examples/replace_psum.py   # two processes
 """
 
-import os
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import jaxpace as jp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-import jaxpace as jp  # noqa: E402
+jax.config.update("jax_num_cpu_devices", 8)  # alone on CPU: 8 devices to shard over
+# Under `jaxpace launch` (or SLURM, Kubernetes) this joins the job; without it every
+# process would run on its own, unsynchronized. Alone, it does nothing.
+jp.launch.init_from_env()
 
 mesh = jax.make_mesh((jax.device_count(),), ("data",))
 
@@ -24,9 +27,11 @@ def local_grads(w, x):
 
 
 step = jax.jit(jax.shard_map(local_grads, mesh=mesh, in_specs=(P(), P("data")), out_specs=P()))
-x = jax.device_put(jnp.ones((jax.device_count() * 4, 3)), NamedSharding(mesh, P("data")))
+# Each process provides only its own rows of the global batch.
+x_local = np.ones((jax.local_device_count() * 4, 3), np.float32)
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), x_local)
 for _ in range(5):
     g = step(jnp.ones(3), x)
-print("grad:", g)
+print(f"process {jax.process_index()} of {jax.process_count()}: grad {np.asarray(g)}")
 for site, s in jp.default_pacer().stats().items():
     print(f"{site}: {s.steps} steps measured, mean wait {s.wait_mean_s * 1e6:.0f} us")

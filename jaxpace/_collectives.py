@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
-from jaxpace import _exchange, _jax_compat
+from jaxpace import _exchange, _invariant, _jax_compat
 from jaxpace.errors import UnboundAxisError
 
 __all__ = ["Runtime", "collective"]
@@ -312,6 +312,7 @@ def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
     if reason is not None:
         rt.note_unmeasured(site, reason)
         return plain()
+    _invariant.warn_if_invariant(kind, leaves, axes, site)  # the skew would be hidden
     return _measured(
         rt, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am, probe
     )

@@ -12,7 +12,12 @@ __all__ = ["main"]
 # Subcommands whose parser and entry point live in their own module:
 # name -> (module, help)
 _DELEGATED = {
-    "demo": ("jaxpace.demo", "run the main job: a 4-process training run, pacing off then on"),
+    "demo": (
+        "jaxpace.demo",
+        "run the main job: a 4-process Flax/Optax training run with an injected straggler, "
+        "diagnosed (report, HTML, Perfetto trace), then measure-only, exchange and pacing "
+        "interleaved step by step",
+    ),
     "report": ("jaxpace.report", "analyze a run's records: tables, HTML report, Perfetto trace"),
     "simulate": ("jaxpace.sim", "simulate 1-1024 nodes with and without pacing"),
     "topo": ("jaxpace.topology", "show this host's topology and the suggested mesh"),
@@ -82,18 +87,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("launch", help="run a command as several local JAX processes")
     _launch_parser(p)
     p.set_defaults(_main=_launch_main)
+    parser.subcommands = {"launch": p}
     for name, (mod, help_) in _DELEGATED.items():
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".")
         m = importlib.import_module(mod)
         m.configure_parser(p)
         p.set_defaults(_main=m.cli_main)
+        parser.subcommands[name] = p
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `jaxpace` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # a typo under a subcommand: that subcommand's usage, not the top-level one
+        sub = parser.subcommands.get(getattr(args, "command", None), parser)
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_main", None):
         parser.print_help()
         return 0

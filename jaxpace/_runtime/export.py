@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaxpace import _jax_compat, _records
 from jaxpace._runtime.consensus import KEY_GENERATIONS
+from jaxpace._runtime.inflight import settle
 
 if TYPE_CHECKING:
     from jaxpace._runtime.pacer import Pacer
@@ -21,9 +22,13 @@ log = logging.getLogger("jaxpace")
 
 
 def records(pacer: Pacer) -> list[dict[str, Any]]:
-    """This process's finished records as dicts: its header, then steps by site, rank, step."""
+    """This process's finished records as dicts: its header, then steps by site, rank, step.
+
+    First waits (bounded) for the steps this process dispatched (`inflight.settle`).
+    """
     import jax
 
+    settle(pacer)
     proc = jax.process_index()
     out: list[dict[str, Any]] = [header(pacer)]
     for name, site in sorted(pacer._sites.items()):

@@ -92,6 +92,15 @@ class Hooks:
             if s is None or s.num_slots != num_slots:
                 s = Site(name, num_slots, p.config.capacity, p.policy, layout)
                 p._sites[name] = s
+                if num_slots == 1 and p.config.granularity == "process":
+                    log.warning(
+                        "jaxpace: %s has one rank (one process, granularity='process'): "
+                        "there is no other rank to compare, so the report cannot name a "
+                        "straggler. Use jp.Pacer(granularity='device') (or "
+                        "jp.configure(granularity='device')) to time each device, or run "
+                        "several processes (jaxpace launch -n N).",
+                        name,
+                    )
             s.layout = layout
             return s
 

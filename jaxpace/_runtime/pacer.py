@@ -16,6 +16,7 @@ from jaxpace._runtime import consensus
 from jaxpace._runtime import export as _export
 from jaxpace._runtime.config import Granularity, PacerConfig
 from jaxpace._runtime.hooks import Hooks
+from jaxpace._runtime.inflight import DEFAULT_TIMEOUT_S, settle
 from jaxpace._runtime.sinks import SinkThread
 from jaxpace._runtime.sites import Site, SiteStats, site_stats
 from jaxpace._runtime.watchdog import Watchdog, WatchdogConfig
@@ -267,17 +268,25 @@ class Pacer:
 
     # ------------------------------------------------------------------ results
 
-    def stats(self) -> dict[str, SiteStats]:
+    def stats(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, SiteStats]:
         """Per-site summary of this process's measurements and pacing.
 
+        JAX runs steps asynchronously: this first waits, at most `timeout_s`, for
+        the steps this process dispatched (as `records()` and `export()` do), so
+        right after a training loop it covers every step. Steps still unfinished
+        then are counted in `SiteStats.in_flight` and logged.
+
         Returns:
-          `{site: SiteStats}`; see `SiteStats` for the fields.
+          `{site: SiteStats}`; see `SiteStats` for the fields. A site is named
+          `file.py:LINE:function` of the call unless `site=` names it.
         """
+        in_flight = settle(self, timeout_s)
         out: dict[str, SiteStats] = {}
         for name, reason in sorted(self._unmeasured.items()):
             out[name] = SiteStats(site=name, measured=False, unmeasured_reason=reason, ranks=[])
         for name, site in sorted(self._sites.items()):
             out[name] = site_stats(site, self._policy)
+            out[name].in_flight = in_flight.get(name, 0)
         return out
 
     def records(self) -> list[dict[str, Any]]:

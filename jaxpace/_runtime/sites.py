@@ -42,6 +42,8 @@ class SiteStats:
         every shard at device granularity.
       probe: which probes time this site and why: the native XLA FFI handlers,
         or the io_callback fallback with the reason the native ones do not apply.
+      in_flight: measured collectives of this process that had arrived but not
+        finished when `stats()` stopped waiting (0 once every dispatched step ran).
     """
 
     site: str
@@ -61,6 +63,7 @@ class SiteStats:
     ab_effect: dict[str, Any] | None = None
     layout: str | None = None
     probe: str | None = None
+    in_flight: int = 0
 
 
 class RankState:

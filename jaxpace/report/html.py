@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -108,10 +109,23 @@ def _axes(x0: float, x1: float, y0: float, y1: float, xt, yt, width=W, height=H,
     return out, fx, fy
 
 
+def _analyzed(report: Report) -> np.ndarray:
+    """Row indices of `report.data` that the summary's statistics use: after the warm-up
+    (a prefix of the sorted steps), without periodic outliers."""
+    data = report.data
+    keep = np.arange(data.steps.size) >= report.warmup_steps
+    if report.periodic is not None:
+        keep &= ~np.isin(data.steps, report.periodic.steps)
+    return np.flatnonzero(keep) if keep.any() else np.arange(data.steps.size)
+
+
 def _heatmap(report: Report) -> str:
     data = report.data
-    title = PLOT_TITLES[0]
-    lat = data.lateness * 1e3  # ms
+    title = PLOT_TITLES[0]  # after the warm-up
+    rows_used = np.arange(report.warmup_steps, data.steps.size)
+    if rows_used.size == 0:
+        rows_used = np.arange(data.steps.size)
+    lat = data.lateness[rows_used] * 1e3  # ms
     S, R = lat.shape
     cols, rows = min(S, 240), min(R, 64)
     # Bin steps and ranks (means) so the SVG stays small for big runs.
@@ -121,9 +135,9 @@ def _heatmap(report: Report) -> str:
     m = m / np.outer(np.diff(sb), np.diff(rb))
     vmax = float(np.quantile(m, 0.99)) if m.size else 1.0
     vmax = vmax if vmax > 0 else 1.0
-    width = W + 80
+    width = W + 120  # room for the colour bar and its labels
     out = _svg_open(title, "step", "rank", width=width)
-    pw, ph = width - ML - MR - 80, H - MT - MB
+    pw, ph = width - ML - MR - 120, H - MT - MB
     cw, rh = pw / cols, ph / rows
     for i in range(rows):
         for j in range(cols):
@@ -131,7 +145,7 @@ def _heatmap(report: Report) -> str:
                 f'<rect x="{ML + j * cw:.2f}" y="{MT + i * rh:.2f}" width="{cw + 0.3:.2f}" '
                 f'height="{rh + 0.3:.2f}" fill="{_color(m[j, i] / vmax)}"/>'
             )
-    steps = data.steps
+    steps = data.steps[rows_used]
     for t in _ticks(0, cols - 1, 6):
         j = int(t)
         X = ML + (j + 0.5) * cw
@@ -150,9 +164,9 @@ def _heatmap(report: Report) -> str:
             f'<rect x="{bx}" y="{y:.2f}" width="14" height="{ph / 50 + 0.3:.2f}" '
             f'fill="{_color(k / 49)}"/>'
         )
-    out.append(f'<text x="{bx + 18}" y="{MT + 8}">{_fmt(vmax)}</text>')
+    out.append(f'<text x="{bx + 18}" y="{MT + 8}">{_fmt(vmax)} ms</text>')
     out.append(f'<text x="{bx + 18}" y="{MT + ph}">0</text>')
-    out.append(f'<text x="{bx + 7}" y="{MT - 6}" text-anchor="middle">lateness (ms)</text>')
+    out.append(f'<text x="{bx}" y="{MT - 6}" text-anchor="start">lateness (ms)</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -207,9 +221,9 @@ def _phases(report: Report) -> str:
 
 
 def _histogram(report: Report) -> str:
-    title = PLOT_TITLES[2]
+    title = PLOT_TITLES[2]  # the analyzed steps, as in the summary
     data = report.data
-    it = np.median(data.step_time, axis=1) * 1e3
+    it = np.median(data.step_time[_analyzed(report)], axis=1) * 1e3
     it = it[np.isfinite(it)]
     out = _svg_open(title, "step time (ms)", "steps")
     if it.size == 0:
@@ -230,12 +244,18 @@ def _histogram(report: Report) -> str:
                 f'height="{fy(0) - fy(c):.2f}" fill="#4c78a8"><title>{a:.3g}-{b:.3g} ms: '
                 f"{c} steps</title></rect>"
             )
-    for q, name in ((0.5, "p50"), (0.99, "p99")):
+    for k, (q, name) in enumerate(((0.5, "p50"), (0.99, "p99"))):
         v = float(np.quantile(it, q))
         out.append(
             f'<line x1="{fx(v):.1f}" y1="{MT}" x2="{fx(v):.1f}" y2="{fy(0):.1f}" class="q"/>'
         )
-        out.append(f'<text x="{fx(v) + 3:.1f}" y="{MT + 10}">{name} {v:.3g} ms</text>')
+        # Labels on their own lines, and left of the line near the right edge (never clipped).
+        right = fx(v) + 90 > W - MR
+        x, anchor = (fx(v) - 3, "end") if right else (fx(v) + 3, "start")
+        out.append(
+            f'<text x="{x:.1f}" y="{MT + 10 + 13 * k}" text-anchor="{anchor}">'
+            f"{name} {v:.3g} ms</text>"
+        )
     out.append("</svg>")
     return "\n".join(out)
 
@@ -251,8 +271,18 @@ def _forecast(report: Report) -> str:
         )
         out.append("</svg>")
         return "\n".join(out)
-    xs = np.log2(np.array(fc.ranks, dtype=float))
-    ys = np.array(fc.amplification + fc.lognormal_amplification, dtype=float)
+    top, lognormal, why = tables.forecast_support(report)
+    keep = [i for i, n in enumerate(fc.ranks) if n <= top]
+    if not keep:
+        out.append(
+            f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">not shown: {escape(why)}</text>'
+        )
+        out.append("</svg>")
+        return "\n".join(out)
+    xs = np.log2(np.array([fc.ranks[i] for i in keep], dtype=float))
+    emp = [fc.amplification[i] for i in keep]
+    logn = [fc.lognormal_amplification[i] for i in keep]
+    ys = np.array(emp + (logn if lognormal else []), dtype=float)
     pts = [fc.measured_amplification, fc.forecast_at_measured]
     allv = np.concatenate([ys, [p for p in pts if math.isfinite(p)]])
     y0, y1 = 1.0, max(float(allv.max()) * 1.05, 1.05)
@@ -262,10 +292,7 @@ def _forecast(report: Report) -> str:
         x0, x1, y0, y1, [float(x) for x in xs], _ticks(y0, y1), xfmt=lambda t: str(int(2**t))
     )
     out += ax
-    for series, color in (
-        (fc.amplification, "#4c78a8"),
-        (fc.lognormal_amplification, "#f58518"),
-    ):
+    for series, color in ((emp, "#4c78a8"), (logn, "#f58518"))[: 2 if lognormal else 1]:
         path = " ".join(
             f"{'M' if i == 0 else 'L'}{fx(x):.1f},{fy(y):.1f}"
             for i, (x, y) in enumerate(zip(xs, series, strict=True))
@@ -284,15 +311,19 @@ def _forecast(report: Report) -> str:
         )
     legend = (
         ("#4c78a8", "empirical (order statistics)"),
-        ("#f58518", f"lognormal fit (sigma {fc.sigma_log:.3g})"),
         ("#e45756", f"measured ({fc.measured_ranks} ranks)"),
-    )
+    ) + ((("#f58518", f"lognormal fit (sigma {fc.sigma_log:.3g})"),) if lognormal else ())
     for k, (color, name) in enumerate(legend):
         x = ML + 10 + k * 220
         out.append(f'<rect x="{x}" y="28" width="10" height="10" fill="{color}"/>')
         out.append(f'<text x="{x + 14}" y="37">{escape(name)}</text>')
+    out.append(f'<text x="{ML}" y="{H - 8}">{escape(why)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+# Columns of prose or names: left-aligned (numbers stay right-aligned).
+TEXT_COLUMNS = ("evidence", "detected", "host", "mode", "what to do next")
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -303,7 +334,13 @@ def _table(rows: list[list[str]]) -> str:
     def cell(c: str) -> str:
         return "<br>".join(escape(part) for part in c.split("\n"))
 
-    b = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in r) + "</tr>" for r in body)
+    left = [i > 0 and col in TEXT_COLUMNS for i, col in enumerate(header)]  # 1st: by CSS
+    b = "".join(
+        "<tr>"
+        + "".join(f"<td{' class=l' if left[i] else ''}>{cell(c)}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in body
+    )
     return f"<table><thead><tr>{h}</tr></thead><tbody>{b}</tbody></table>"
 
 
@@ -311,15 +348,20 @@ CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;
-text-align:right;font-size:.9em}th{background:#f3f3f3}td:first-child{text-align:left}
+text-align:right;font-size:.9em}th{background:#f3f3f3}td:first-child,td.l{text-align:left}
 .partial{background:#fde2e2;border:2px solid #c00;padding:8px;font-weight:bold}
 svg{font-size:11px;margin:8px 0;display:block}svg .t{font-size:14px;font-weight:bold}
 svg .ax{stroke:#333;stroke-width:1}svg .q{stroke:#c00;stroke-dasharray:4 3}
 """
 
 
-def render_report_html(report: Report) -> str:
-    """The whole HTML document for `report` (named apart from `jaxpace.sim`'s page)."""
+def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]] = ()) -> str:
+    """The whole HTML document for `report` (named apart from `jaxpace.sim`'s page).
+
+    `extra_sections`: `(title, content)` pairs placed after the summary, where
+    content is a table (rows, header first) or a list of paragraphs (strings);
+    `jaxpace demo` adds its A/B table and Diagnosis here.
+    """
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -333,6 +375,13 @@ def render_report_html(report: Report) -> str:
             '<p class="partial">PARTIAL REPORT: the input was incomplete; see the notes below.</p>'
         )
     parts.append("<h2>Summary</h2>" + _table(tables.summary_rows(report)))
+    parts.append("<h2>What to do next</h2>" + _table(tables.next_steps_rows(report)))
+    for title, content in extra_sections:
+        if content and isinstance(content[0], str):
+            body = "".join(f"<p>{escape(line)}</p>" for line in content)
+        else:
+            body = _table(content)
+        parts.append(f"<h2>{escape(title)}</h2>" + body)
     parts.append("<h2>Failure modes</h2>" + _table(tables.failure_mode_rows(report)))
     parts.append("<h2>Plots</h2>")
     if report.data is not None:
@@ -354,12 +403,14 @@ def render_report_html(report: Report) -> str:
     return "\n".join(parts)
 
 
-def write_html(report: Report, path: str | os.PathLike) -> Path:
+def write_html(
+    report: Report, path: str | os.PathLike, extra_sections: Sequence[tuple[str, Any]] = ()
+) -> Path:
     """Writes a self-contained HTML report (inline SVG plots, no scripts) to `path`.
 
     Plots: per-rank lateness heat map, phase breakdown per rank, step-time
     histogram, amplification forecast.
     """
     p = Path(path)
-    p.write_text(render_report_html(report), encoding="utf-8")
+    p.write_text(render_report_html(report, extra_sections), encoding="utf-8")
     return p

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 __all__ = [
     "failure_mode_rows",
     "forecast_rows",
+    "forecast_support",
+    "next_steps_rows",
     "pacing_table",
     "ranking_rows",
     "summary_rows",
@@ -47,7 +49,7 @@ def summary_rows(report: Report) -> list[list[str]]:
         ["primary failure mode", report.primary_mode],
         ["culprit", culprit],
     ]
-    if report.what_if is not None:
+    if report.what_if is not None and report.culprit is not None:  # nothing to speed up else
         w = report.what_if
         rows.append(
             [
@@ -87,15 +89,60 @@ def failure_mode_rows(report: Report) -> list[list[str]]:
     return rows
 
 
+SAMPLES_PER_RANK = 4  # order statistics of N ranks: at least 4N compute samples behind them
+
+
+def forecast_support(report: Report) -> tuple[int, bool, str]:
+    """(largest rank count the data supports, whether the lognormal fit is shown, why).
+
+    The empirical forecast resamples the measured per-rank compute: it is shown
+    up to the rank count that the analyzed samples cover `SAMPLES_PER_RANK` times.
+    The lognormal fit extrapolates a shape; it is shown only when no rank or
+    group is persistently late (a straggler makes the spread bimodal, not
+    lognormal) and the run has 8+ ranks to fit it on.
+    """
+    fc = report.forecast
+    if fc is None:
+        return 0, False, ""
+    samples = report.analyzed_steps * report.num_ranks
+    top = max((n for n in fc.ranks if n * SAMPLES_PER_RANK <= samples), default=0)
+    lognormal = (
+        report.culprit is None
+        and report.primary_mode in ("balanced", "synchronization_amplification")
+        and report.num_ranks >= 8
+    )
+    why = f"empirical order statistics from {samples} compute samples, shown up to {top} ranks"
+    if not lognormal:
+        why += (
+            "; no lognormal extrapolation ("
+            + (
+                "a persistent straggler is not lognormal noise"
+                if report.culprit is not None
+                else f"{report.num_ranks} ranks are too few to fit it"
+            )  # fmt: skip
+            + ")"
+        )
+    return top, lognormal, why
+
+
 def forecast_rows(report: Report) -> list[list[str]]:
-    """Forecast amplification per rank count; empty when there is no forecast."""
+    """Forecast amplification per supported rank count; empty when there is none."""
     fc = report.forecast
     if fc is None:
         return []
-    rows = [["ranks", "empirical", "lognormal"]]
+    top, lognormal, _ = forecast_support(report)
+    rows = [["ranks", "empirical"] + (["lognormal"] if lognormal else [])]
     for n, a, b in zip(fc.ranks, fc.amplification, fc.lognormal_amplification, strict=True):
-        rows.append([str(n), f"{a:.3f}", f"{b:.3f}"])
-    return rows
+        if n <= top:
+            rows.append([str(n), f"{a:.3f}"] + ([f"{b:.3f}"] if lognormal else []))
+    return rows if len(rows) > 1 else []
+
+
+def next_steps_rows(report: Report) -> list[list[str]]:
+    """ "What to do next", one action per row (jaxpace.report.advice)."""
+    from jaxpace.report.advice import next_steps
+
+    return [["what to do next"]] + [[line] for line in next_steps(report)]
 
 
 def pacing_table(p: PacingEffect) -> list[list[str]]:

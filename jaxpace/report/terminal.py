@@ -44,18 +44,24 @@ def summary_renderable(report: Report, max_ranks: int = 12) -> Any:
         rt.caption += f"; {len(report.ranking) - max_ranks} more ranks in the JSON/HTML report"
     parts.append(rt)
     parts.append(_rich_table(tables.failure_mode_rows(report), "Failure modes"))
-    if report.forecast is not None:
+    if report.forecast is not None and tables.forecast_rows(report):
         fc = report.forecast
         st = _rich_table(tables.forecast_rows(report), "Amplification forecast (order statistics)")
         st.caption = (
             f"measured {fc.measured_amplification:.3f} at {fc.measured_ranks} ranks "
-            f"(forecast there {fc.forecast_at_measured:.3f})"
+            f"(forecast there {fc.forecast_at_measured:.3f}); {tables.forecast_support(report)[2]}"
         )
         parts.append(st)
     if report.pacing is not None:
         parts.append(_rich_table(tables.pacing_table(report.pacing), "Pacing effect"))
     if report.notes:
         parts.append(Text("Notes:\n" + "\n".join(f"- {n}" for n in report.notes)))
+    parts.append(
+        Text(
+            "What to do next:\n"
+            + "\n".join(f"- {r[0]}" for r in tables.next_steps_rows(report)[1:])
+        )
+    )
     return Group(*parts)
 
 

@@ -57,9 +57,14 @@ def _load_any(path: str) -> Topology:
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(","))
+        out = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise ValueError(f"`{what}` must be comma-separated integers, got {text!r}") from None
+        out = ()
+    if not out or any(v < 1 for v in out):
+        raise ValueError(
+            f"`{what}` must be comma-separated positive integers (e.g. 4,8), got {text!r}"
+        )
+    return out
 
 
 def cli_main(args: argparse.Namespace) -> int:
@@ -73,6 +78,8 @@ def cli_main(args: argparse.Namespace) -> int:
     if not console.is_terminal:  # piped or captured: do not squeeze the matrix into 80 columns
         console = Console(width=200)
     try:
+        if args.mesh:  # checked first: a bad shape is an error even with no GPU to plan
+            _ints(args.mesh, "--mesh")
         if args.from_file:
             topo, notes = _load_any(args.from_file), (f"read {args.from_file}",)
         else:

@@ -84,7 +84,7 @@ def select_steps(data: SiteData, warmup_steps: int | None) -> StepSelection:
     comp = data.compute[rows]
     comp_rows = np.isfinite(comp).all(axis=1)
     return StepSelection(
-        warmup_steps=warmup_steps,
+        warmup_steps=int(S - after_warmup.sum()),  # the steps actually excluded, not asked for
         after_warmup=after_warmup,
         iter_all=iter_all,
         periodic=periodic,

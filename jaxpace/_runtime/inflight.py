@@ -1,0 +1,63 @@
+"""Steps still in flight when the user reads results: wait for them (bounded) and count the rest.
+
+JAX dispatches steps asynchronously, so right after a training loop most steps
+may not have run yet; `Pacer.stats()` / `records()` / `export()` first wait
+(bounded) for this process's dispatched work, then drain the probes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jaxpace._runtime.pacer import Pacer
+
+__all__ = ["DEFAULT_TIMEOUT_S", "settle"]
+
+DEFAULT_TIMEOUT_S = 10.0
+
+log = logging.getLogger("jaxpace")
+
+
+def _block_on_live_arrays() -> None:
+    import jax
+
+    for a in jax.live_arrays():
+        try:
+            a.block_until_ready()
+        except Exception:  # noqa: BLE001 - deleted/donated meanwhile: nothing to wait for
+            pass
+
+
+def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
+    """Waits up to `timeout_s` for dispatched steps, drains every site: `{site: steps in flight}`.
+
+    Waits on this process's live arrays (the outputs of every dispatched step the
+    program still holds) on a helper thread, so a peer that never arrives costs
+    at most `timeout_s`. Never call it from a JAX callback. The count returned is
+    the measured collectives that arrived but have not finished (io_callback
+    probes); a step whose output was dropped and that has not started yet
+    cannot be seen.
+    """
+    if pacer._sites and timeout_s > 0:
+        t = threading.Thread(target=_block_on_live_arrays, name="jaxpace-settle", daemon=True)
+        t.start()
+        t.join(timeout_s)
+    in_flight: dict[str, int] = {}
+    for name, site in list(pacer._sites.items()):
+        site.flush()
+        for st in list(site.ranks.values()):
+            with st.lock:
+                if st.open_step is not None:
+                    in_flight[name] = in_flight.get(name, 0) + 1
+    if in_flight:
+        log.warning(
+            "jaxpace: %d measured step(s) still in flight after waiting %.1f s; stats and "
+            "records cover finished steps only. Call jax.block_until_ready on the last "
+            "step's outputs first, or pass a longer timeout_s.",
+            sum(in_flight.values()),
+            timeout_s,
+        )
+    return in_flight
