@@ -356,3 +356,219 @@ def test_negative_durations_in_records_are_skipped_counted_and_noted(field, tmp_
     _records.write_jsonl(d / _records.records_filename(0), dicts)
     loaded = jp.report.load_records(d)
     assert any("records-p0.jsonl:" in n and "negative" in n for n in loaded.notes)
+
+
+# --------------------------------------------------------------------- 4, 5, 10. simulate CLI
+
+
+def _simulate_cli(capsys, *argv):
+    import argparse
+
+    from jaxpace.sim import cli as sim_cli
+
+    args = sim_cli.configure_parser(argparse.ArgumentParser()).parse_args(list(map(str, argv)))
+    rc = sim_cli.cli_main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--nodes", "2000"], "from 1 to 1024"),  # issue 18
+        (["--nodes", "100000"], "from 1 to 1024"),
+        (["--nodes", "1,0"], "from 1 to 1024"),
+        (
+            ["--nodes", "1", "--steps", "1000000000"],
+            r"`steps` must be an integer in \[1, 10000000\]",
+        ),
+        (["--nodes", "1", "--steps", "0"], "`steps` must be"),
+    ],
+)
+def test_simulate_enforces_node_and_step_bounds(capsys, argv, expected, monkeypatch):
+    import re
+
+    from jaxpace.sim import cli as sim_cli
+
+    def boom(*a, **k):  # nothing may be simulated (or allocated) for a refused run
+        raise AssertionError("simulate ran")
+
+    monkeypatch.setattr(sim_cli, "simulate", boom)
+    rc, _, err = _simulate_cli(capsys, "--scenario", "pure-bsp", *argv)
+    assert rc == 2 and re.search(expected, err), err
+
+
+@pytest.mark.timeout(60)
+def test_simulate_estimates_memory_first_and_refuses_with_the_estimate(capsys, monkeypatch):
+    from jaxpace.sim import cli as sim_cli
+
+    monkeypatch.setattr(sim_cli, "simulate", lambda *a, **k: pytest.fail("simulate ran"))
+    rc, _, err = _simulate_cli(
+        capsys, "--scenario", "pure-bsp", "--nodes", "1024", "--max-memory-gb", "0.05"
+    )
+    assert rc == 2 and "would need about" in err and "more than 50.0 MB" in err, err
+    # Without --max-memory-gb the limit is half of the memory available now.
+    monkeypatch.setattr(sim_cli, "_available_bytes", lambda: 10_000_000)
+    rc, _, err = _simulate_cli(capsys, "--scenario", "pure-bsp", "--nodes", "1024")
+    assert rc == 2 and "half of the 0.0 GB available" in err, err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "scenario,nodes,steps,policy",
+    [("pure-bsp", 2, 300, None), ("paper", 4, 40, "adaptive"), ("pure-bsp", 16, 40, "adaptive")],
+)
+def test_memory_estimate_bounds_the_measured_peak(scenario, nodes, steps, policy):
+    import tracemalloc
+
+    from jaxpace.sim._engine import estimate_peak_bytes, simulate
+
+    est = estimate_peak_bytes(scenario, nodes=nodes, steps=steps, policy=policy)
+    tracemalloc.start()
+    try:
+        simulate(scenario, nodes=nodes, steps=steps, policy=policy)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= est <= 12 * peak + (2 << 20), (peak, est)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--policy", "fixed:-1"], "`--policy fixed:-1`: expected `fixed:SECONDS`"),
+        (["--policy", "fixed:nan"], "`--policy fixed:nan`: expected `fixed:SECONDS`"),
+        (["--policy", "fixed:inf"], "`--policy fixed:inf`"),
+        (["--seed", "-1"], "`seed` must be an integer >= 0"),
+        (["--scenario", "LIST"], "top level must be a JSON object"),
+        (["--scenario", "DEEP"], "nested too deeply"),
+        (["--html", "TMP"], "is a directory"),
+        (["--json", "/nonexistent-jaxpace-dir/x.json"], "does not exist"),
+    ],
+)
+def test_simulate_error_paths_give_rc_2_before_any_run(
+    capsys, argv, expected, tmp_path, monkeypatch
+):
+    from jaxpace.sim import cli as sim_cli
+
+    monkeypatch.setattr(sim_cli, "simulate", lambda *a, **k: pytest.fail("simulate ran"))
+    (tmp_path / "list.json").write_text('[{"gpus_per_node": 8}]')
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    subst = {"LIST": tmp_path / "list.json", "DEEP": tmp_path / "deep.json", "TMP": tmp_path}
+    argv = [subst.get(a, a) for a in argv]
+    if "--scenario" not in argv:
+        argv = ["--scenario", "pure-bsp", *argv]
+    rc, _, err = _simulate_cli(capsys, "--nodes", "1", "--steps", "10", *argv)
+    assert rc == 2 and expected in err and "Traceback" not in err, err
+
+
+class _FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.mark.timeout(30)
+def test_progress_lines_are_rate_limited_and_go_to_stderr():
+    import io
+
+    from jaxpace.sim.cli import _Progress
+
+    clock, stream = _FakeClock(), io.StringIO()
+    p = _Progress(2, 1000, stream=stream, every_s=10.0, clock=clock)
+    with p:
+        p.start(0, "1 node, baseline")
+        for k in range(1, 1001):
+            clock.t = k * 0.1  # 100 s over 1000 steps: at most one line per 10 s
+            p.update(k)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 10, lines
+    assert (
+        lines[0]
+        == "jaxpace simulate: run 1 of 2 (1 node, baseline): step 100 of 1,000, 10 s elapsed"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_simulate_shows_progress_for_long_runs_on_stderr(capsys):
+    rc, out, err = _simulate_cli(
+        capsys, "--scenario", "pure-bsp", "--nodes", "1", "--steps", "300", "--progress-every", "0"
+    )
+    assert rc == 0 and "scaling eff." in out
+    assert "jaxpace simulate: run 1 of 2 (1 node, baseline): step 1 of 300" in err
+    assert "run 2 of 2 (1 node, paced): step 300 of 300" in err
+    assert "jaxpace simulate: run" not in out  # the table stays clean on stdout
+
+
+@pytest.mark.timeout(60)
+def test_interrupt_in_process_says_what_finished(capsys, monkeypatch):
+    from jaxpace.sim import cli as sim_cli
+
+    real, calls = sim_cli.simulate, []
+
+    def interrupted_second_run(*a, **k):
+        calls.append(k["nodes"])
+        if len(calls) == 3:
+            k["progress"](7)
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sim_cli, "simulate", interrupted_second_run)
+    try:
+        rc, _, err = _simulate_cli(
+            capsys, "--scenario", "pure-bsp", "--nodes", "1,2", "--steps", "20"
+        )
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped `jaxpace simulate` (a raw traceback for the user)")
+    assert rc == 130
+    assert err.strip().splitlines() == [
+        "jaxpace simulate: interrupted in run 3 of 4 (2 nodes, baseline) at step 7 of 20; "
+        "finished 2 of 4 runs (1 node, baseline; 1 node, paced); nothing written."
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_ends_a_long_simulation_cleanly_rc_130():
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    # A shell may start background jobs with SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt; restore Python's handler, as in an interactive shell. (No
+    # preexec_fn: JAX warns about fork.)
+    argv = ["jaxpace", "simulate", "--scenario", "pure-bsp", "--nodes", "1"]
+    argv += ["--steps", "10000000", "--progress-every", "0.2"]
+    code = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = {argv!r}; runpy.run_module('jaxpace', run_name='__main__')"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+    try:
+        first = proc.stderr.readline()  # blocks until the run is under way (bounded by timeout)
+        assert "jaxpace simulate: run 1 of 2" in first, first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("jaxpace simulate: interrupted in run 1 of 2 (1 node, baseline)")
+    assert "finished 0 of 2 runs; nothing written." in last

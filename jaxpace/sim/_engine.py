@@ -12,14 +12,31 @@ import numpy as np
 import jaxpace.sim._collectives as coll
 from jaxpace._exchange import earliness
 from jaxpace._policy import Observation, PacingPolicy, adaptive, fixed, no_pacing
-from jaxpace.errors import ScenarioError
+from jaxpace._validate import check_number
+from jaxpace.errors import ConfigError, ScenarioError
 from jaxpace.sim._scenario import Scenario, load_scenario
 
-__all__ = ["Comparison", "SimResult", "collective_cost_s", "compare", "resolve_policy", "simulate"]
+__all__ = [
+    "MAX_NODES",
+    "MAX_STEPS",
+    "Comparison",
+    "SimResult",
+    "collective_cost_s",
+    "compare",
+    "estimate_peak_bytes",
+    "resolve_policy",
+    "simulate",
+]
 
 # Random draws are generated in blocks of this many steps, so memory stays
 # bounded at 1024 nodes and results do not depend on anything but the seed.
 _BLOCK_STEPS = 256
+
+# The bounds `simulate` (and `jaxpace simulate`) accept; outside them a run is
+# refused before anything is allocated.
+MAX_NODES = 1024
+MAX_STEPS = 10_000_000
+MAX_SEED = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,15 +125,22 @@ def resolve_policy(
     if text in ("none", "no_pacing"):
         return no_pacing()
     if text == "adaptive":
-        return adaptive(**(scenario.pacing.adaptive if scenario is not None else {}))
+        try:
+            return adaptive(**(scenario.pacing.adaptive if scenario is not None else {}))
+        except (ConfigError, TypeError) as e:
+            raise ScenarioError(
+                f"scenario `pacing.adaptive` settings are invalid: {e} Fix the scenario file's "
+                "`pacing.adaptive` object (fields of `jaxpace.adaptive`)."
+            ) from None
     if text.startswith("fixed:"):
         try:
-            value = float(text.split(":", 1)[1])
-        except ValueError:
+            return fixed(float(text.split(":", 1)[1]))
+        except ValueError as e:  # not a number, or ConfigError: negative, NaN, inf, too big
+            detail = f" ({e})" if isinstance(e, ConfigError) else ""
             raise ScenarioError(
-                f"`--policy {text}`: expected `fixed:SECONDS`, e.g. `fixed:0.002`."
+                f"`--policy {text}`: expected `fixed:SECONDS` with a delay in seconds >= 0, "
+                f"e.g. `fixed:0.002`{detail}."
             ) from None
-        return fixed(value)
     raise ScenarioError(
         f"Unknown policy `{text}`. Valid choices: `none`, `adaptive`, `fixed:SECONDS`."
     )
@@ -485,27 +509,27 @@ def simulate(
 
     Args:
       scenario: a preset name, a JSON path or a `Scenario`.
-      nodes: number of nodes (ranks = nodes × `gpus_per_node`).
-      steps: number of steps.
+      nodes: number of nodes (ranks = nodes × `gpus_per_node`), 1 to 1024.
+      steps: number of steps, 1 to 10,000,000.
       policy: `None`/`"none"` (no pacing), `"adaptive"` (the scenario's
         settings), `"fixed:SECONDS"`, or any `PacingPolicy`.
-      seed: seed of every random draw.
+      seed: seed of every random draw, an integer >= 0.
       lag_steps: decision-to-sleep lag; default the scenario's (2).
-      progress: called with the number of steps done, every few hundred steps.
+      progress: called with the number of steps done, after every step.
 
     Returns:
       A `SimResult`.
 
     Raises:
-      ScenarioError: bad scenario, policy spec, `nodes` or `steps`.
+      ScenarioError: bad scenario, policy spec, `nodes` (1 to `MAX_NODES`),
+        `steps` (1 to `MAX_STEPS`) or `seed` (an integer >= 0).
 
     >>> r = simulate("pure-bsp", nodes=2, steps=200, seed=1)
     >>> r.ranks, r.steps, bool(r.cv < 0.05), r.engaged_fraction
     (16, 200, True, 0.0)
     """
     sc = load_scenario(scenario)
-    nodes = coll.positive_int("nodes", nodes, error=ScenarioError)
-    steps = coll.positive_int("steps", steps, error=ScenarioError)
+    nodes, steps, seed = check_run_bounds(nodes, steps, seed)
     lag = coll.positive_int(
         "lag_steps", sc.pacing.lag_steps if lag_steps is None else lag_steps, error=ScenarioError
     )
@@ -514,6 +538,70 @@ def simulate(
     su = _Setup.of(sc, draws.ranks)
     step_times, total_delay, engaged, spin_sum = _run(draws, su, pol, steps, lag, progress)
     return _result(sc, pol, nodes, su.ranks, seed, step_times, total_delay, engaged, spin_sum)
+
+
+def check_run_bounds(nodes: Any, steps: Any, seed: Any) -> tuple[int, int, int]:
+    """`(nodes, steps, seed)` as ints if within bounds, else a `ScenarioError` naming the field.
+
+    >>> check_run_bounds(2000, 10, 0)
+    Traceback (most recent call last):
+    ...
+    jaxpace.errors.ScenarioError: `nodes` must be an integer in [1, 1024], got 2000. Pass a value in [1, 1024].
+    """
+    for name, value, hi in (("nodes", nodes, MAX_NODES), ("steps", steps, MAX_STEPS)):
+        check_number(name, value, lo=1, hi=hi, integer=True, error=ScenarioError)
+    try:
+        check_number("seed", seed, lo=0, hi=MAX_SEED, integer=True, error=ScenarioError)
+    except ScenarioError:
+        raise ScenarioError(
+            f"`seed` must be an integer >= 0 (below 2**63), got {seed!r}. Pass e.g. `0`."
+        ) from None
+    return int(nodes), int(steps), int(seed)
+
+
+def estimate_peak_bytes(
+    scenario: str | Scenario, *, nodes: int, steps: int, policy: str | PacingPolicy | None = None
+) -> int:
+    """An upper estimate of the memory one `simulate` run allocates at its peak, in bytes.
+
+    Counts the arrays the run holds: per-step times, one block of random
+    draws (`_BLOCK_STEPS` x ranks, with NumPy's temporaries), the buckets'
+    spin intervals and jitter, node-coupling temporaries, the delays in
+    flight, and the policy's per-site state (an `adaptive` window is
+    `window x ranks` per site, twice). Call it before allocating anything.
+
+    >>> small = estimate_peak_bytes("pure-bsp", nodes=2, steps=1000)
+    >>> big = estimate_peak_bytes("pure-bsp", nodes=1024, steps=1000)
+    >>> 0 < small < big
+    True
+    """
+    sc = load_scenario(scenario)
+    pol = resolve_policy(policy, sc)
+    f8 = 8
+    R, g = nodes * sc.gpus_per_node, sc.gpus_per_node
+    B = sc.collective.buckets
+    S = B if sc.pacing.sites == "every_bucket" else 1
+    n = min(_BLOCK_STEPS, steps)
+    # The policy's state grows linearly in ranks: measure its slope on 1 and 2 ranks.
+    per_rank_state = max(0, _nbytes(pol.init(2)) - _nbytes(pol.init(1)))
+    total = f8 * steps  # step times
+    total += f8 * n * R * 7  # one block of draws, with temporaries
+    total += f8 * B * R * 4  # spin intervals, bucket jitter and its temporaries
+    total += f8 * R * (g if g > 1 else 0) * 6  # node-coupling temporaries
+    total += f8 * S * R * (sc.pacing.lag_steps + 2)  # delays in flight, new decisions
+    total += per_rank_state * R * (S + 4)  # every site's state, one update's temporaries
+    total += f8 * R * 48  # per-rank vectors of one step (waits, launches, earliness, ...)
+    return int(total) + (1 << 20)
+
+
+def _nbytes(tree: Any) -> int:
+    if isinstance(tree, np.ndarray):
+        return int(tree.nbytes)
+    if isinstance(tree, (tuple, list)):
+        return sum(_nbytes(x) for x in tree)
+    if isinstance(tree, dict):
+        return sum(_nbytes(x) for x in tree.values())
+    return 0
 
 
 def _run(
@@ -550,9 +638,9 @@ def _run(
                 engaged += 1
                 total_delay += float(D.sum())
             pending[slot] = _decide(pol, states, waits, step)
+            if progress is not None:
+                progress(k + t + 1)
         k += n
-        if progress is not None:
-            progress(k)
     return step_times, total_delay, engaged, spin_sum
 
 

@@ -460,5 +460,13 @@ def load_scenario(name_or_path: str | Path | Scenario) -> Scenario:
         raise ScenarioError(
             f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}."
         ) from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: JSON nested too deeply to read.") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(
+            f"{source}: the top level must be a JSON object of scenario fields "
+            f'(e.g. {{"gpus_per_node": 8, "compute": {{...}}}}), got a {type(data).__name__}. '
+            "See docs/simulation.md for the fields."
+        )
     data.setdefault("name", text if source.startswith("preset") else path.stem)
     return Scenario.from_dict(data, source=source)

@@ -5,11 +5,25 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
+import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from jaxpace.errors import ScenarioError
-from jaxpace.sim._engine import Comparison, SimResult, simulate
+from jaxpace.sim._engine import (
+    MAX_NODES,
+    MAX_STEPS,
+    Comparison,
+    SimResult,
+    check_run_bounds,
+    estimate_peak_bytes,
+    resolve_policy,
+    simulate,
+)
 from jaxpace.sim._scenario import load_scenario, preset_names
 
 __all__ = ["cli_main", "configure_parser", "render_scaling_html"]
@@ -22,9 +36,10 @@ def _parse_nodes(text: str) -> list[int]:
         raise ScenarioError(
             f"`--nodes {text}`: expected comma-separated positive integers, e.g. `1,2,4,8`."
         ) from None
-    if not nodes or any(n < 1 for n in nodes):
+    if not nodes or any(n < 1 or n > MAX_NODES for n in nodes):
         raise ScenarioError(
-            f"`--nodes {text}`: expected comma-separated positive integers, e.g. `1,2,4,8`."
+            f"`--nodes {text}`: expected comma-separated integers from 1 to {MAX_NODES}, "
+            "e.g. `1,2,4,8`."
         )
     return nodes
 
@@ -40,7 +55,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument(
         "--nodes",
         default="1,2,4,8,16,32,64",
-        help="comma-separated node counts (default: %(default)s)",
+        help=f"comma-separated node counts, each 1-{MAX_NODES} (default: %(default)s)",
     )
     parser.add_argument(
         "--scenario",
@@ -53,50 +68,226 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         help="adaptive | fixed:SECONDS | none (default: %(default)s)",
     )
     parser.add_argument(
-        "--steps", type=int, default=2000, help="steps per run (default: %(default)s)"
+        "--steps",
+        type=int,
+        default=2000,
+        help=f"steps per run, 1-{MAX_STEPS:,} (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random seed, an integer >= 0 (default: %(default)s)"
+    )
     parser.add_argument(
         "--html", type=Path, default=None, help="write a self-contained HTML report here"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--max-memory-gb",
+        type=float,
+        default=None,
+        help="refuse runs estimated to need more memory than this "
+        "(default: half of the memory available now)",
+    )
+    parser.add_argument(
+        "--progress-every",
+        type=float,
+        default=PROGRESS_EVERY_S,
+        metavar="SECONDS",
+        help="when stderr is not a terminal, print a progress line at most this often "
+        "(default: %(default)s; a terminal gets a live bar)",
+    )
     return parser
 
 
-def _run(args: argparse.Namespace, console) -> list[tuple[int, SimResult, SimResult | None]]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+PROGRESS_EVERY_S = 10.0
 
+
+class _Usage(Exception):
+    """A bad option value found before the simulation starts (exit status 2)."""
+
+
+def _check_output(flag: str, path: Path | None) -> None:
+    """Refuses an output path that could not be written, before any simulation runs."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise _Usage(
+            f"`{flag} {path}` is a directory; pass a file path, e.g. `{flag} {path / 'sim'}"
+            f"{'.html' if flag == '--html' else '.json'}`."
+        )
+    parent = path.parent
+    if not parent.is_dir():
+        raise _Usage(
+            f"`{flag} {path}`: directory `{parent}` does not exist. Create it first or pick "
+            "another path (checked before simulating, so no run is wasted)."
+        )
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise _Usage(f"`{flag} {path}` is not writable; pick a writable path.")
+
+
+def _available_bytes() -> int | None:
+    """Memory available now (Linux `MemAvailable`), else physical memory, else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_memory(args: argparse.Namespace, scenario, nodes: list[int], runs: int) -> None:
+    """Refuses, with the estimate, runs that would not fit; nothing is allocated before."""
+    per_run = max(
+        estimate_peak_bytes(scenario, nodes=n, steps=args.steps, policy=args.policy) for n in nodes
+    )
+    need = per_run + runs * 8 * args.steps  # every run keeps its step times for the table
+    if args.max_memory_gb is not None:
+        if not (args.max_memory_gb > 0 and math.isfinite(args.max_memory_gb)):
+            raise _Usage(f"`--max-memory-gb` must be a positive number, got {args.max_memory_gb}.")
+        limit, why = args.max_memory_gb * 1e9, "`--max-memory-gb`"
+    else:
+        avail = _available_bytes()
+        if avail is None:
+            return
+        limit, why = avail / 2, f"half of the {avail / 1e9:.1f} GB available"
+    if need > limit:
+        raise _Usage(
+            f"this simulation would need about {_size(need)} of memory ({max(nodes)} nodes "
+            f"x {scenario.gpus_per_node} GPUs, {args.steps:,} steps, {runs} runs), more than "
+            f"{_size(limit)} ({why}). Use fewer `--nodes` or `--steps`, or raise "
+            "`--max-memory-gb`."
+        )
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+class _Progress:
+    """Progress on stderr: a live bar on a terminal, else a line at most every `every_s`.
+
+    `clock` is injectable so the rate limit can be tested without waiting.
+    """
+
+    def __init__(
+        self,
+        total_runs: int,
+        steps: int,
+        *,
+        stream: TextIO | None = None,
+        every_s: float = PROGRESS_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.total_runs, self.steps = total_runs, steps
+        self.every_s, self.clock = every_s, clock
+        self.t0 = self.last = clock()
+        self.run = 0
+        self.label = ""
+        self.step = 0
+        self.bar = None
+
+    def __enter__(self) -> _Progress:
+        if getattr(self.stream, "isatty", lambda: False)():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(file=self.stream),
+                transient=True,
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task("simulating", total=self.total_runs * self.steps)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def start(self, run: int, label: str) -> None:
+        self.run, self.label, self.step = run, label, 0
+        if self.bar is not None:
+            self.bar.update(self.task, description=label)
+
+    def update(self, step: int) -> None:
+        self.step = step
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.run * self.steps + step)
+            return
+        now = self.clock()
+        if now - self.last >= self.every_s:
+            self.last = now
+            print(
+                f"jaxpace simulate: run {self.run + 1} of {self.total_runs} ({self.label}): "
+                f"step {step:,} of {self.steps:,}, {now - self.t0:.0f} s elapsed",
+                file=self.stream,
+                flush=True,
+            )
+
+
+def _prepare(args: argparse.Namespace):
+    """Checks every option, output path and the memory estimate; returns the plan."""
     nodes = _parse_nodes(args.nodes)
     scenario = load_scenario(args.scenario)
-    if isinstance(args.steps, bool) or args.steps < 1:
-        raise ScenarioError(f"`--steps` must be a positive integer, got {args.steps!r}.")
+    check_run_bounds(nodes[0], args.steps, args.seed)  # steps and seed, named
+    resolve_policy(args.policy, scenario)  # a bad `--policy` fails now, not after a run
+    _check_output("--json", args.json)
+    _check_output("--html", args.html)
     paced_spec = None if args.policy in ("none", "no_pacing") else args.policy
     runs = [
         (n, spec) for n in nodes for spec in ([None] if paced_spec is None else [None, paced_spec])
     ]
+    _check_memory(args, scenario, nodes, len(runs))
+    return nodes, scenario, runs
+
+
+def _run(
+    args: argparse.Namespace, plan, finished: list[str], progress: _Progress
+) -> list[tuple[int, SimResult, SimResult | None]]:
+    """Runs every planned simulation; appends each finished run's label to `finished`."""
+    nodes, scenario, runs = plan
     out: dict[int, list] = {n: [None, None] for n in nodes}
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("simulating", total=len(runs) * args.steps)
-        for i, (n, spec) in enumerate(runs):
-            done0 = i * args.steps
-            bar.update(task, description=f"{n} nodes, {'paced' if spec else 'baseline'}")
-            r = simulate(
-                scenario,
-                nodes=n,
-                steps=args.steps,
-                policy=spec,
-                seed=args.seed,
-                progress=lambda k, d0=done0: bar.update(task, completed=d0 + k),
-            )
-            out[n][0 if spec is None else 1] = r
+    for i, (n, spec) in enumerate(runs):
+        label = f"{n} node{'s' if n > 1 else ''}, {'paced' if spec else 'baseline'}"
+        progress.start(i, label)
+        r = simulate(
+            scenario,
+            nodes=n,
+            steps=args.steps,
+            policy=spec,
+            seed=args.seed,
+            progress=progress.update,
+        )
+        out[n][0 if spec is None else 1] = r
+        finished.append(label)
     return [(n, out[n][0], out[n][1]) for n in nodes]
+
+
+def _interrupted(finished: list[str], progress: _Progress) -> str:
+    """The one line printed on Ctrl-C: where it stopped and what had finished."""
+    total = progress.total_runs
+    if len(finished) == total:
+        return f"jaxpace simulate: interrupted after all {total} runs finished; nothing written."
+    done = f" ({'; '.join(finished)})" if finished else ""
+    return (
+        f"jaxpace simulate: interrupted in run {len(finished) + 1} of {total} "
+        f"({progress.label}) at step {progress.step:,} of {progress.steps:,}; "
+        f"finished {len(finished)} of {total} runs{done}; nothing written."
+    )
 
 
 def _table(rows, scenario_name: str, policy: str):
@@ -238,35 +429,60 @@ def render_scaling_html(rows, scenario_name: str, policy: str) -> str:
 def cli_main(args: argparse.Namespace) -> int:
     """Runs `jaxpace simulate` with parsed `args`; returns the exit status.
 
-    Prints one table row per node count and pacing setting. Exit status 2 on a
-    bad scenario, policy or option (the message says which and how to fix it).
+    Prints one table row per node count and pacing setting. Every option, the
+    output paths and a memory estimate are checked before anything runs: exit
+    status 2 on a bad scenario, policy, option or path, or a run too big for
+    memory (the message says which and how to fix it). Long runs report
+    progress on stderr; Ctrl-C ends with one line saying what had finished
+    (exit status 130).
     """
     from rich.console import Console
 
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
         console = Console(width=160)
+    finished: list[str] = []
+    progress = None
     try:
-        rows = _run(args, console)
-    except ScenarioError as e:
+        plan = _prepare(args)
+        progress = _Progress(len(plan[2]), args.steps, every_s=args.progress_every)
+        with progress:
+            rows = _run(args, plan, finished, progress)
+        return _write(args, console, plan[1].name, rows)
+    except (ScenarioError, _Usage) as e:
         print(f"jaxpace simulate: {e}", file=sys.stderr)
         return 2
-    scenario_name = load_scenario(args.scenario).name
+    except KeyboardInterrupt:
+        if progress is None:
+            print("jaxpace simulate: interrupted before starting; nothing run.", file=sys.stderr)
+        else:
+            print(_interrupted(finished, progress), file=sys.stderr)
+        return 130
+
+
+def _write(args: argparse.Namespace, console, scenario_name: str, rows) -> int:
     console.print(_table(rows, scenario_name, args.policy))
-    if args.json is not None:
-        data = {
-            "scenario": scenario_name,
-            "policy": args.policy,
-            "seed": args.seed,
-            "steps": args.steps,
-            "runs": [
-                {"nodes": n, "baseline": b.summary(), "paced": p.summary() if p else None}
-                for n, b, p in rows
-            ],
-        }
-        args.json.write_text(json.dumps(data, indent=2))
-        console.print(f"wrote {args.json}")
-    if args.html is not None:
-        args.html.write_text(render_scaling_html(rows, scenario_name, args.policy))
-        console.print(f"wrote {args.html}")
+    try:
+        if args.json is not None:
+            data = {
+                "scenario": scenario_name,
+                "policy": args.policy,
+                "seed": args.seed,
+                "steps": args.steps,
+                "runs": [
+                    {"nodes": n, "baseline": b.summary(), "paced": p.summary() if p else None}
+                    for n, b, p in rows
+                ],
+            }
+            args.json.write_text(json.dumps(data, indent=2))
+            console.print(f"wrote {args.json}")
+        if args.html is not None:
+            args.html.write_text(render_scaling_html(rows, scenario_name, args.policy))
+            console.print(f"wrote {args.html}")
+    except OSError as e:
+        print(
+            f"jaxpace simulate: cannot write output ({e.strerror or e}: {e.filename}).",
+            file=sys.stderr,
+        )
+        return 2
     return 0
