@@ -374,14 +374,18 @@ def write_markdown(results: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
-        from benchmarks import diagnosis
+    if argv[:1] == ["peer"]:  # `python -m benchmarks peer --jax-src DIR` (benchmarks/peer.py)
+        from benchmarks import peer
 
-        return diagnosis.main(argv[1:])
+        return peer.main(argv[1:])
     if argv[:1] == ["watchdog"]:  # `python -m benchmarks watchdog` (benchmarks/watchdog.py)
         from benchmarks import watchdog
 
         return watchdog.main(argv[1:])
+    if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
+        from benchmarks import diagnosis
+
+        return diagnosis.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     ap.add_argument("--out", default=str(HERE / "results"))

@@ -84,8 +84,15 @@ def _axes(axis_name) -> tuple:
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _check_bound(axes: tuple) -> dict:
-    """`{axis: size}` for `axes`; raises a clear error naming the bound ones if one is not."""
+def _check_bound(axes: tuple, lax_call) -> tuple[dict | None, Any]:
+    """`({axis: size}, None)` when every axis is bound; else what `jax.lax` does.
+
+    For an unbound axis, `lax_call()` (the plain lax collective) decides: if lax
+    raises `NameError`/`AssertionError`, ours is raised with lax's own message
+    first, verbatim (code that matches on it keeps working), then jaxpace's
+    advice naming the axis and the bound ones; any other lax error propagates
+    unchanged; if lax accepts the call, `(None, lax's result)`.
+    """
     sizes = {}
     missing = []
     for a in axes:
@@ -93,15 +100,25 @@ def _check_bound(axes: tuple) -> dict:
             sizes[a] = int(lax.axis_size(a))  # public API: NameError when unbound
         except NameError:
             missing.append(a)
-    if missing:
-        bound = ", ".join(f"`{a}`" for a in (_jax_compat.bound_axis_sizes() or {})) or "none"
-        raise _UnboundAxis(
-            f"unbound axis name: {missing[0]!r}. jaxpace collectives must be called inside "
-            f"`jax.shard_map`, `jax.pmap` or `jax.vmap(axis_name=...)` that binds the axis; "
-            f"bound here: {bound}. Did you mean one of those, or call it outside the mapped "
-            "function?"
-        )
-    return sizes
+    if not missing:
+        return sizes, None
+    bound = ", ".join(f"`{a}`" for a in (_jax_compat.bound_axis_sizes() or {})) or "none"
+    advice = (
+        f"jaxpace: axis {missing[0]!r} is not bound here; jaxpace collectives must be "
+        "called inside `jax.shard_map`, `jax.pmap` or `jax.vmap(axis_name=...)` that binds "
+        f"the axis; bound here: {bound}. Did you mean one of those, or call it outside the "
+        "mapped function?"
+    )
+    try:
+        result = lax_call()
+    except (NameError, AssertionError) as e:
+        first = str(e).strip()
+        if not first:  # lax's error inside shard_map is an empty AssertionError
+            first = f"unbound axis name: {missing[0]!r}."
+        elif first[-1] not in ".!?":
+            first += "."
+        raise _UnboundAxis(f"{first} {advice}") from e
+    return None, result
 
 
 class _UnboundAxis(UnboundAxisError, AssertionError):
@@ -138,7 +155,7 @@ def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str]:
     cm = _jax_compat.concrete_mesh()
     if cm is not None:
         candidates.append(("jax.set_mesh", cm))
-    from jaxpace import _mesh_registry
+    from jaxpace.topology import registry
 
     def fits(m) -> bool:
         try:
@@ -161,7 +178,7 @@ def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str]:
             return table_of(m), src
     # Meshes from jaxpace.make_mesh: usable only if every one of this shape
     # agrees (the one inside shard_map is not known by identity).
-    registered = [table_of(m) for m in _mesh_registry.recent() if fits(m)]
+    registered = [table_of(m) for m in registry.recent() if fits(m)]
     if registered and all((t == registered[0]).all() for t in registered):
         return registered[0], "jaxpace.make_mesh"
     nproc = jax.process_count()
@@ -185,21 +202,45 @@ def _axis_rank(axes: tuple, sizes: dict):
     return idx
 
 
+def _reduction_typed(leaf) -> bool:
+    """Whether `leaf`'s type is `unreduced`/`reduced` over some mesh axis (explicit sharding)."""
+    unreduced, reduced = _jax_compat.reduction_axes(leaf)
+    return bool(unreduced or reduced)
+
+
 def _token(leaves) -> jax.Array:
-    """A float32 scalar that depends on every leaf (one element each), gradient-free."""
+    """A float32 scalar that depends on every leaf (one element each), gradient-free.
+
+    `unreduced`/`reduced` leaves cannot meet other types in arithmetic (JAX
+    raises `ShardingTypeError`), so the token is ordered after them by an
+    optimization barrier instead: a data dependency that computes nothing.
+    """
     tok = jnp.float32(0)
+    typed = []
     for leaf in leaves:
         if not hasattr(leaf, "shape") or np.prod(leaf.shape) == 0:
+            continue
+        if _reduction_typed(leaf):
+            typed.append(lax.stop_gradient(leaf))
             continue
         v = jnp.ravel(leaf)[0]
         if jnp.issubdtype(v.dtype, jnp.complexfloating):
             v = jnp.real(v)
         tok = tok + lax.stop_gradient(v).astype(jnp.float32)
+    if typed:
+        _, tok = lax.optimization_barrier((typed, tok))
     return lax.stop_gradient(tok)
 
 
 def _tie_first_element(leaf, never):
-    """`leaf` with element 0 replaced by `select(never, 0, element 0)`: the same bits."""
+    """`leaf` with element 0 replaced by `select(never, 0, element 0)`: the same bits.
+
+    For an `unreduced`/`reduced` leaf (no arithmetic with other types), an
+    optimization barrier with `never` instead: the leaf itself, ordered after it.
+    """
+    if _reduction_typed(leaf):
+        out, _ = lax.optimization_barrier((leaf, never))
+        return out
     ndim = jnp.ndim(leaf)
     one = (1,) * ndim
     first = lax.slice(leaf, (0,) * ndim, one) if ndim else leaf
@@ -280,7 +321,12 @@ def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
         return plain()
     # Unbound axes: ours names the axis and the bound ones (JAX's is often an
     # empty AssertionError); it subclasses both NameError and AssertionError.
-    sizes = _check_bound(axes)
+    sizes, lax_result = _check_bound(axes, plain)
+    if sizes is None:
+        rt.note_unmeasured(
+            site, "jax.lax accepted an axis that jax.lax.axis_size does not bind (nothing to time)"
+        )
+        return lax_result
     # Settings are frozen and agreed across processes before any decision.
     rt.begin_trace()
     reason, am = _measurement_mode(axes)
@@ -299,6 +345,8 @@ def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
             None,
             "io_callback probes: every operand is empty (nothing to tie the native ones to)",
         )
+    if probe[0] is not None and any(_reduction_typed(leaf) for leaf in leaves):
+        probe = (None, "io_callback probes: an operand is unreduced/reduced (explicit sharding)")
     if reason is None and probe[0] is None and _jax_compat.inside_remat():
         reason = (
             "inside jax.checkpoint/remat (JAX rejects host callbacks in remat partial-eval "
@@ -413,70 +461,89 @@ def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, a
         jax.ShapeDtypeStruct((), jnp.int32),
     )
 
+    # The host callbacks sit outside any custom_jvp: JAX allows no IOEffect
+    # there (`jax_enable_checks` enforces it). Their inputs are gradient-free, so
+    # autodiff never traces them; only the pure-lax part (tie + collective)
+    # carries the custom JVP that keeps lax's own tangent rule (the tie's
+    # transpose would add zeros, which turns -0.0 into +0.0).
+    def call_pre(args):
+        t, r = args
+        return io_callback(pre_cb, pre_shape, t, r, ordered=False)
+
+    def skip_pre(args):
+        return (jnp.zeros((n_pay,), jnp.float32), jnp.int32(0))
+
     @jax.custom_batching.custom_vmap
-    def measured(x):
-        leaves, tdef = jax.tree_util.tree_flatten(x)
-        dep = _dependency_leaf(leaves)
-        tok = _token(leaves)
-        rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+    def pre(tok, rank):
         if table is not None:
             is_leader = jnp.asarray(table)[_linear_shard_index(am)]
         else:
             is_leader = jnp.bool_(True)
+        return lax.cond(is_leader, call_pre, skip_pre, (tok, rank))
 
-        def call_pre(args):
-            t, r = args
-            return io_callback(pre_cb, pre_shape, t, r, ordered=False)
-
-        def skip_pre(args):
-            return (jnp.zeros((n_pay,), jnp.float32), jnp.int32(0))
-
-        payload, flag = lax.cond(is_leader, call_pre, skip_pre, (tok, rank))
-        if exchange or dep is None:
-            out, reduced = lax_fn((x, payload), axis_name, axis_index_groups=axis_index_groups)
-        else:
-            leaf = leaves[dep]
-            # `flag` is never negative, so this rewrites the leaf's first element
-            # with itself, bit for bit; XLA cannot know that, so the collective
-            # waits for the pre-callback. An in-place one-element update, not a
-            # pass over the whole leaf (a full select cost 2x at 1M elements).
-            leaves = list(leaves)
-            leaves[dep] = _tie_first_element(leaf, flag < 0)
-            x_dep = jax.tree_util.tree_unflatten(tdef, leaves)
-            out = lax_fn(x_dep, axis_name, axis_index_groups=axis_index_groups)
-            reduced = _token([jax.tree_util.tree_leaves(out)[dep]]).reshape((1,))
-
-        def call_post(args):
-            red, fl, r = args
-            return io_callback(
-                post_cb, jax.ShapeDtypeStruct((), jnp.int32), red, fl, r, ordered=False
-            )
-
-        def skip_post(args):
-            return jnp.int32(0)
-
-        lax.cond(flag > 0, call_post, skip_post, (reduced, flag, rank))
-        return out
-
-    @measured.def_vmap
-    def measured_vmap(axis_size, in_batched, x):
-        # A collective over a named axis is elementwise in any other (vmapped)
-        # dimension, exactly as lax.psum's own batching rule: one measured call
-        # on the stacked operand, instead of one callback per batch element.
+    # A collective over a named axis is elementwise in any other (vmapped)
+    # dimension, as lax.psum's own batching rule: one arrival per shard, not one
+    # callback per batch element (token and reduced value are dependencies).
+    @pre.def_vmap
+    def pre_vmap(axis_size, in_batched, tok, rank):
         del axis_size
-        return measured(x), in_batched[0]
+        return pre(*_unbatch((tok, rank), in_batched)), (False, False)
+
+    def call_post(args):
+        red, fl, r = args
+        return io_callback(post_cb, jax.ShapeDtypeStruct((), jnp.int32), red, fl, r, ordered=False)
+
+    def skip_post(args):
+        return jnp.int32(0)
+
+    @jax.custom_batching.custom_vmap
+    def post(reduced, flag, rank):
+        return lax.cond(flag > 0, call_post, skip_post, (reduced, flag, rank))
+
+    @post.def_vmap
+    def post_vmap(axis_size, in_batched, reduced, flag, rank):
+        del axis_size
+        return post(*_unbatch((reduced, flag, rank), in_batched)), False
 
     @jax.custom_jvp
-    def run(x):
-        return measured(x)
+    def reduce(x, payload, flag):
+        leaves, tdef = jax.tree_util.tree_flatten(x)
+        dep = _dependency_leaf(leaves)
+        if exchange or dep is None:
+            return lax_fn((x, payload), axis_name, axis_index_groups=axis_index_groups)
+        # `flag` is never negative, so this rewrites the leaf's first element
+        # with itself, bit for bit; XLA cannot know that, so the collective
+        # waits for the pre-callback. An in-place one-element update, not a
+        # pass over the whole leaf (a full select cost 2x at 1M elements).
+        leaves = list(leaves)
+        leaves[dep] = _tie_first_element(leaves[dep], flag < 0)
+        out = lax_fn(
+            jax.tree_util.tree_unflatten(tdef, leaves),
+            axis_name,
+            axis_index_groups=axis_index_groups,
+        )
+        return out, _token([jax.tree_util.tree_leaves(out)[dep]]).reshape((1,))
 
-    @run.defjvp
-    def run_jvp(primals, tangents):
-        (xp,), (xt,) = primals, tangents
-        y = run(xp)
-        return y, _tangent(lax_fn, xt, y, axis_name, axis_index_groups)
+    @reduce.defjvp
+    def reduce_jvp(primals, tangents):
+        xp, payload, flag = primals
+        out, red = reduce(xp, payload, flag)
+        out_t = _tangent(lax_fn, tangents[0], out, axis_name, axis_index_groups)
+        # `red` only feeds the post-callback, through stop_gradient: its tangent is unused.
+        return (out, red), (out_t, jnp.zeros_like(red))
 
-    return run(x)
+    leaves = jax.tree_util.tree_leaves(x)
+    tok = _token(leaves)
+    rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+    payload, flag = pre(tok, rank)
+    out, red = reduce(x, payload, flag)
+    post(lax.stop_gradient(red), flag, rank)
+    return out
+
+
+def _unbatch(args, in_batched):
+    """One shard's dependency values from vmapped ones: the first batch element."""
+    return tuple(a[0] if b else a for a, b in zip(args, in_batched, strict=True))
 
 
 def _attach_native(

@@ -19,6 +19,7 @@ __all__ = [
     "distributed_client",
     "inside_remat",
     "is_unknown_tracer",
+    "reduction_axes",
 ]
 
 
@@ -89,6 +90,29 @@ def inside_remat() -> bool:
         return False
     finally:
         del f
+
+
+def reduction_axes(x: Any) -> tuple[frozenset, frozenset]:
+    """`(unreduced, reduced)` mesh axes of `x`'s explicit-sharding type (empty when none).
+
+    Inside `shard_map` JAX keeps them on the manual axis type (`aval.mat`),
+    elsewhere on the sharding spec (`jax.typeof(x).sharding.spec`). Values of
+    these types may not meet other types in arithmetic (`ShardingTypeError`).
+    """
+    try:
+        import jax
+
+        aval = jax.typeof(x)
+    except Exception:  # noqa: BLE001 - not a JAX value (e.g. a Python scalar)
+        return frozenset(), frozenset()
+    unreduced, reduced = set(), set()
+    for holder in (
+        getattr(aval, "mat", None),
+        getattr(getattr(aval, "sharding", None), "spec", None),
+    ):
+        unreduced |= set(getattr(holder, "unreduced", None) or ())
+        reduced |= set(getattr(holder, "reduced", None) or ())
+    return frozenset(unreduced), frozenset(reduced)
 
 
 # The stall watchdog's calls on `distributed_client()` (off the hot path, on its own thread).

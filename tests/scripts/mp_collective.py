@@ -23,6 +23,7 @@ ap.add_argument("--granularity", default="process")
 ap.add_argument("--size", type=int, default=1024)
 ap.add_argument("--out", required=True)
 ap.add_argument("--phases", default="measure", help="comma list: unpaced,paced or measure")
+ap.add_argument("--enable-checks", action="store_true", help="jax_enable_checks=True")
 args = ap.parse_args()
 
 pid, nproc = jl.init_from_env(platform="cpu")
@@ -35,6 +36,9 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxpace as jp  # noqa: E402
+
+if args.enable_checks:
+    jax.config.update("jax_enable_checks", True)
 
 mesh = jax.make_mesh((jax.device_count(),), ("data",))
 sharding = NamedSharding(mesh, P("data"))
@@ -101,6 +105,11 @@ def run_phase(policy_name, tag):
         "total_delay_s": st.total_delay_s,
         "errors": st.errors,
         "run_id": pacer.run_id,
+        "measured": st.measured,
+        "unmeasured_reason": st.unmeasured_reason,
+        "steps": st.steps,
+        "probe": getattr(st, "probe", None),
+        "enable_checks": bool(jax.config.jax_enable_checks),
     }
 
 
