@@ -326,3 +326,23 @@ def test_html_plots_use_the_analyzed_steps_and_supported_forecasts_only():
     assert f"p50 {p50:.3g} ms" in page
     assert "lognormal fit" not in page  # one straggler in 4 ranks: no lognormal extrapolation
     assert "<td class=l>" in page.split("<h2>Failure modes</h2>")[1].split("</table>")[0]
+
+
+def test_perfetto_slices_never_overlap_on_a_track():
+    from jaxpace.report import synthetic_records
+    from jaxpace.report.records import load_records
+    from jaxpace.report.stages.site import site_data
+    from jaxpace.report.trace import trace_events
+
+    recs = load_records(
+        synthetic_records(4, 80, late_rank=1, late_s=0.02, straggler_prob=0.1, seed=4)
+    )
+    data, _, _ = site_data(recs, recs.sites[0])
+    tracks = {}
+    for e in trace_events(data, recs.sites[0])["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault(e["pid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert start >= end - 1e-9, (end, start)

@@ -7,6 +7,7 @@ imports nothing of it.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -64,12 +65,18 @@ def trace_events(data: SiteData, site: str, *, max_steps: int | None = None) -> 
     for k in range(S):
         for j in range(R):
             events += _step_events(int(data.ranks[j]), steps[k], *(a[k, j] for a in spans))
-    # Shift so the earliest event starts at 0.
+    # Shift so the earliest event starts at 0; round start and end (not start and
+    # duration) and clamp each slice to the previous one's end on its track, so
+    # slices of one track never overlap.
     xs = [e["ts"] for e in events if e["ph"] == "X"]
     t0 = min(xs) if xs else 0.0
+    last_end: dict[int, float] = {}
     for e in events:
         if e["ph"] == "X":
-            e["ts"] = round(e["ts"] - t0, 3)
+            start = max(round(e["ts"] - t0, 3), last_end.get(e["pid"], -math.inf))
+            end = max(round(e["ts"] + e["dur"] - t0, 3), start)
+            e["ts"], e["dur"] = start, round(end - start, 3)
+            last_end[e["pid"]] = start + e["dur"]
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -114,8 +121,8 @@ def _step_events(
             "cat": "jaxpace",
             "pid": rank,
             "tid": 0,
-            "ts": round(start * us, 3),
-            "dur": round(max(dur, 0.0) * us, 3),
+            "ts": start * us,
+            "dur": max(dur, 0.0) * us,
             "args": {"step": step},
         }
         for name, start, dur in spans
