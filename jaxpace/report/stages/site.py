@@ -43,8 +43,8 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
     c = records.columns
     sel = c["site"] == records.sites.index(site)
     step, rank = c["step"][sel], c["rank"][sel]
-    ranks = np.unique(rank)
-    steps_all = np.unique(step)
+    ranks = _int_unique(rank)
+    steps_all = _int_unique(step)
     R, S = ranks.size, steps_all.size
     flat = np.searchsorted(steps_all, step) * R + np.searchsorted(ranks, rank)
     counts = np.bincount(flat, minlength=S * R)
@@ -72,6 +72,16 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
             "nothing to compare. Were the records of different sites or runs mixed?"
         )
     return _Grid(sel, flat, steps_all, ranks, complete)
+
+
+def _int_unique(a: np.ndarray) -> np.ndarray:
+    """`np.unique` of an integer array, by counting when its range is small (no sort)."""
+    if a.size == 0:
+        return np.unique(a)
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo <= 4 * a.size + 1024:
+        return np.flatnonzero(np.bincount(a - lo, minlength=hi - lo + 1)) + lo
+    return np.unique(a)
 
 
 def _dense(records: Records, g: _Grid, col: str, dtype: type = np.int64) -> np.ndarray:
@@ -115,12 +125,14 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
     # Time in the collective before it could finish; its minimum is the transfer,
     # and each rank's earliness beyond that minimum is its sync wait.
     entered = np.maximum(wait - delay, 0.0)
-    proc_of, host_of = records.process_of_rank(), records.hosts()
+    # Every rank reported every complete step: the first one names its process.
+    processes = _dense(records, g, "process")[0]
+    host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in records.headers}
     data = SiteData(
         steps=steps,
         ranks=g.ranks,
-        processes=np.array([proc_of[int(r)] for r in g.ranks]),
-        hosts=tuple(host_of[int(r)] for r in g.ranks),
+        processes=processes,
+        hosts=tuple(host_of_proc.get(int(p), "?") for p in processes.tolist()),
         arrive=arrive,
         done=done,
         wait=wait,
