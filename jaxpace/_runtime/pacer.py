@@ -58,7 +58,16 @@ def _check_sinks(sinks: Any) -> list[Sink]:
 def _check_mesh(mesh: Any) -> None:
     import jax
 
-    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+    if mesh is None or isinstance(mesh, jax.sharding.Mesh):
+        return
+    # Mesh-like objects (what the runtime reads: `axis_names` and an array of `devices`
+    # with one dimension per axis) pass too; tests use them to fake a process layout.
+    names, devices = getattr(mesh, "axis_names", None), getattr(mesh, "devices", None)
+    if not (
+        isinstance(names, tuple)
+        and all(isinstance(n, str) for n in names)
+        and getattr(devices, "ndim", None) == len(names)
+    ):
         shown = repr(mesh)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise ConfigError(
