@@ -438,11 +438,12 @@ def test_pacer_native_exchange_and_fixed_delay_reach_the_records(mesh):
     want = smap(mesh, lambda v: lax.pmean(v * 2.0, "d"))(x)
     for _ in range(6):
         assert raw(f(x)) == raw(want)
+        pacer.stats()  # drains now, so each step's delay is set before the next arrives
     recs = [r for r in pacer.records()[1:] if r["site"] == "fx"]
     assert len(recs) == 6 * 8
     assert all(r["wait_ns"] >= 0 for r in recs)
-    # The policy runs on drained records and sets the native delay for a later step.
-    assert sum(r["delay_ns"] > 0 for r in recs) >= 8
+    # The policy ran on each drained record and set the native delay of the next step.
+    assert all((r["delay_ns"] >= 0.0015e9) == (r["step"] > 0) for r in recs)
     s = pacer.stats()["fx"]
     assert s.steps_paced > 0 and s.probe.startswith("native")
 
@@ -478,6 +479,23 @@ def test_pacer_release_ends_a_native_sleep(mesh):
     f(x).block_until_ready()  # returns once the driver sees the stop (pytest timeout guards)
     recs = [r for r in pacer.records()[1:] if r["site"] == "rel"]
     assert recs[-1]["delay_ns"] < 4e9
+
+
+def test_pacer_native_dropped_records_are_reported(mesh):
+    x = sharded(mesh, jnp.ones((8, 2), jnp.float32))
+    pacer = jp.Pacer(capacity=8, granularity="device")  # ring of 64 records
+
+    def body(v):
+        def step(c, _):
+            return lax.pcast(pacer.psum(c, "d", site="drop") * 0.125, "d", to="varying"), None
+
+        return lax.scan(step, v, None, 50)[0]
+
+    smap(mesh, body, P("d"))(x).block_until_ready()  # 400 records at once
+    s = pacer.stats()["drop"]
+    dropped = nat.counters(pacer._sites["drop"].native[0])["dropped"]
+    assert s.probe.startswith("native") and f"[{dropped} records dropped" in s.probe
+    assert dropped > 0 and s.steps + dropped == 50 * 8  # every record drained or counted
 
 
 def test_custom_clock_or_fault_hook_uses_the_fallback_and_says_why(mesh):

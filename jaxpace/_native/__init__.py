@@ -36,6 +36,7 @@ __all__ = [
     "released",
     "set_delay",
     "set_max_delay",
+    "set_site_max_delay",
     "set_site_devices",
     "wait_records",
 ]
@@ -113,6 +114,7 @@ def _declare(lib) -> None:
         "jaxpace_set_delay_ns": (ctypes.c_int, [i64, i32, i64]),
         "jaxpace_set_site_devices": (ctypes.c_int, [i64, vp, i32]),
         "jaxpace_set_max_delay_ns": (None, [i64]),
+        "jaxpace_set_site_max_delay_ns": (ctypes.c_int, [i64, i64]),
         "jaxpace_release_all": (None, []),
         "jaxpace_rearm": (None, []),
         "jaxpace_release_site": (ctypes.c_int, [i64]),
@@ -255,6 +257,13 @@ def set_max_delay(max_delay_s: float) -> None:
     """Upper bound of every native delay (0 disables delays)."""
     ns = int(max_delay_s * 1e9) if np.isfinite(max_delay_s) and max_delay_s > 0 else 0
     _lib().jaxpace_set_max_delay_ns(ns)
+
+
+def set_site_max_delay(site_id: int, max_delay_s: float) -> None:
+    """Upper bound of the native delays of one site (overrides `set_max_delay` there)."""
+    ns = int(max_delay_s * 1e9) if np.isfinite(max_delay_s) and max_delay_s > 0 else 0
+    if _lib().jaxpace_set_site_max_delay_ns(int(site_id), ns) != 0:
+        raise ValueError(f"set_site_max_delay: unknown native site {site_id}")
 
 
 def release_all() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,13 +40,16 @@ class _Entry:
     lock: threading.Lock
     released: bool = False
     bufs: tuple | None = None  # reused drain buffers
+    eager: bool = True  # its policy can delay: drain as soon as records arrive
+    probe: str = ""  # what stats() says about the path (plus drops, if any)
+    dropped: int = 0
 
 
 _entries: dict[int, _Entry] = {}
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
-_max_delay = [0.0]
 _BATCH = 1024  # records per drain call
+_LAZY_S = 0.05  # drain period when no attached policy can delay
 
 
 class _ReleaseNative(threading.Event):
@@ -93,10 +97,10 @@ def attach(
             sample_every=sample_every,
             payload_len=payload_len,
         )
-        if max_delay_s > _max_delay[0]:
-            _max_delay[0] = float(max_delay_s)
-            nat.set_max_delay(_max_delay[0])
-        _entries[sid] = _Entry(rt, site, sid, payload_len, float(scale), stop, threading.Lock())
+        nat.set_site_max_delay(sid, max_delay_s)  # the policy's bound, per site
+        _entries[sid] = _Entry(
+            rt, site, sid, payload_len, float(scale), stop, threading.Lock(), eager=max_delay_s > 0
+        )
         site.native = (sid, key)
         site.flush = lambda: sync(sid)
         if max_delay_s > 0:
@@ -118,8 +122,15 @@ def _loop() -> None:
     seen = 0
     while True:
         try:
-            seen = nat.wait_records(seen, 0.02)
-            for e in list(_entries.values()):
+            entries = list(_entries.values())
+            if any(e.eager for e in entries):
+                # A policy may set a delay from each record: react within microseconds.
+                seen = nat.wait_records(seen, 0.02)
+            else:
+                # Measure only: nothing waits on the records but stats/records/export,
+                # which drain on their own thread; batch, keep the host quiet per step.
+                time.sleep(_LAZY_S)
+            for e in entries:
                 _drain(e)
         except Exception as ex:  # noqa: BLE001 - the drain thread must survive anything
             log.warning("jaxpace: native drain thread error %r (continuing)", ex)
@@ -160,4 +171,9 @@ def _drain(e: _Entry) -> None:
                 if delay_s > 0 and not e.released:
                     nat.set_delay(e.native_id, rank, delay_s)
             if len(recs) < _BATCH:
-                return
+                break
+        dropped = nat.counters(e.native_id)["dropped"]
+        if dropped != e.dropped:  # never silent: stats() shows records lost to a full ring
+            e.dropped = dropped
+            base = e.site.probe.split(" [")[0] if e.site.probe else "native"
+            e.site.probe = f"{base} [{dropped} records dropped: the drain fell behind the ring]"

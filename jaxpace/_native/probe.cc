@@ -119,6 +119,7 @@ struct Site {
   std::atomic<int64_t> dropped{0};
   std::atomic<int64_t> unsampled{0};
   std::atomic<int> released{0};  // this site's sleeps end (its pacer closed)
+  std::atomic<int64_t> max_delay_ns{-1};  // >= 0: this site's bound; -1: the global one
   // GPU: pending event pairs per rank (ring of kGpuDepth), polled by the drain.
   std::vector<GpuPair*> gpu;
   // GPU: rank of each local device ordinal (-1: that device's shard does not measure).
@@ -190,7 +191,8 @@ int32_t arrive_common(Site* s, int32_t r, int64_t t, int64_t* delay, int64_t* st
   RankState& st = s->ranks[r];
   int64_t step = st.next_step.fetch_add(1, std::memory_order_relaxed);
   int64_t d = st.pending_delay_ns.exchange(0, std::memory_order_relaxed);
-  int64_t mx = g_max_delay_ns.load(std::memory_order_relaxed);
+  int64_t mx = s->max_delay_ns.load(std::memory_order_relaxed);
+  if (mx < 0) mx = g_max_delay_ns.load(std::memory_order_relaxed);
   if (d > mx) d = mx;
   if (d < 0) d = 0;
   *delay = d;
@@ -516,6 +518,14 @@ int jaxpace_set_site_devices(int64_t id, const int32_t* rank_of_ordinal, int32_t
   if (s == nullptr || n < 0 || n > 4096) return -1;
   std::lock_guard<std::mutex> lk(s->drain_mu);
   s->rank_of_ordinal.assign(rank_of_ordinal, rank_of_ordinal + n);
+  return 0;
+}
+
+// This site's delay bound (its policy's max_delay_s); -1 falls back to the global bound.
+int jaxpace_set_site_max_delay_ns(int64_t id, int64_t ns) {
+  Site* s = site_of(id);
+  if (s == nullptr) return -1;
+  s->max_delay_ns.store(ns < 0 ? -1 : ns, std::memory_order_relaxed);
   return 0;
 }
 
