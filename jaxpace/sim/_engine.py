@@ -549,6 +549,7 @@ def check_run_bounds(nodes: Any, steps: Any, seed: Any) -> tuple[int, int, int]:
     jaxpace.errors.ScenarioError: `nodes` must be an integer in [1, 1024], got 2000. Pass a value in [1, 1024].
     """
     for name, value, hi in (("nodes", nodes, MAX_NODES), ("steps", steps, MAX_STEPS)):
+        coll.positive_int(name, value, error=ScenarioError)  # type, bool, NaN: "positive integer"
         check_number(name, value, lo=1, hi=hi, integer=True, error=ScenarioError)
     try:
         check_number("seed", seed, lo=0, hi=MAX_SEED, integer=True, error=ScenarioError)
