@@ -151,8 +151,8 @@ def test_concurrent_exports_to_one_path_never_collide(tmp_path, monkeypatch):
     barrier = threading.Barrier(n, timeout=30)
     real = _export.records
 
-    def records_with_barrier(pacer):
-        rows = real(pacer)
+    def records_with_barrier(pacer, *args, **kwargs):
+        rows = real(pacer, *args, **kwargs)
 
         def gen():
             yield rows[0]
@@ -238,6 +238,12 @@ def test_good_pacer_arguments_are_accepted_and_rank_groups_reach_the_header():
         rank_groups={"numa": {np.int64(0): "socket0", 1: "socket1"}},
     )
     assert p.mesh is mesh and p._sink_thread.sinks == [print]
+
+    class MeshLike:  # what the runtime reads of a mesh; tests fake process layouts so
+        axis_names = ("data",)
+        devices = np.array(jax.devices(), dtype=object)
+
+    assert isinstance(jp.Pacer(mesh=MeshLike()).mesh, MeshLike)
     groups = p.records()[0]["topology"]["rank_groups"]
     assert groups["numa"] == {"0": "socket0", "1": "socket1"}
 
