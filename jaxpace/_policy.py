@@ -21,6 +21,7 @@ __all__ = [
     "PacingPolicy",
     "PolicyStatus",
     "adaptive",
+    "batched",
     "fixed",
     "no_pacing",
 ]
@@ -117,6 +118,34 @@ def _zeros(num_ranks: int) -> np.ndarray:
     return np.zeros((num_ranks,), dtype=np.float64)
 
 
+class BatchedPolicy(NamedTuple):
+    """A policy's update for `num_sites` independent sites at once (the simulator's path).
+
+    `init(num_sites, num_ranks)` returns one state whose fields carry a leading
+    site axis; `update(obs, state)` takes `obs.earliness_s` of shape
+    `(num_sites, num_ranks)` and `obs.step_time_s` of shape `(num_sites,)` and
+    returns `(delays (num_sites, num_ranks), state)`. Each site's delays equal
+    what the policy's own `update` returns for that site alone: the single-site
+    `update` of these policies is this function on a batch of one.
+    """
+
+    init: Any
+    update: Any
+
+
+def batched(policy: PacingPolicy) -> BatchedPolicy | None:
+    """The batched form of `policy` (see `BatchedPolicy`), or None if it has none.
+
+    `no_pacing`, `fixed` and `adaptive` have one; a custom policy does not, and
+    callers then update each site in turn.
+
+    >>> b = batched(fixed(0.002))
+    >>> b.update(Observation(np.zeros((2, 3)), np.zeros(2)), b.init(2, 3))[0].shape
+    (2, 3)
+    """
+    return getattr(policy.update, "batched", None)
+
+
 # --------------------------------------------------------------------------- no_pacing
 
 
@@ -142,6 +171,10 @@ def no_pacing() -> PacingPolicy:
     def update_fn(obs: Observation, state: NoPacingState):
         return _zeros(len(obs.earliness_s)), NoPacingState(steps=state.steps + 1)
 
+    def update_batch(obs: Observation, state: NoPacingState):
+        return np.zeros(np.shape(obs.earliness_s)), NoPacingState(steps=state.steps + 1)
+
+    update_fn.batched = BatchedPolicy(lambda num_sites, num_ranks: init_fn(num_ranks), update_batch)
     return PacingPolicy(
         init_fn, update_fn, name="no_pacing()", max_delay_s=0.0, needs_exchange=False
     )
@@ -180,6 +213,11 @@ def fixed(delay_s: float) -> PacingPolicy:
 
     def update_fn(obs: Observation, state: FixedState):
         return np.full((len(obs.earliness_s),), delay_s), FixedState(steps=state.steps + 1)
+
+    def update_batch(obs: Observation, state: FixedState):
+        return np.full(np.shape(obs.earliness_s), delay_s), FixedState(steps=state.steps + 1)
+
+    update_fn.batched = BatchedPolicy(lambda num_sites, num_ranks: init_fn(num_ranks), update_batch)
 
     return PacingPolicy(
         init_fn,
@@ -361,35 +399,24 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
         n = state.history.shape[1]
         if e.shape != (n,):
             raise ValueError(f"`obs.earliness_s` must have shape ({n},), got {e.shape}.")
-        step = state.step + 1
-        if step <= c.warmup_steps:
-            return _zeros(n), state._replace(step=step)
-        row = (step - c.warmup_steps - 1) % c.window
-        history, filled, expected, spread = _estimate(c, state, row, e)
-        gate = _gate(c, state, spread)
-        ab = _ab_guard(c, state, gate.engaged, obs.step_time_s)
-        pacing_now = gate.engaged and not (c.ab_test and (ab.rejected or ab.arm == 0))
-        delays = _budgeted_delays(c, state, row, expected, e) if pacing_now else _zeros(n)
-        delay_hist = state.delays.copy()
-        delay_hist[row] = delays
-        new_state = AdaptiveState(
-            step=step,
-            history=history,
-            delays=delay_hist,
-            filled=filled,
-            engaged=gate.engaged,
-            above=gate.above,
-            below=gate.below,
-            giveup=gate.giveup,
-            backed_off=gate.backed_off,
-            spread_s=spread,
-            ab_arm=ab.arm,
-            ab_sum_s=ab.sum_s,
-            ab_count=ab.count,
-            ab_rejected=ab.rejected,
-            steps_paced=state.steps_paced + int(bool((delays > 0).any())),
-        )
-        return delays, new_state
+        t = np.array([obs.step_time_s], dtype=np.float64)
+        delays, new = _adaptive_update(c, e[None], t, _stack(state))
+        return delays[0], _unstack(new)
+
+    def init_batch(num_sites: int, num_ranks: int) -> AdaptiveState:
+        one = _adaptive_init(c, num_ranks)
+        return AdaptiveState(*(np.repeat(np.asarray(v)[None], int(num_sites), axis=0) for v in one))
+
+    def update_batch(obs: Observation, state: AdaptiveState) -> tuple[np.ndarray, AdaptiveState]:
+        e = sanitize_seconds(obs.earliness_s).reshape(np.shape(obs.earliness_s))
+        if e.shape != state.history.shape[::2]:
+            raise ValueError(
+                f"`obs.earliness_s` must have shape {state.history.shape[::2]}, got {e.shape}."
+            )
+        t = np.broadcast_to(np.asarray(obs.step_time_s, dtype=np.float64), e.shape[:1])
+        return _adaptive_update(c, e, t, state)
+
+    update_fn.batched = BatchedPolicy(init_batch, update_batch)
 
     fields = ", ".join(f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c))
     return PacingPolicy(
@@ -424,21 +451,145 @@ def _adaptive_init(c: AdaptiveConfig, num_ranks: int) -> AdaptiveState:
     )
 
 
-# The stages of `adaptive`'s update, in order: estimate -> gate -> A/B guard -> budget.
+def _stack(state: AdaptiveState) -> AdaptiveState:
+    """One site's state as a batch of one (every field gains a leading axis of 1)."""
+    return AdaptiveState(*(np.asarray(v)[None] for v in state))
 
 
-def _estimate(c: AdaptiveConfig, state: AdaptiveState, row: int, e: np.ndarray):
-    """Puts `e` into the window; returns `(history, filled, expected, spread_s)`.
+def _unstack(b: AdaptiveState) -> AdaptiveState:
+    """The single-site state (Python scalars, as `init` makes them) of a batch of one."""
+    return AdaptiveState(
+        step=int(b.step[0]),
+        history=b.history[0],
+        delays=b.delays[0],
+        filled=int(b.filled[0]),
+        engaged=bool(b.engaged[0]),
+        above=int(b.above[0]),
+        below=int(b.below[0]),
+        giveup=int(b.giveup[0]),
+        backed_off=bool(b.backed_off[0]),
+        spread_s=float(b.spread_s[0]),
+        ab_arm=int(b.ab_arm[0]),
+        ab_sum_s=b.ab_sum_s[0],
+        ab_count=b.ab_count[0],
+        ab_rejected=bool(b.ab_rejected[0]),
+        steps_paced=int(b.steps_paced[0]),
+    )
 
-    Each rank's expected earliness is the `quantile` of its windowed history
-    (robust to spikes); the spread is the largest expected earliness.
+
+def _adaptive_update(
+    c: AdaptiveConfig, e: np.ndarray, step_time_s: np.ndarray, st: AdaptiveState
+) -> tuple[np.ndarray, AdaptiveState]:
+    """`adaptive`'s update for B sites at once: `e` (B, R) sanitized, state with a site axis.
+
+    Every site follows the stages below on its own (estimate -> gate -> A/B guard
+    -> budget); only the array work is shared.
     """
-    history = state.history.copy()
-    history[row] = e
-    filled = min(state.filled + 1, c.window)
-    expected = _expected_earliness(history, filled, c.quantile)
-    spread = float(np.nanmax(expected)) if np.isfinite(expected).any() else 0.0
-    return history, filled, expected, spread
+    B, n = e.shape
+    step = st.step + 1
+    active = step > c.warmup_steps
+    if not active.any():
+        return np.zeros((B, n)), st._replace(step=step)
+    ia = np.flatnonzero(active)
+    row = (step - c.warmup_steps - 1) % c.window
+    history = st.history.copy()
+    history[ia, row[ia]] = e[ia]
+    filled = np.where(active, np.minimum(st.filled + 1, c.window), st.filled)
+    expected = np.full((B, n), np.nan)
+    for f in np.unique(filled[ia]):
+        idx = ia[filled[ia] == f]
+        expected[idx] = _expected_batch(history[idx], int(f), c.quantile)
+    fin = np.isfinite(expected)
+    spread = np.where(fin.any(axis=1), np.where(fin, expected, -np.inf).max(axis=1), 0.0)
+    gate = _gate(c, st, spread)
+    if c.ab_test:
+        abs_ = [
+            _ab_guard(c, _ABView(*(x[b] for x in (st.ab_arm, st.ab_sum_s, st.ab_count,
+                      st.ab_rejected))), bool(gate.engaged[b]), float(step_time_s[b]))
+            for b in range(B)
+        ]  # fmt: skip
+        ab = _AB(
+            np.array([x.arm for x in abs_]),
+            np.array([x.sum_s for x in abs_]),
+            np.array([x.count for x in abs_]),
+            np.array([x.rejected for x in abs_]),
+        )
+    else:
+        ab = _AB(st.ab_arm, st.ab_sum_s, st.ab_count, st.ab_rejected)
+    pacing_now = gate.engaged & ~(c.ab_test & (ab.rejected | (ab.arm == 0))) & active
+    delays = np.zeros((B, n))
+    ip = np.flatnonzero(pacing_now)
+    if ip.size:
+        delays[ip] = _budgeted_delays(c, st.delays[ip], row[ip], expected[ip], e[ip])
+    delay_hist = st.delays.copy()
+    delay_hist[ia, row[ia]] = delays[ia]
+    new = AdaptiveState(
+        step=step,
+        history=history,
+        delays=delay_hist,
+        filled=filled,
+        engaged=gate.engaged,
+        above=gate.above,
+        below=gate.below,
+        giveup=gate.giveup,
+        backed_off=gate.backed_off,
+        spread_s=spread,
+        ab_arm=ab.arm,
+        ab_sum_s=ab.sum_s,
+        ab_count=ab.count,
+        ab_rejected=ab.rejected,
+        steps_paced=st.steps_paced + (delays > 0).any(axis=1),
+    )
+    if not active.all():  # sites still in warm-up only count the step
+        keep = ~active
+        fields = []
+        for old, cur in zip(st, new, strict=True):
+            cur = np.array(cur, copy=True)
+            cur[keep] = np.asarray(old)[keep]
+            fields.append(cur)
+        new = AdaptiveState(*fields)._replace(step=step)
+    return delays, new
+
+
+def _expected_batch(history: np.ndarray, filled: int, quantile: float) -> np.ndarray:
+    """`_expected_earliness` of every site in `history` (B, window, R), each site alone."""
+    rows = history[:, :filled]
+    if np.isfinite(rows).all():
+        # The window axis made the contiguous one and sorted in one call: the same
+        # values as `np.quantile(rows, quantile, axis=0)` per site, several times faster.
+        return _sorted_quantile(np.sort(np.swapaxes(rows, 1, 2), axis=-1), quantile)
+    return np.stack([_expected_earliness(h, filled, quantile) for h in history])
+
+
+def _sorted_quantile(v: np.ndarray, quantile: float) -> np.ndarray:
+    """`np.quantile(v, quantile, axis=-1)` (method "linear") of `v` already sorted on that axis.
+
+    The same arithmetic as NumPy's: virtual index `(n - 1) q`, its floor and the
+    next index clipped to the sample, and `a + (b - a) t` (`b - (b - a)(1 - t)` for
+    `t >= 0.5`); tests/test_policy.py checks it equals `np.quantile` bit for bit.
+    """
+    n = v.shape[-1]
+    virtual = (n - 1) * np.float64(quantile)
+    if virtual >= n - 1:
+        return v[..., n - 1].copy()
+    if virtual < 0:
+        return v[..., 0].copy()
+    prev = np.floor(virtual)
+    t = virtual - prev
+    a, b = v[..., int(prev)], v[..., int(prev) + 1]
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+class _ABView(NamedTuple):
+    ab_arm: int
+    ab_sum_s: np.ndarray
+    ab_count: np.ndarray
+    ab_rejected: bool
+
+
+# The stages of `adaptive`'s update, in order: estimate (`_expected_batch`) -> gate ->
+# A/B guard -> budget; `_adaptive_update` runs them for one or many sites.
 
 
 class _Gate(NamedTuple):
@@ -449,17 +600,19 @@ class _Gate(NamedTuple):
     backed_off: bool
 
 
-def _gate(c: AdaptiveConfig, state: AdaptiveState, spread: float) -> _Gate:
-    """Engage after `engage_steps` above threshold; disengage below hysteresis or on back-off."""
-    above = state.above + 1 if spread > c.threshold_s else 0
-    below = state.below + 1 if spread < c.hysteresis * c.threshold_s else 0
-    giveup = state.giveup + 1 if spread > c.giveup_factor * c.max_delay_s else 0
-    engaged = state.engaged
+def _gate(c: AdaptiveConfig, state: AdaptiveState, spread: np.ndarray) -> _Gate:
+    """Engage after `engage_steps` above threshold; disengage below hysteresis or on back-off.
+
+    Per site: `spread` and the state's counters have one entry per site.
+    """
+    above = np.where(spread > c.threshold_s, state.above + 1, 0)
+    below = np.where(spread < c.hysteresis * c.threshold_s, state.below + 1, 0)
+    giveup = np.where(spread > c.giveup_factor * c.max_delay_s, state.giveup + 1, 0)
+    engaged = np.asarray(state.engaged, dtype=bool)
     backed_off = giveup >= c.engage_steps
-    if not engaged and above >= c.engage_steps and not backed_off:
-        engaged = True
-    elif engaged and (below >= c.disengage_steps or backed_off):
-        engaged = False
+    turn_on = ~engaged & (above >= c.engage_steps) & ~backed_off
+    turn_off = engaged & ((below >= c.disengage_steps) | backed_off)
+    engaged = np.where(turn_on, True, np.where(turn_off, False, engaged))
     return _Gate(engaged, above, below, giveup, backed_off)
 
 
@@ -494,17 +647,21 @@ def _ab_guard(c: AdaptiveConfig, state: AdaptiveState, engaged: bool, step_time_
 
 
 def _budgeted_delays(
-    c: AdaptiveConfig, state: AdaptiveState, row: int, expected: np.ndarray, e: np.ndarray
+    c: AdaptiveConfig, delays: np.ndarray, row: np.ndarray, expected: np.ndarray, e: np.ndarray
 ) -> np.ndarray:
-    """`gain * expected`, clamped to `[0, max_delay_s]` and to the per-window budget."""
+    """`gain * expected`, clamped to `[0, max_delay_s]` and to the per-window budget.
+
+    Per site: `delays` (B, window, R) is each site's delay ring, `row` (B,) its
+    current row, `expected` and `e` (B, R).
+    """
     want = np.nan_to_num(c.gain * expected, nan=0.0)
     # Budget: what the rank slept over the rest of the window, plus this.
-    slept = state.delays.sum(axis=0) - state.delays[row]
+    slept = delays.sum(axis=1) - delays[np.arange(row.size), row]
     budget = c.budget_fraction * c.window * c.max_delay_s
-    delays = np.clip(np.minimum(want, budget - slept), 0.0, c.max_delay_s)
+    out = np.clip(np.minimum(want, budget - slept), 0.0, c.max_delay_s)
     # The rank the others wait for never sleeps.
-    delays[~np.isfinite(e)] = 0.0
-    return delays
+    out[~np.isfinite(e)] = 0.0
+    return out
 
 
 def adaptive_status(state: AdaptiveState) -> PolicyStatus:

@@ -11,7 +11,7 @@ import numpy as np
 
 import jaxpace.sim._collectives as coll
 from jaxpace._exchange import earliness
-from jaxpace._policy import Observation, PacingPolicy, adaptive, fixed, no_pacing
+from jaxpace._policy import Observation, PacingPolicy, adaptive, batched, fixed, no_pacing
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, ScenarioError
 from jaxpace.sim._scenario import Scenario, load_scenario
@@ -469,16 +469,34 @@ def _run_buckets(
     return end_prev, waits, spins
 
 
-def _decide(
-    pol: PacingPolicy, states: list[Any], waits: list[np.ndarray], step: float
-) -> np.ndarray:
-    """Each site's policy update on this step's earliness; returns `(sites, ranks)` delays."""
-    new = np.empty((len(waits), len(waits[0])))
-    for j, w in enumerate(waits):
-        obs = Observation(earliness_s=earliness(w), step_time_s=float(step))
-        delays, states[j] = pol.update(obs, states[j])
-        new[j] = np.asarray(delays, dtype=np.float64)
-    return new
+class _PolicySites:
+    """The policy state of every pacing site, updated once per step.
+
+    With a policy that has a batched form (`jaxpace._policy.batched`: `no_pacing`,
+    `fixed`, `adaptive`) all sites go through one update call, which gives each
+    site exactly the delays of its own update; otherwise site by site.
+    """
+
+    def __init__(self, pol: PacingPolicy, n_sites: int, num_ranks: int):
+        self.pol, self.batch = pol, batched(pol)
+        if self.batch is not None:
+            self.state: Any = self.batch.init(n_sites, num_ranks)
+        else:
+            self.state = [pol.init(num_ranks) for _ in range(n_sites)]
+
+    def decide(self, waits: list[np.ndarray], step: float) -> np.ndarray:
+        """Each site's update on this step's earliness; returns `(sites, ranks)` delays."""
+        if self.batch is not None:
+            e = earliness(np.stack(waits), axis=-1)
+            obs = Observation(earliness_s=e, step_time_s=np.full(len(waits), float(step)))
+            delays, self.state = self.batch.update(obs, self.state)
+            return np.asarray(delays, dtype=np.float64)
+        new = np.empty((len(waits), len(waits[0])))
+        for j, w in enumerate(waits):
+            obs = Observation(earliness_s=earliness(w), step_time_s=float(step))
+            delays, self.state[j] = self.pol.update(obs, self.state[j])
+            new[j] = np.asarray(delays, dtype=np.float64)
+        return new
 
 
 def simulate(
@@ -615,7 +633,7 @@ def _run(
 ) -> tuple[np.ndarray, float, int, float]:
     """The step loop; returns `(step times, total delay, engaged steps, spin rank-seconds)`."""
     R, B = su.ranks, su.buckets
-    states = [pol.init(R) for _ in range(su.n_sites)]
+    sites = _PolicySites(pol, su.n_sites, R)
     # pending[slot][site]: the delays decided `lag` steps before the step using `slot`.
     pending = [np.zeros((su.n_sites, R)) for _ in range(lag)]
     step_times = np.empty(steps)
@@ -638,7 +656,7 @@ def _run(
             if D.any():
                 engaged += 1
                 total_delay += float(D.sum())
-            pending[slot] = _decide(pol, states, waits, step)
+            pending[slot] = sites.decide(waits, step)
             if progress is not None:
                 progress(k + t + 1)
         k += n

@@ -20,17 +20,17 @@ from typing import Any
 
 import numpy as np
 
+import jaxpace.sim._collectives as coll
 from jaxpace._records import header_record, make_dirs, records_filename
 from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
 from jaxpace.report.records import Records
-from jaxpace.sim import _collectives as coll
 from jaxpace.sim._engine import (
     _BLOCK_STEPS,
     SimResult,
-    _decide,
     _Draws,
     _node_coupled_compute,
+    _PolicySites,
     _result,
     _run_buckets,
     _Setup,
@@ -324,7 +324,7 @@ def simulate_records(
 def _record_loop(draws, su, pol, steps, lag, faults: Faults, seed: int) -> dict[str, Any]:
     """`simulate`'s step loop, keeping each site's arrivals, ends and sleeps."""
     R, B, S_n = su.ranks, su.buckets, su.n_sites
-    states = [pol.init(R) for _ in range(S_n)]
+    sites = _PolicySites(pol, S_n, R)
     pending = [np.zeros((S_n, R)) for _ in range(lag)]
     arrive = np.empty((S_n, steps, R))
     last = np.empty((S_n, steps))
@@ -367,7 +367,7 @@ def _record_loop(draws, su, pol, steps, lag, faults: Faults, seed: int) -> dict[
             if D.any():
                 engaged_steps += 1
                 total_delay += float(D.sum())
-            pending[slot] = _decide(pol, states, waits, step)
+            pending[slot] = sites.decide(waits, step)
         k += n
     return {
         "arrive": arrive, "last": last, "delay": delay, "t_coll": t_coll_all,
