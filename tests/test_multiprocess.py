@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from conftest import SCRIPTS
 
+from jaxpace._native import available as native_available
+
 pytestmark = pytest.mark.multiprocess
 
 LAG_S = 0.020
@@ -76,6 +78,11 @@ def test_lagging_process_has_smallest_wait(paced_run):
     last = [int(np.argmin(w)) for w in waits.values()]
     share = last.count(1) / len(last)
     assert share >= 0.95, f"lagging process had the smallest wait in {share:.0%} of steps"
+    # The path that timed it (native probes wherever the extension is built).
+    native = native_available()[0]
+    for r in results:
+        for phase in ("unpaced", "paced"):
+            assert r[phase]["probe"].startswith("native" if native else "io_callback"), r[phase]
 
 
 def test_adaptive_pacing_absorbs_the_spread(paced_run):
