@@ -290,6 +290,7 @@ def scale(out: Path, ranks: int = 8192, steps: int = 1000) -> dict:
     write_records(run, d)
     res["write_records_s"] = time.perf_counter() - t
     res["records_bytes"] = sum(p.stat().st_size for p in d.glob("*.jsonl"))
+    res["peak_rss_gib"] = _rss_gib()
     return res  # fmt: skip
 
 
@@ -304,6 +305,48 @@ def sim_speed(nodes: int = 128, steps: int = 10_000) -> dict:
     return out
 
 
+PAPER_SWEEP = {
+    "shared_links": (0.1, 0.3, 0.6, 0.9),
+    "spin_compute": (0.3, 0.6, 1.0),
+    "power_budget": (0.1, 0.3, 0.6, 1.0),
+    "host_runahead": (1.0, 3.0, 10.0),
+}
+
+
+def paper_strength(nodes: int = 64, steps: int = 400, seed: int = 0) -> list[dict]:
+    """Pacing gain and CV per coupling strength: `paper` with every other coupling off.
+
+    Each strength runs `compare` (same draws with and without the preset's
+    adaptive policy). The sweep goes to the top of each field's allowed range.
+    """
+    from jaxpace.sim import compare
+
+    base = load_scenario("paper")
+    off = dataclasses.replace(
+        base.coupling, shared_links=0.0, spin_compute=0.0, power_budget=0.0, host_runahead=0.0
+    )
+    rows = []
+    for name, strengths in PAPER_SWEEP.items():
+        for x in strengths:
+            sc = dataclasses.replace(base, coupling=dataclasses.replace(off, **{name: x}))
+            t = time.perf_counter()
+            c = compare(sc, nodes=nodes, steps=steps, seed=seed)
+            rows.append(
+                {
+                    "coupling": name,
+                    "strength": x,
+                    "gain": c.throughput_gain,
+                    "cv_off": c.baseline.cv,
+                    "cv_on": c.paced.cv,
+                    "mean_off_s": c.baseline.mean_step_s,
+                    "mean_on_s": c.paced.mean_step_s,
+                    "seconds": time.perf_counter() - t,
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks diagnosis", description=__doc__.splitlines()[0]
@@ -313,6 +356,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--scale", action="store_true", help="only the 8192 x 1000 timing")
     ap.add_argument("--sim-speed", action="store_true", help="only the simulator timing")
+    ap.add_argument(
+        "--paper-strength", action="store_true", help="only the coupling-strength sweep (paper)"
+    )
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -320,6 +366,10 @@ def main(argv=None) -> int:
         res = scale(out)
         print(json.dumps(res, indent=1))
         (out / "diagnosis_scale.json").write_text(json.dumps(res, indent=1))
+        return 0
+    if a.paper_strength:
+        res = paper_strength()
+        (out / "diagnosis_paper_strength.json").write_text(json.dumps(res, indent=1))
         return 0
     if a.sim_speed:
         res = sim_speed()

@@ -566,7 +566,7 @@ def _sorted_quantile(v: np.ndarray, quantile: float) -> np.ndarray:
 
     The same arithmetic as NumPy's: virtual index `(n - 1) q`, its floor and the
     next index clipped to the sample, and `a + (b - a) t` (`b - (b - a)(1 - t)` for
-    `t >= 0.5`); tests/test_policy.py checks it equals `np.quantile` bit for bit.
+    `t >= 0.5`); tests/test_diagnosis_scale.py checks it equals `np.quantile` bit for bit.
     """
     n = v.shape[-1]
     virtual = (n - 1) * np.float64(quantile)

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxpace.report import analyze
 from jaxpace.cli import main as jaxpace_main
+from jaxpace.report import analyze
 from jaxpace.report.stages.stats import holm, t_sf
 from jaxpace.report.synthetic import synthetic_run
 from jaxpace.sim import Faults, load_scenario, simulate_records, write_records
@@ -205,3 +205,61 @@ def test_significance_helpers_known_values():
     assert float(t_sf(-1.96, 1e6)) == pytest.approx(0.975, abs=1e-4)
     assert holm(np.array([0.01, 0.04, 0.03])).tolist() == pytest.approx([0.03, 0.06, 0.06])
     assert holm(np.array([0.5, 0.9])).max() <= 1.0
+
+
+# --------------------------------------------------------------------------- batched policy
+
+
+def test_window_quantile_is_numpy_quantile_bit_for_bit():
+    from jaxpace._policy import _sorted_quantile
+
+    rng = np.random.default_rng(1)
+    for f in (1, 2, 3, 5, 16, 33):
+        for q in (0.0, 0.1, 1 / 3, 0.5, 0.9, 1.0):
+            x = rng.random((40, f)) * 1e-3
+            x[:10] = np.round(x[:10], 4)  # ties
+            assert np.array_equal(
+                _sorted_quantile(np.sort(x, axis=-1), q), np.quantile(x, q, axis=-1)
+            )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {
+            "ab_test": True,
+            "ab_period": 4,
+            "ab_min_windows": 1,
+            "warmup_steps": 2,
+            "engage_steps": 2,
+        },
+        {"budget_fraction": 0.2, "quantile": 0.1, "window": 5, "giveup_factor": 2},
+    ],
+)
+def test_batched_adaptive_gives_every_site_its_own_update(kw):
+    from jaxpace import adaptive
+    from jaxpace._policy import Observation, batched
+
+    pol = adaptive(threshold_s=0.0005, **kw)
+    b = batched(pol)
+    R, B = 11, 3
+    state_b = b.init(B, R)
+    singles = [pol.init(R) for _ in range(B)]
+    rng = np.random.default_rng(0)
+    paced = 0
+    for k in range(120):
+        e = rng.exponential(0.002, (B, R)) * np.array([[1.0], [2.0], [0.1]])
+        if k % 13 == 0:
+            e[1, 4] = np.nan
+        t = 0.1 + 0.01 * rng.random(B)
+        d_b, state_b = b.update(Observation(e, t), state_b)
+        for j in range(B):
+            d, singles[j] = pol.update(Observation(e[j], float(t[j])), singles[j])
+            assert np.array_equal(d, d_b[j])
+            paced += int((d > 0).any())
+    assert paced > 0
+    for j in range(B):
+        for name, v in singles[j]._asdict().items():
+            assert np.array_equal(np.asarray(v), getattr(state_b, name)[j], equal_nan=True), name
+    assert batched(pol.__class__(pol.init, lambda o, s: (o, s))) is None  # a custom policy
