@@ -376,6 +376,11 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
         )
     parts.append("<h2>Summary</h2>" + _table(tables.summary_rows(report)))
     parts.append("<h2>What to do next</h2>" + _table(tables.next_steps_rows(report)))
+    parts.append("<h2>Decisions</h2>" + _table(tables.decision_rows(report)))
+    if tables.cost_rows(report):
+        parts.append("<h2>Cost of waiting</h2>" + _table(tables.cost_rows(report)))
+    if tables.host_rows(report):
+        parts.append("<h2>Hosts, latest first (ms)</h2>" + _table(tables.host_rows(report)))
     for title, content in extra_sections:
         if content and isinstance(content[0], str):
             body = "".join(f"<p>{escape(line)}</p>" for line in content)

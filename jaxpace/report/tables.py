@@ -17,6 +17,9 @@ __all__ = [
     "forecast_rows",
     "forecast_support",
     "next_steps_rows",
+    "decision_rows",
+    "cost_rows",
+    "host_rows",
     "pacing_table",
     "ranking_rows",
     "summary_rows",
@@ -49,6 +52,18 @@ def summary_rows(report: Report) -> list[list[str]]:
         ["primary failure mode", report.primary_mode],
         ["culprit", culprit],
     ]
+    if len(report.culprits) > 1:
+        rows.append(
+            [
+                "other culprits",
+                ", ".join(map(str, report.culprits[1:6]))
+                + (f" (+{len(report.culprits) - 6} more)" if len(report.culprits) > 6 else ""),
+            ]
+        )
+    if report.late_groups:
+        rows.append(
+            ["late groups", "; ".join(f"{g.kind} {g.label}" for g in report.late_groups[:5])]
+        )
     if report.what_if is not None and report.culprit is not None:  # nothing to speed up else
         w = report.what_if
         rows.append(
@@ -166,3 +181,51 @@ def pacing_table(p: PacingEffect) -> list[list[str]]:
             format_ms(p.engaged_delay_s),
         ],
     ]
+
+
+def decision_rows(report: Report) -> list[list[str]]:
+    """The report's decisions, one per row, each with its evidence and confidence."""
+    return [["decision (evidence, confidence)"]] + [[d] for d in report.decisions]
+
+
+def cost_rows(report: Report) -> list[list[str]]:
+    """GPU-hours spent waiting for each culprit / late group; empty when there are none."""
+    if not report.costs:
+        return []
+    rows = [["waiting for", "ranks", "saved per step", "step faster", "GPU-h per 1,000 steps"]]
+    for w in report.costs:
+        rows.append(
+            [
+                w.target,
+                str(len(w.ranks)),
+                format_ms(w.saving_s),
+                f"{w.saving_fraction:.1%}",
+                f"{w.gpu_hours_per_1000_steps:.3g}",
+            ]
+        )
+    return rows
+
+
+def host_rows(report: Report, max_hosts: int = 16) -> list[list[str]]:
+    """Per host, latest first: ranks, late ranks, mean and max excess lateness (ms).
+
+    Empty with a single host. At thousands of ranks this is the readable view.
+    """
+    by_host: dict[str, list] = {}
+    for r in report.ranks:
+        by_host.setdefault(r.host, []).append(r)
+    if len(by_host) < 2:
+        return []
+    stats = []
+    for host, rs in by_host.items():
+        ex = [r.excess_lateness_s for r in rs]
+        stats.append((sum(ex) / len(ex), max(ex), sum(r.late for r in rs), len(rs), host))
+    stats.sort(key=lambda t: (-t[0], t[4]))
+    rows = [["host", "ranks", "late", "mean excess", "max excess"]]
+    for mean, mx, late, n, host in stats[:max_hosts]:
+        rows.append(
+            [host, str(n), str(late), format_ms(mean, unit=False), format_ms(mx, unit=False)]
+        )
+    if len(stats) > max_hosts:
+        rows.append([f"... {len(stats) - max_hosts} more hosts", "", "", "", ""])
+    return rows

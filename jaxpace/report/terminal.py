@@ -43,6 +43,11 @@ def summary_renderable(report: Report, max_ranks: int = 12) -> Any:
     if len(report.ranking) > max_ranks:
         rt.caption += f"; {len(report.ranking) - max_ranks} more ranks in the JSON/HTML report"
     parts.append(rt)
+    parts.append(_rich_table(tables.decision_rows(report), "Decisions"))
+    if tables.cost_rows(report):
+        parts.append(_rich_table(tables.cost_rows(report), "Cost of waiting"))
+    if len(tables.host_rows(report)) > 2 and report.num_ranks > max_ranks:
+        parts.append(_rich_table(tables.host_rows(report, 8), "Hosts, latest first (ms)"))
     parts.append(_rich_table(tables.failure_mode_rows(report), "Failure modes"))
     if report.forecast is not None and tables.forecast_rows(report):
         fc = report.forecast
