@@ -43,6 +43,8 @@ class _Entry:
     eager: bool = True  # its policy can delay: drain as soon as records arrive
     probe: str = ""  # what stats() says about the path (plus drops, if any)
     dropped: int = 0
+    overlaps: int = 0
+    fixed_rank: int = -1
 
 
 _entries: dict[int, _Entry] = {}
@@ -99,7 +101,15 @@ def attach(
         )
         nat.set_site_max_delay(sid, max_delay_s)  # the policy's bound, per site
         _entries[sid] = _Entry(
-            rt, site, sid, payload_len, float(scale), stop, threading.Lock(), eager=max_delay_s > 0
+            rt,
+            site,
+            sid,
+            payload_len,
+            float(scale),
+            stop,
+            threading.Lock(),
+            eager=max_delay_s > 0,
+            fixed_rank=fixed_rank,
         )
         site.native = (sid, key)
         site.flush = lambda: sync(sid)
@@ -172,7 +182,18 @@ def _drain(e: _Entry) -> None:
                     nat.set_delay(e.native_id, rank, delay_s)
             if len(recs) < _BATCH:
                 break
-        dropped = nat.counters(e.native_id)["dropped"]
+        c = nat.counters(e.native_id)
+        if c["overlaps"] > e.overlaps:
+            if e.overlaps == 0:  # the io_callback path's warning, once per site
+                log.warning(
+                    "jaxpace: two measured arrivals at %s overlap on one rank (%d); "
+                    "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`) and "
+                    "give collectives traced from one line in a loop distinct `site=`.",
+                    e.site.name,
+                    e.fixed_rank,
+                )
+            e.overlaps = c["overlaps"]
+        dropped = c["dropped"]
         if dropped != e.dropped:  # never silent: stats() shows records lost to a full ring
             e.dropped = dropped
             base = e.site.probe.split(" [")[0] if e.site.probe else "native"
