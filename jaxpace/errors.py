@@ -65,6 +65,8 @@ class UnboundAxisError(JaxpaceError, NameError):
 class LaunchError(JaxpaceError, RuntimeError):
     """A local multi-process launch failed: a rank exited non-zero or timed out.
 
+    Cause: the launched program failed on one rank (its traceback is in that
+    rank's output), or the job ran past `--timeout`.
     Fix: read the rank's prefixed output above the error; raise `--timeout` if
     the job is slow rather than hung.
     """
@@ -83,14 +85,16 @@ class RecordsError(JaxpaceError, ValueError):
 class TopologyError(JaxpaceError, ValueError):
     """Topology input (sysfs, `nvidia-smi topo -m` text, JSON) could not be parsed.
 
-    The message names the file and line. Fix the file, or pass `topology=None`
-    to fall back to JAX's device order.
+    Cause: a malformed or foreign file; the message names the file and line.
+    Fix: correct that file, or pass `topology=None` to fall back to JAX's
+    device order.
     """
 
 
 class ScenarioError(JaxpaceError, ValueError):
     """A simulator scenario is unknown or has an invalid field.
 
+    Cause: a preset name that does not exist, or a scenario field out of range.
     Fix: use one of the preset names the message lists, or correct the field
     it names in your scenario file.
     """

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from jaxpace._runtime.watchdog import STALL_EXIT_CODE
+from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, LaunchError
 
 __all__ = [
@@ -168,6 +169,7 @@ def launch(
       ConfigError: bad arguments.
     """
     _check_launch_args(cmd, num_processes, local_devices, per_rank_env)
+    num_processes, local_devices = int(num_processes), int(local_devices)
     base = _rank_env_base(
         num_processes, local_devices, env, init_timeout_s, heartbeat_timeout_s, cpu
     )
@@ -203,9 +205,8 @@ def _check_launch_args(cmd, num_processes, local_devices, per_rank_env) -> None:
             "`cmd` is empty: pass the command after `--`, e.g. "
             "`jaxpace launch -n 2 -- python train.py`."
         )
-    for name, v, hi in (("num_processes", num_processes, 64), ("local_devices", local_devices, 64)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
-            raise ConfigError(f"`{name}` must be an integer in [1, {hi}], got {v!r}.")
+    check_number("num_processes", num_processes, lo=1, hi=64, integer=True)
+    check_number("local_devices", local_devices, lo=1, hi=64, integer=True)
     if per_rank_env is not None and len(per_rank_env) != num_processes:
         raise ConfigError(
             f"`per_rank_env` must have one dict per process ({num_processes}), got {len(per_rank_env)}."
