@@ -39,7 +39,8 @@ OUT = os.environ.get("JAXPACE_PEER_OUT")
 _REAL = {"psum": jax.lax.psum, "pmean": jax.lax.pmean}
 _outcomes: collections.Counter = collections.Counter()
 _tests: dict[str, str] = {}
-_state = {"event": None}
+_test_calls: collections.Counter = collections.Counter()
+_state = {"event": None, "test": None}
 
 
 def _install() -> None:
@@ -76,6 +77,7 @@ def _install() -> None:
                 _outcomes[f"{kind}: raised {type(e).__name__}"] += 1
                 raise
             _outcomes[f"{kind}: {_state['event'] or 'handed to lax before any decision'}"] += 1
+            _test_calls[_state["test"]] += 1
             return out
 
         substitute.__name__ = substitute.__qualname__ = kind
@@ -90,6 +92,10 @@ if MODE == "jaxpace":
     _install()
 elif MODE != "plain":
     raise RuntimeError(f"JAXPACE_PEER_MODE must be 'plain' or 'jaxpace', got {MODE!r}")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _state["test"] = nodeid
 
 
 def pytest_runtest_logreport(report):
@@ -137,6 +143,7 @@ def pytest_sessionfinish(session, exitstatus):
                 "counts": dict(counts),
                 "tests": _tests,
                 "calls": dict(_outcomes),
+                "tests_with_calls": len(_test_calls),
                 "stats": _stats_summary(),
             },
             f,

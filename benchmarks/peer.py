@@ -129,7 +129,10 @@ def report(results: dict) -> tuple[list[str], int]:
                 lines.append(f"  [{mode}] failing only with plain lax: {len(fixed)}")
                 lines += [f"    {t}" for t in fixed]
             calls = jp["calls"]
-            lines.append(f"  [{mode}] substituted calls (trace time): {sum(calls.values())}")
+            lines.append(
+                f"  [{mode}] substituted calls (trace time): {sum(calls.values())}, in "
+                f"{jp.get('tests_with_calls', '?')} tests"
+            )
             for k, v in sorted(calls.items(), key=lambda kv: -kv[1]):
                 lines.append(f"    {v:>6}  {k}")
             st = jp["stats"]
