@@ -6,10 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from jaxpace._records import RECORDS_GLOB
 from jaxpace.errors import RecordsError
 from jaxpace.report.analyze import analyze
 from jaxpace.report.html import write_html
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
+from jaxpace.report.records import find_runs
 from jaxpace.report.stalls import format_stalls, load_stalls
 from jaxpace.report.terminal import print_summary
 from jaxpace.report.trace import write_trace
@@ -40,6 +42,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def cli_main(args: argparse.Namespace) -> int:
     """Runs `jaxpace report`; returns the exit code (2 for unusable records)."""
+    args.run_dir = _one_run(args.run_dir)
     stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
     if stalls:
         print(stalls + "\n")
@@ -74,3 +77,18 @@ def cli_main(args: argparse.Namespace) -> int:
         return 2
     print("wrote " + ", ".join(str(w) for w in written))
     return 0
+
+
+def _one_run(run_dir: str) -> str:
+    """`run_dir`, or the one run inside a folder without records of its own.
+
+    A folder of several runs is left as is: loading it then fails with the list of
+    runs and the command that reports each.
+    """
+    base = Path(run_dir)
+    if base.is_dir() and not any(base.glob(RECORDS_GLOB)):
+        runs = find_runs(base)
+        if len(runs) == 1:
+            print(f"{base} holds one run: reporting {runs[0]}")
+            return str(runs[0])
+    return run_dir

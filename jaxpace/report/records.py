@@ -28,7 +28,7 @@ from jaxpace._records import (
 )
 from jaxpace.errors import RecordsError
 
-__all__ = ["Records", "load_records"]
+__all__ = ["Records", "find_runs", "load_records"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -382,6 +382,44 @@ def _read_lines(builder: _Builder, path: Path, f: Any) -> None:
         builder.notes.append(f"PARTIAL: {path} is empty (the process wrote nothing).")
 
 
+def find_runs(directory: str | os.PathLike, max_depth: int = 3) -> list[Path]:
+    """Subdirectories of `directory` (up to `max_depth` levels down) holding `*.jsonl` files.
+
+    A folder of several runs, such as `jaxpace demo`'s output (`diagnose/off`,
+    `ab/off`, ...), has no records itself; these are the runs inside it, sorted.
+
+    >>> find_runs("/nonexistent")
+    []
+    """
+    found: list[Path] = []
+    level = [Path(directory)]
+    for _ in range(max_depth):
+        nxt = []
+        for d in level:
+            try:
+                subs = sorted(p for p in d.iterdir() if p.is_dir() and not p.is_symlink())
+            except OSError:
+                continue
+            for sub in subs:
+                (found if any(sub.glob(RECORDS_GLOB)) else nxt).append(sub)
+        level = nxt
+    return sorted(found)
+
+
+def _no_records_message(path: Path) -> str:
+    runs = find_runs(path)
+    if not runs:
+        return (
+            f"no `*.jsonl` records files in directory {path}. Expected the files "
+            "`Pacer.export` writes (`records-p0.jsonl`, ...)."
+        )
+    listed = "\n".join(f"  jaxpace report {r}" for r in runs)
+    return (
+        f"{path} has no records files itself but holds {len(runs)} runs; report one of "
+        f"them:\n{listed}"
+    )
+
+
 def load_records(
     source: str | os.PathLike | Iterable[Mapping[str, Any]] | Records,
 ) -> Records:
@@ -417,10 +455,7 @@ def load_records(
         if path.is_dir():
             files = sorted(path.glob(RECORDS_GLOB))
             if not files:
-                raise RecordsError(
-                    f"no `*.jsonl` records files in directory {path}. Expected the files "
-                    "`Pacer.export` writes (`records-p0.jsonl`, ...)."
-                )
+                raise RecordsError(_no_records_message(path))
         elif path.is_file():
             files = [path]
         else:
