@@ -7,30 +7,40 @@ import logging
 import os
 import socket
 import zlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from jaxpace import _jax_compat, _records
 from jaxpace._runtime.consensus import KEY_GENERATIONS
 from jaxpace._runtime.inflight import settle
+from jaxpace.errors import ConfigError
 
 if TYPE_CHECKING:
     from jaxpace._runtime.pacer import Pacer
 
-__all__ = ["export", "export_all", "gather", "header", "records"]
+__all__ = ["check_header_extra", "export", "export_all", "gather", "header", "records"]
 
 log = logging.getLogger("jaxpace")
 
+# The fields `header_record` writes itself (docs/records.md, "header").
+_HEADER_FIELDS = (
+    "type", "format", "run_id", "process_index", "process_count", "host", "pid",
+    "granularity", "jaxpace_version", "policy", "local_devices", "topology",
+)  # fmt: skip
 
-def records(pacer: Pacer) -> list[dict[str, Any]]:
+
+def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """This process's finished records as dicts: its header, then steps by site, rank, step.
 
     First waits (bounded) for the steps this process dispatched (`inflight.settle`).
+    `header_extra` adds fields to the header (see `check_header_extra`).
     """
     import jax
 
+    extra = check_header_extra(header_extra)
     settle(pacer)
     proc = jax.process_index()
-    out: list[dict[str, Any]] = [header(pacer)]
+    out: list[dict[str, Any]] = [{**header(pacer), **extra}]
     for name, site in sorted(pacer._sites.items()):
         site.flush()  # native probes: drain what the handlers finished
         for r in sorted(site.ranks):
@@ -51,6 +61,40 @@ def records(pacer: Pacer) -> list[dict[str, Any]]:
                     )
                 )
     return out
+
+
+def check_header_extra(extra: Any) -> dict[str, Any]:
+    """`Pacer.export(header_extra=...)`: JSON fields that do not replace the header's own.
+
+    `interleaved_phases` (an integer >= 1) is read by the report (docs/records.md).
+    """
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping) or not all(isinstance(k, str) for k in extra):
+        raise ConfigError(
+            f"`header_extra` must be a dict with string keys, got {extra!r}. Pass e.g. "
+            '`header_extra={"interleaved_phases": 3}`, or leave it out.'
+        )
+    clash = sorted(set(extra) & set(_HEADER_FIELDS))
+    if clash:
+        raise ConfigError(
+            f"`header_extra` may not replace the header's own fields {clash}. Pass "
+            "other names (docs/records.md lists the header's fields)."
+        )
+    n = extra.get("interleaved_phases", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(
+            f"`header_extra['interleaved_phases']` must be an integer >= 1, got {n!r}. Pass "
+            "how many runs this process interleaved step by step (1: not interleaved)."
+        )
+    try:
+        json.dumps(dict(extra), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"`header_extra` must be JSON-serializable ({e}). Pass strings, numbers, "
+            "lists and dicts only."
+        ) from None
+    return dict(extra)
 
 
 def header(pacer: Pacer) -> dict[str, Any]:
@@ -87,10 +131,13 @@ def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
     return groups
 
 
-def export(pacer: Pacer, path: str | os.PathLike) -> str:
+def export(
+    pacer: Pacer, path: str | os.PathLike, header_extra: Mapping[str, Any] | None = None
+) -> str:
     """Writes this process's records as JSONL and returns the path (see `Pacer.export`)."""
     import jax
 
+    check_header_extra(header_extra)  # before creating anything
     p = os.fspath(path)
     ends_in_sep = p.endswith(os.sep) or bool(os.altsep and p.endswith(os.altsep))
     if ends_in_sep or os.path.isdir(p):
@@ -98,7 +145,7 @@ def export(pacer: Pacer, path: str | os.PathLike) -> str:
         # inside it.
         _records.make_dirs(p)
         p = os.path.join(p, _records.records_filename(jax.process_index()))
-    return _records.write_jsonl(p, records(pacer))
+    return _records.write_jsonl(p, records(pacer, header_extra))
 
 
 def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:

@@ -302,7 +302,7 @@ class Pacer:
         """This process's finished records as dicts (the JSONL format, docs/records.md)."""
         return _export.records(self)
 
-    def export(self, path: str | os.PathLike) -> str:
+    def export(self, path: str | os.PathLike, *, header_extra: dict[str, Any] | None = None) -> str:
         """Writes this process's records as JSONL (docs/records.md) and returns the path.
 
         If `path` is a directory, or ends in "/" (a new directory, created),
@@ -312,8 +312,13 @@ class Pacer:
         file or a new path is replaced: a symlink, device node, FIFO, socket or
         directory at the file path raises `FileExistsError` /
         `IsADirectoryError` and is left untouched.
+
+        `header_extra` adds JSON fields to the header line, e.g.
+        `{"interleaved_phases": 3}` when this process ran 3 pacers' runs
+        interleaved step by step (the report then does not take the time from
+        one exit of a site to the next as this run's iteration; docs/records.md).
         """
-        return _export.export(self, path)
+        return _export.export(self, path, header_extra)
 
     def gather(self, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
         """Collects every process's records on process 0, at the end of a run.

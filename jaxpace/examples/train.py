@@ -217,7 +217,11 @@ def main(argv=None) -> int:
             "collective": args.collective,
         }
         if args.out and args.collective == "jaxpace":
-            ph["pacer"].export(os.path.join(args.out, ph["name"], f"records-p{pid}.jsonl"))
+            ph["pacer"].export(
+                os.path.join(args.out, ph["name"], f"records-p{pid}.jsonl"),
+                # Step-interleaved phases: one exit to the next spans all phases' steps.
+                header_extra={"interleaved_phases": len(phases)} if len(phases) > 1 else None,
+            )
             st = ph["pacer"].stats().get("grads")
             if st is not None:
                 res.update(

@@ -177,6 +177,10 @@ class _Builder:
                 )
         _check_int(rec, "process_index", where)
         _check_int(rec, "process_count", where)
+        if "interleaved_phases" in rec:
+            _check_int(rec, "interleaved_phases", where)
+            if rec["interleaved_phases"] < 1:
+                raise RecordsError(f"{where}: `interleaved_phases` must be >= 1.")
         self.headers.append((dict(rec), where))
 
     def add_step(self, rec: Mapping[str, Any], where: str) -> None:

@@ -111,13 +111,24 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
 
     consecutive = np.zeros(steps.size, bool)
     consecutive[1:] = np.diff(steps) == 1
+    phases = max((int(h.get("interleaved_phases", 1)) for h in records.headers), default=1)
+    if phases > 1:
+        # One exit of the site to the next spans the other runs' steps too.
+        notes.append(
+            f"INTERLEAVED: these records come from one of {phases} runs interleaved step "
+            "by step in the same processes (header `interleaved_phases`), so the time from "
+            "one exit of the collective to the next spans the other runs' steps too. "
+            "Iteration and compute times are not measured from these records; waits, "
+            "delays and the ranking are. Time each run's own step in the program."
+        )
+        consecutive[:] = False
     compute = np.full(arrive.shape, np.nan)
     step_time = np.full(arrive.shape, np.nan)
     compute[1:] = arrive[1:] - done[:-1]
     step_time[1:] = done[1:] - done[:-1]
     compute[~consecutive] = np.nan
     step_time[~consecutive] = np.nan
-    if steps.size > 1 and not consecutive[1:].any():
+    if steps.size > 1 and phases == 1 and not consecutive[1:].any():
         notes.append(
             "steps are not consecutive (sampled records?): compute and step time need "
             "consecutive steps, so only wait-based statistics are available."
