@@ -375,7 +375,8 @@ def configure(policy: _policy.PacingPolicy | None = None, **settings: Any) -> Pa
     Args:
       policy: a `PacingPolicy`.
       **settings: `PacerConfig` fields (`enabled`, `granularity`, ...) or
-        `clock`, `sinks`, `mesh`, `rank_groups` (checked as by `Pacer(...)`).
+        `clock`, `sinks`, `mesh`, `rank_groups`, `stall_after_s`, `on_stall`,
+        `run_dir` (checked as by `Pacer(...)`).
 
     Returns:
       The default pacer.
@@ -397,9 +398,15 @@ def configure(policy: _policy.PacingPolicy | None = None, **settings: Any) -> Pa
         extra["rank_groups"] = check_rank_groups("rank_groups", settings.pop("rank_groups"))
     if "sinks" in settings:
         extra["sinks"] = _check_sinks(settings.pop("sinks"))
+    names = ("stall_after_s", "on_stall", "run_dir")
+    watchdog = {k: settings.pop(k) for k in names if k in settings}
+    if watchdog:  # checked by WatchdogConfig, as in `Pacer(...)`
+        extra["watchdog"] = dataclasses.replace(p._watchdog.config, **watchdog)
     if extra:
         p._refuse_if_traced()
     p.configure(policy=policy, **settings)
+    if "watchdog" in extra:
+        p._watchdog.config = extra["watchdog"]
     for attr in ("clock", "mesh", "rank_groups"):
         if attr in extra:
             setattr(p, attr, extra[attr])
