@@ -106,11 +106,8 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     """
     from rich.console import Console
     from rich.panel import Panel
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from jaxpace import launch, report
-    from jaxpace.errors import LaunchError
+    from jaxpace import report
 
     _validate(args)
     console = console or Console()
@@ -119,7 +116,47 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     lag_s, p_straggle, straggle_s = IMBALANCE_PROFILES[args.imbalance]
     if args.lag_ms is not None:
         lag_s = args.lag_ms / 1000.0
-    console.print(
+    console.print(_intro(args, lag_s, p_straggle, straggle_s))
+    t0 = time.monotonic()
+    _run_jobs(args, out, _train_command(args, lag_s, p_straggle, straggle_s), console)
+    diag, ab = (
+        _load_results(out, "diagnose", args.processes),
+        _load_results(out, "ab", args.processes),
+    )
+    rep = report.analyze(out / "diagnose" / "off")
+    report.print_summary(rep, console=console)
+    paths = {k: str(out / f) for k, f in (("html", "report.html"), ("trace", "trace.json"))}
+    same_params = all(len({r[ph]["params_sha256"] for ph in PHASES}) == 1 for r in ab)
+    losses = diag[0]["off"]["losses"]
+    warmup = min(5, args.steps // 4)
+    rows = {ph: _phase_row(out, ab, ph, warmup, rep.culprit) for ph in PHASES}
+    console.print(_ab_table(rows))
+    lines = _diagnosis_lines(rep, rows, losses, same_params, paths)
+    console.print(Panel("\n".join(lines), title="Diagnosis", expand=False))
+    # The HTML carries the same A/B table and Diagnosis as the terminal.
+    report.write_html(rep, paths["html"], extra_sections=html_sections(rows, lines))
+    report.write_trace(out / "diagnose" / "off", paths["trace"])
+    paths["json"] = str(report.write_json(rep, out / "report.json"))
+    summary = {
+        "culprit_rank": rep.culprit,
+        "culprit_process": rep.culprit_process,
+        "slow_process": args.slow_process if lag_s > 0 else None,
+        "primary_mode": rep.primary_mode,
+        "params_identical": same_params,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "pacing_off": rows["off"],
+        "exchange_only": rows["exchange"],
+        "pacing_on": rows["on"],
+        "files": paths,
+        "elapsed_s": time.monotonic() - t0,
+    }
+    (out / "demo-summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _intro(args: argparse.Namespace, lag_s: float, p_straggle: float, straggle_s: float) -> str:
+    return (
         f"[bold]jaxpace demo[/]: {args.processes} processes x {args.devices} CPU devices, "
         f"Flax/Optax MLP, {args.steps} steps to diagnose, then {args.steps} steps each of "
         f"{', '.join(PHASES.values())}, interleaved.\n"
@@ -132,7 +169,13 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
         )
         + "."
     )
-    common = [
+
+
+def _train_command(
+    args: argparse.Namespace, lag_s: float, p_straggle: float, straggle_s: float
+) -> list[str]:
+    """The `jaxpace.examples.train` command line both launches share."""
+    return [
         sys.executable,
         "-m",
         "jaxpace.examples.train",
@@ -152,11 +195,19 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
         str(args.seed),
         "--progress",
     ]
+
+
+def _run_jobs(args: argparse.Namespace, out: Path, common: list[str], console) -> None:
+    """Launches the diagnosis job and the interleaved A/B job, with progress bars."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from jaxpace import launch
+    from jaxpace.errors import LaunchError
+
     jobs = {
         "diagnose": ("diagnose (measure only)", ["--pacing", "off"]),
         "ab": ("A/B: " + " | ".join(PHASES.values()), ["--pacing", ",".join(PHASES)]),
     }
-    t0 = time.monotonic()
     log_path = out / "launch.log"
     with (
         Progress(
@@ -183,52 +234,67 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
                     launch.describe_failure(res, args.timeout) + f"\nFull log: {log_path}"
                 )
 
-    def load(job: str) -> list[dict]:
-        return [
-            json.loads((out / job / f"result-p{i}.json").read_text()) for i in range(args.processes)
-        ]
 
-    diag, ab = load("diagnose"), load("ab")
-    rep = report.analyze(out / "diagnose" / "off")
-    report.print_summary(rep, console=console)
-    paths = {
-        "html": str(report.write_html(rep, out / "report.html")),
-        "trace": str(report.write_trace(out / "diagnose" / "off", out / "trace.json")),
-        "json": str(report.write_json(rep, out / "report.json")),
+def _load_results(out: Path, job: str, processes: int) -> list[dict]:
+    return [json.loads((out / job / f"result-p{i}.json").read_text()) for i in range(processes)]
+
+
+def _phase_row(
+    out: Path, ab: list[dict], phase: str, warmup: int, culprit: int | None
+) -> dict[str, float]:
+    """Job step statistics and the early ranks' wait and sleep for one A/B phase."""
+    from jaxpace import report
+
+    steps = _job_step_times(ab, phase, warmup)
+    prep = report.analyze(out / "ab" / phase, warmup_steps=warmup)
+    early = [r for r in prep.ranks if r.rank != culprit] or list(prep.ranks)
+    return {
+        "mean_step_ms": float(steps.mean() * 1e3),
+        "p99_step_ms": float(np.percentile(steps, 99) * 1e3),
+        "cv": float(steps.std() / steps.mean()),
+        "early_sync_wait_ms": float(np.mean([r.sync_wait_s for r in early]) * 1e3),
+        "early_delay_ms": float(np.mean([r.delay_s for r in early]) * 1e3),
     }
 
-    same_params = all(len({r[ph]["params_sha256"] for ph in PHASES}) == 1 for r in ab)
-    losses = diag[0]["off"]["losses"]
-    warmup = min(5, args.steps // 4)
 
-    def phase_row(phase: str) -> dict[str, float]:
-        steps = _job_step_times(ab, phase, warmup)
-        prep = report.analyze(out / "ab" / phase, warmup_steps=warmup)
-        early = [r for r in prep.ranks if r.rank != rep.culprit] or list(prep.ranks)
-        return {
-            "mean_step_ms": float(steps.mean() * 1e3),
-            "p99_step_ms": float(np.percentile(steps, 99) * 1e3),
-            "cv": float(steps.std() / steps.mean()),
-            "early_sync_wait_ms": float(np.mean([r.sync_wait_s for r in early]) * 1e3),
-            "early_delay_ms": float(np.mean([r.delay_s for r in early]) * 1e3),
-        }
+AB_TITLE = "Pacing A/B (interleaved; same data, same start)"
+_AB_ROWS = (
+    ("mean_step_ms", "job step, mean (ms)", "{:.1f}"),
+    ("p99_step_ms", "job step, p99 (ms)", "{:.1f}"),
+    ("cv", "job step CV", "{:.3f}"),
+    ("early_sync_wait_ms", "early ranks' sync wait (ms/step)", "{:.2f}"),
+    ("early_delay_ms", "early ranks' pacing sleep (ms/step)", "{:.2f}"),
+)
 
-    rows = {ph: phase_row(ph) for ph in PHASES}
-    off, exch, on = rows["off"], rows["exchange"], rows["on"]
-    t = Table(title="Pacing A/B (interleaved; same data, same start)")
-    t.add_column("")
-    for label in PHASES.values():
+
+def ab_rows(rows: dict[str, dict[str, float]]) -> list[list[str]]:
+    """The A/B table as plain rows, header first (terminal and HTML)."""
+    return [
+        ["", *PHASES.values()],
+        *([label, *(fmt.format(rows[ph][key]) for ph in PHASES)] for key, label, fmt in _AB_ROWS),
+    ]
+
+
+def html_sections(rows: dict[str, dict[str, float]], lines: list[str]) -> list[tuple[str, Any]]:
+    """`write_html(extra_sections=...)`: the terminal's A/B table and Diagnosis panel."""
+    return [(AB_TITLE, ab_rows(rows)), ("Diagnosis", list(lines))]
+
+
+def _ab_table(rows: dict[str, dict[str, float]]):
+    from rich.table import Table
+
+    header, *body = ab_rows(rows)
+    t = Table(title=AB_TITLE)
+    t.add_column(header[0])
+    for label in header[1:]:
         t.add_column(label, justify="right")
-    for key, label, fmt in (
-        ("mean_step_ms", "job step, mean (ms)", "{:.1f}"),
-        ("p99_step_ms", "job step, p99 (ms)", "{:.1f}"),
-        ("cv", "job step CV", "{:.3f}"),
-        ("early_sync_wait_ms", "early ranks' sync wait (ms/step)", "{:.2f}"),
-        ("early_delay_ms", "early ranks' pacing sleep (ms/step)", "{:.2f}"),
-    ):
-        t.add_row(label, *(fmt.format(rows[ph][key]) for ph in PHASES))
-    console.print(t)
+    for row in body:
+        t.add_row(*row)
+    return t
 
+
+def _diagnosis_lines(rep, rows, losses, same_params: bool, paths: dict[str, str]) -> list[str]:
+    off, exch, on = rows["off"], rows["exchange"], rows["on"]
     culprit = rep.culprit
     verdict = (
         f"Culprit: rank {culprit} (process {rep.culprit_process}), "
@@ -242,7 +308,7 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
         key=lambda m: -m.score,
     )
     mode_lines = [f"  {m.name} (score {m.score:.2f}): {m.evidence[0]}" for m in detected]
-    lines = [
+    return [
         verdict,
         "Failure modes detected:" if mode_lines else "Failure mode: balanced.",
         *mode_lines,
@@ -257,23 +323,6 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
         f"Report: {paths['html']}",
         f"Perfetto trace (open in https://ui.perfetto.dev): {paths['trace']}",
     ]
-    console.print(Panel("\n".join(lines), title="Diagnosis", expand=False))
-    summary = {
-        "culprit_rank": culprit,
-        "culprit_process": rep.culprit_process,
-        "slow_process": args.slow_process if lag_s > 0 else None,
-        "primary_mode": rep.primary_mode,
-        "params_identical": same_params,
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "pacing_off": off,
-        "exchange_only": exch,
-        "pacing_on": on,
-        "files": paths,
-        "elapsed_s": time.monotonic() - t0,
-    }
-    (out / "demo-summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
 
 
 def cli_main(args: argparse.Namespace) -> int:

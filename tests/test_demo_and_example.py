@@ -60,8 +60,27 @@ def test_demo_end_to_end(tmp_path):
     assert len(tracks) == 4
     html = (out / "report.html").read_text()
     assert html.count("<svg") >= 3 and "<script" not in html
+    # The terminal's A/B table and Diagnosis panel are in the HTML too.
+    assert "Pacing A/B (interleaved" in html and "<h2>Diagnosis</h2>" in html
+    assert "bitwise identical" in html.split("<h2>Diagnosis</h2>")[1]
     for key in ("html", "trace", "json"):
         assert os.path.getsize(summary["files"][key]) > 0
+    # The A/B runs say they were interleaved; the diagnosis run does not.
+    for run, phases in (("ab/on", 3), ("ab/off", 3), ("diagnose/off", None)):
+        with open(out / run / "records-p0.jsonl") as f:
+            assert json.loads(f.readline()).get("interleaved_phases") == phases, run
+    # `jaxpace report` on the demo's folder lists its runs with the command for each.
+    rep = subprocess.run(
+        [sys.executable, "-m", "jaxpace", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
+    assert rep.returncode == 2 and "Traceback" not in rep.stderr, rep.stderr[-2000:]
+    for run in ("diagnose/off", "ab/off", "ab/exchange", "ab/on"):
+        assert f"jaxpace report {out / run}" in rep.stderr
 
 
 def test_example_multiprocess_matches_lax_to_the_bit(tmp_path):
