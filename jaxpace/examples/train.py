@@ -78,7 +78,30 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # Join the job before anything touches the JAX backend.
+    pid, nproc = _join(args)
+    import jax
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    model = _Model(args, mesh)
+    # Several phases run interleaved, step by step (A B C A B C ...), each its own
+    # training run from the same start, so machine noise hits them alike.
+    phases = [_make_phase(args, model, p, pid) for p in args.pacing.split(",")]
+    for k in range(args.steps):
+        x, y = model.batch(k)
+        for ph in phases:
+            _inject_imbalance(args, ph, pid)
+            t0 = time.perf_counter()
+            ph["params"], ph["opt"], loss = ph["step"](ph["params"], ph["opt"], x, y)
+            ph["losses"].append(float(loss))  # also waits for the step
+            ph["times"].append(time.perf_counter() - t0)
+        if args.progress and pid == 0:
+            print(f"PROGRESS {k + 1} {args.steps}", flush=True)
+    _write_results(args, phases, pid, nproc, jax.device_count())
+    return 0
+
+
+def _join(args: argparse.Namespace) -> tuple[int, int]:
+    """Joins the job (under `jaxpace launch` / SLURM) before anything touches the backend."""
     import jax
 
     from jaxpace import launch
@@ -87,125 +110,140 @@ def main(argv=None) -> int:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         if "JAXPACE_LOCAL_DEVICES" not in os.environ:
             jax.config.update("jax_num_cpu_devices", args.local_devices)
-    pid, nproc = launch.init_from_env(platform=None if args.no_cpu else "cpu")
+    return launch.init_from_env(platform=None if args.no_cpu else "cpu")
 
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from flax import nnx
-    from jax import lax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
-    import jaxpace as jp
+class _Model:
+    """The MLP, its replicated start state, the synthetic data and the train step."""
 
-    mesh = jax.make_mesh((jax.device_count(),), ("data",))
-    d_in = 32
+    D_IN = 32
 
-    class MLP(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs):
-            self.l1 = nnx.Linear(d_in, args.hidden, rngs=rngs)
-            self.l2 = nnx.Linear(args.hidden, args.hidden, rngs=rngs)
-            self.l3 = nnx.Linear(args.hidden, 1, rngs=rngs)
+    def __init__(self, args: argparse.Namespace, mesh) -> None:
+        import jax
+        import numpy as np
+        import optax
+        from flax import nnx
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
-        def __call__(self, x):
-            return self.l3(nnx.gelu(self.l2(nnx.gelu(self.l1(x)))))
+        hidden, d_in = args.hidden, self.D_IN
 
-    graphdef, params0 = nnx.split(MLP(nnx.Rngs(args.seed)), nnx.Param)
-    # Replicate the start state explicitly, so step 2 reuses step 1's compilation.
-    params0 = jax.device_put(params0, NamedSharding(mesh, P()))
-    teacher_w = np.random.default_rng(1234).standard_normal((d_in, 1)).astype(np.float32)
+        class MLP(nnx.Module):
+            def __init__(self, rngs: nnx.Rngs):
+                self.l1 = nnx.Linear(d_in, hidden, rngs=rngs)
+                self.l2 = nnx.Linear(hidden, hidden, rngs=rngs)
+                self.l3 = nnx.Linear(hidden, 1, rngs=rngs)
 
-    global_batch = jax.device_count() * args.batch_per_device
-    data_sharding = NamedSharding(mesh, P("data"))
+            def __call__(self, x):
+                return self.l3(nnx.gelu(self.l2(nnx.gelu(self.l1(x)))))
 
-    def batch_for(step: int):
+        self.args, self.mesh = args, mesh
+        self.graphdef, params0 = nnx.split(MLP(nnx.Rngs(args.seed)), nnx.Param)
+        # Replicate the start state explicitly, so step 2 reuses step 1's compilation.
+        self.replicated = NamedSharding(mesh, P())
+        self.params0 = jax.device_put(params0, self.replicated)
+        self.teacher_w = np.random.default_rng(1234).standard_normal((d_in, 1)).astype(np.float32)
+        self.global_batch = jax.device_count() * args.batch_per_device
+        self.data_sharding = NamedSharding(mesh, P("data"))
+        self.tx = optax.adam(args.lr)
+
+    def batch(self, step: int):
         """Step `step`'s global batch, sharded over "data" (same bytes at any process count)."""
-        rng = np.random.default_rng((args.seed, step))
-        x = rng.standard_normal((global_batch, d_in)).astype(np.float32)
-        y = (np.sin(x @ teacher_w) + 0.1 * np.cos(3 * x[:, :1])).astype(np.float32)
+        import jax
+        import numpy as np
+
+        rng = np.random.default_rng((self.args.seed, step))
+        x = rng.standard_normal((self.global_batch, self.D_IN)).astype(np.float32)
+        y = (np.sin(x @ self.teacher_w) + 0.1 * np.cos(3 * x[:, :1])).astype(np.float32)
         return tuple(
-            jax.make_array_from_callback(a.shape, data_sharding, lambda i, a=a: a[i])
+            jax.make_array_from_callback(a.shape, self.data_sharding, lambda i, a=a: a[i])
             for a in (x, y)
         )
 
-    tx = optax.adam(args.lr)
+    def loss(self, params, x, y):
+        import jax.numpy as jnp
+        from flax import nnx
 
-    def loss_fn(params, x, y):
-        model = nnx.merge(graphdef, params)
+        model = nnx.merge(self.graphdef, params)
         return jnp.mean((model(x) - y) ** 2)
 
-    def make_step(pacer):
+    def make_step(self, pacer):
+        import jax
+        import optax
+        from jax import lax
+        from jax.sharding import PartitionSpec as P
+
+        collective = self.args.collective
+
         def local_step(params, opt_state, x, y):
             # Mark the replicated parameters as varying over "data" first:
             # otherwise autodiff itself inserts the gradient all-reduce (the
             # transpose of an implicit broadcast) and no wrapper ever sees it.
             local = jax.tree.map(lambda p: lax.pcast(p, "data", to="varying"), params)
-            loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
+            loss, grads = jax.value_and_grad(self.loss)(local, x, y)
             # The loss rides in the same all-reduce as the gradients.
-            if args.collective == "jaxpace":
+            if collective == "jaxpace":
                 grads, loss = pacer.pmean((grads, loss), "data", site="grads")  # <- jaxpace
             else:
                 grads, loss = lax.pmean((grads, loss), "data")
-            updates, opt_state = tx.update(grads, opt_state, params)
+            updates, opt_state = self.tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, loss
 
         return jax.jit(
             jax.shard_map(
                 local_step,
-                mesh=mesh,
+                mesh=self.mesh,
                 in_specs=(P(), P(), P("data"), P("data")),
                 out_specs=(P(), P(), P()),
             )
         )
 
-    def make_phase(phase: str) -> dict:
-        if phase == "off":
-            policy = jp.no_pacing()
-        else:
-            # 'exchange': the same exchange and policy code, with a threshold the
-            # spread never reaches, so it never sleeps.
-            policy = jp.adaptive(
-                threshold_s=0.002 if phase == "on" else 5.0,
-                max_delay_s=args.max_delay_s,
-                gain=0.9,
-                warmup_steps=3,
-                engage_steps=4,
-                window=8,
-            )
-        pacer = jp.Pacer(policy=policy, granularity=args.granularity)
-        return {
-            "name": phase,
-            "pacer": pacer,
-            "step": make_step(pacer),
-            "params": params0,
-            "opt": jax.device_put(tx.init(params0), NamedSharding(mesh, P())),
-            # Same straggler draws in every phase: a fair comparison.
-            "rnd": random.Random(args.seed * 1000 + pid),
-            "losses": [],
-            "times": [],
-        }
 
-    # Several phases run interleaved, step by step (A B C A B C ...), each its own
-    # training run from the same start, so machine noise hits them alike.
-    phases = [make_phase(p) for p in args.pacing.split(",")]
-    for k in range(args.steps):
-        x, y = batch_for(k)
-        for ph in phases:
-            # Injected imbalance: one persistently slow process, plus random
-            # episodic stragglers anywhere (a slow data loader, a hiccup).
-            if pid == args.lag_process and args.lag_s > 0:
-                time.sleep(args.lag_s)
-            if args.straggle_p > 0 and ph["rnd"].random() < args.straggle_p:
-                time.sleep(args.straggle_s)
-            t0 = time.perf_counter()
-            ph["params"], ph["opt"], loss = ph["step"](ph["params"], ph["opt"], x, y)
-            ph["losses"].append(float(loss))  # also waits for the step
-            ph["times"].append(time.perf_counter() - t0)
-        if args.progress and pid == 0:
-            print(f"PROGRESS {k + 1} {args.steps}", flush=True)
+def _make_phase(args: argparse.Namespace, model: _Model, phase: str, pid: int) -> dict:
+    import jax
 
-    results = {"process": pid, "processes": nproc, "devices": jax.device_count()}
+    import jaxpace as jp
+
+    if phase == "off":
+        policy = jp.no_pacing()
+    else:
+        # 'exchange': the same exchange and policy code, with a threshold the
+        # spread never reaches, so it never sleeps.
+        policy = jp.adaptive(
+            threshold_s=0.002 if phase == "on" else 5.0,
+            max_delay_s=args.max_delay_s,
+            gain=0.9,
+            warmup_steps=3,
+            engage_steps=4,
+            window=8,
+        )
+    pacer = jp.Pacer(policy=policy, granularity=args.granularity)
+    return {
+        "name": phase,
+        "pacer": pacer,
+        "step": model.make_step(pacer),
+        "params": model.params0,
+        "opt": jax.device_put(model.tx.init(model.params0), model.replicated),
+        # Same straggler draws in every phase: a fair comparison.
+        "rnd": random.Random(args.seed * 1000 + pid),
+        "losses": [],
+        "times": [],
+    }
+
+
+def _inject_imbalance(args: argparse.Namespace, ph: dict, pid: int) -> None:
+    """One persistently slow process, plus random episodic stragglers anywhere."""
+    if pid == args.lag_process and args.lag_s > 0:
+        time.sleep(args.lag_s)
+    if args.straggle_p > 0 and ph["rnd"].random() < args.straggle_p:
+        time.sleep(args.straggle_s)
+
+
+def _write_results(args, phases: list[dict], pid: int, nproc: int, devices: int) -> None:
+    import jax
+    import numpy as np
+
+    results = {"process": pid, "processes": nproc, "devices": devices}
     for ph in phases:
         leaves = jax.tree.leaves(ph["params"])
         digest = hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in leaves)).hexdigest()
@@ -241,7 +279,6 @@ def main(argv=None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"result-p{pid}.json"), "w") as f:
             json.dump(results, f)
-    return 0
 
 
 if __name__ == "__main__":
