@@ -347,9 +347,9 @@ class Pacer:
 
     def write_trace(self, path: str | os.PathLike) -> str:
         """Writes a Perfetto / Chrome trace JSON of this process's records."""
-        from jaxpace import report
+        from jaxpace.report.trace import write_trace
 
-        report.write_trace(self.records(), os.fspath(path))
+        write_trace(self.records(), os.fspath(path))
         return os.fspath(path)
 
 
