@@ -405,7 +405,6 @@ def _native_probe(rt: Runtime, am) -> tuple[str | None, str]:
 
 
 def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, am, probe):
-    lax_fn = _LAX[kind]
     axes = _axes(axis_name)
     granularity = rt.config.granularity
     group = _group_size(axes, sizes, axis_index_groups)
@@ -419,37 +418,43 @@ def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, a
     scale = _exchange.reduction_scale(kind, group)
     exchange = rt.policy.needs_exchange
     n_pay = _exchange.payload_size(num_slots) if exchange else 0
-    native_id, native_why = None, probe[1]
-    if probe[0] is not None:
-        native_id, native_why = _attach_native(
-            rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
-        )
-    site_obj.probe = native_why
-    if native_id is not None:
-        return _measured_native(
-            kind,
-            x,
-            axis_name,
-            axis_index_groups,
-            native_id,
-            n_pay,
-            granularity,
-            table,
-            am,
-            axes,
-            sizes,
-        )
+    native = (kind, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table)
+    done_native = _native_or_none(rt, site_obj, probe, native, am, axes, sizes)
+    if done_native is not None:
+        return done_native[0]
+
+    return _measured_io_callback(
+        rt, kind, x, axis_name, axis_index_groups, site_obj, native, am, axes, sizes
+    )
+
+
+def _measured_io_callback(
+    rt, kind, x, axis_name, axis_index_groups, site_obj, args, am, axes, sizes
+):
+    """The measured collective through the io_callback probes (the fallback path)."""
+    _, _, _, _, granularity, _, n_pay, scale, table = args
+    lax_fn = _LAX[kind]
+    exchange = rt.policy.needs_exchange
+    pre = _io_pre(rt, site_obj, granularity, n_pay, table, am)
+    post = _io_post(rt, site_obj, granularity, exchange, scale)
+    reduce = _io_reduce(lax_fn, exchange, axis_name, axis_index_groups)
+    leaves = jax.tree_util.tree_leaves(x)
+    tok = _token(leaves)
+    rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+    payload, flag = pre(tok, rank)
+    out, red = reduce(x, payload, flag)
+    post(lax.stop_gradient(red), flag, rank)
+    return out
+
+
+def _io_pre(rt, site_obj, granularity, n_pay, table, am):
+    """The pre-collective io_callback (arrival, delay, payload), leader shards only."""
 
     def pre_cb(tok, rank):
         del tok
         r = jax.process_index() if granularity == "process" else int(rank)
         payload, flag = rt.arrive(site_obj, r)
         return payload, flag
-
-    def post_cb(reduced, flag, rank):
-        r = jax.process_index() if granularity == "process" else int(rank)
-        rt.done(site_obj, r, int(flag), np.asarray(reduced) if exchange else None, scale)
-        return np.int32(0)
 
     # Without exchange (measure-only or fixed delays) the user's operands are the
     # all-reduce's only operands, exactly as in lax: the pre-callback is tied in
@@ -489,6 +494,17 @@ def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, a
         del axis_size
         return pre(*_unbatch((tok, rank), in_batched)), (False, False)
 
+    return pre
+
+
+def _io_post(rt, site_obj, granularity, exchange, scale):
+    """The post-collective io_callback (record, policy), where the pre one measured."""
+
+    def post_cb(reduced, flag, rank):
+        r = jax.process_index() if granularity == "process" else int(rank)
+        rt.done(site_obj, r, int(flag), np.asarray(reduced) if exchange else None, scale)
+        return np.int32(0)
+
     def call_post(args):
         red, fl, r = args
         return io_callback(post_cb, jax.ShapeDtypeStruct((), jnp.int32), red, fl, r, ordered=False)
@@ -504,6 +520,12 @@ def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, a
     def post_vmap(axis_size, in_batched, reduced, flag, rank):
         del axis_size
         return post(*_unbatch((reduced, flag, rank), in_batched)), False
+
+    return post
+
+
+def _io_reduce(lax_fn, exchange, axis_name, axis_index_groups):
+    """The collective with the arrival tied in, under lax's own tangent rule."""
 
     @jax.custom_jvp
     def reduce(x, payload, flag):
@@ -532,18 +554,32 @@ def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, a
         # `red` only feeds the post-callback, through stop_gradient: its tangent is unused.
         return (out, red), (out_t, jnp.zeros_like(red))
 
-    leaves = jax.tree_util.tree_leaves(x)
-    tok = _token(leaves)
-    rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
-    payload, flag = pre(tok, rank)
-    out, red = reduce(x, payload, flag)
-    post(lax.stop_gradient(red), flag, rank)
-    return out
+    return reduce
 
 
 def _unbatch(args, in_batched):
     """One shard's dependency values from vmapped ones: the first batch element."""
     return tuple(a[0] if b else a for a, b in zip(args, in_batched, strict=True))
+
+
+def _native_or_none(rt, site_obj, probe, args, am, axes, sizes):
+    """`(result,)` of the collective through the native probes, or None for the fallback.
+
+    Sets `site_obj.probe` either way (what `stats()` says about the path).
+    """
+    kind, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table = args
+    native_id, native_why = None, probe[1]
+    if probe[0] is not None:
+        native_id, native_why = _attach_native(
+            rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
+        )
+    site_obj.probe = native_why
+    if native_id is None:
+        return None
+    out = _measured_native(
+        kind, x, axis_name, axis_index_groups, native_id, n_pay, granularity, table, am, axes, sizes
+    )
+    return (out,)
 
 
 def _attach_native(

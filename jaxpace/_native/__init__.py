@@ -145,7 +145,7 @@ def available() -> tuple[bool, str]:
         return False, str(_state["reason"])
     from jaxpace._native import primitive
 
-    ok, why = primitive.register_targets(lib)
+    ok, why = primitive.register_targets(lib, cuda_available)
     if not ok:
         return False, why
     return True, f"native XLA FFI probes ({os.path.basename(_state['path'])})"

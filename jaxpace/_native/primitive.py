@@ -156,8 +156,11 @@ def remat_supported() -> tuple[bool, str]:
     return _register_jax_rules()
 
 
-def register_targets(lib) -> tuple[bool, str]:
-    """Registers the CPU handlers with XLA (once); CUDA ones too when JAX has a CUDA backend."""
+def register_targets(lib, load_cuda) -> tuple[bool, str]:
+    """Registers the CPU handlers with XLA (once); CUDA ones too when JAX has a CUDA backend.
+
+    `load_cuda()` loads the CUDA runtime for the GPU handlers: `(ok, why)`.
+    """
     with _reg_lock:
         if "cpu" in _registered:
             return _registered["cpu"]
@@ -173,20 +176,18 @@ def register_targets(lib) -> tuple[bool, str]:
         except Exception as e:  # noqa: BLE001 - reported by available()
             _registered["cpu"] = (False, f"registering the FFI targets failed: {e!r}")
         _register_jax_rules()
-        _registered["cuda"] = _register_cuda(lib)
+        _registered["cuda"] = _register_cuda(lib, load_cuda)
         return _registered["cpu"]
 
 
-def _register_cuda(lib) -> tuple[bool, str]:
+def _register_cuda(lib, load_cuda) -> tuple[bool, str]:
     try:
         has_gpu = bool(jax.devices("cuda"))
     except Exception:  # noqa: BLE001 - no CUDA backend in this JAX
         return False, "no CUDA backend"
     if not has_gpu:
         return False, "no CUDA devices"
-    from jaxpace import _native
-
-    ok, why = _native.cuda_available()
+    ok, why = load_cuda()
     if not ok:
         return False, why
     try:
