@@ -263,3 +263,12 @@ def test_batched_adaptive_gives_every_site_its_own_update(kw):
         for name, v in singles[j]._asdict().items():
             assert np.array_equal(np.asarray(v), getattr(state_b, name)[j], equal_nan=True), name
     assert batched(pol.__class__(pol.init, lambda o, s: (o, s))) is None  # a custom policy
+
+
+def test_fast_writer_writes_the_same_bytes_as_records_write_jsonl(tmp_path):
+    run = simulate_records("pure-bsp", nodes=2, steps=5, seed=3, policy="fixed:0.001")
+    fast = write_records(run, tmp_path / "fast")
+    slow = run.records.write_jsonl(tmp_path / "slow")
+    assert [p.name for p in fast] == [p.name for p in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert a.read_text() == b.read_text()

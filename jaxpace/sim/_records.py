@@ -461,9 +461,9 @@ def _to_records(
 def write_records(records: Records | SimRecords, directory: str | os.PathLike) -> list[Path]:
     """Writes `records-p{process}.jsonl` per process (docs/records.md), vectorized.
 
-    Same lines as `Records.write_jsonl`, built with NumPy string operations
-    (about 10x faster at millions of records). Each file is written to a
-    temporary name and renamed into place.
+    Same lines as `Records.write_jsonl`, formatted column-wise (several times
+    faster at millions of records). Each file is written to a temporary name
+    and renamed into place.
     """
     recs = records.records if isinstance(records, SimRecords) else records
     d = os.fspath(directory)
@@ -492,25 +492,27 @@ def write_records(records: Records | SimRecords, directory: str | os.PathLike) -
 
 
 def _step_lines(c: dict[str, np.ndarray], idx: np.ndarray, sites: np.ndarray) -> str:
-    """The JSONL text of records `idx` (one line each), by NumPy string concatenation."""
+    """The JSONL text of records `idx` (one line each, `step_record`'s keys in its order).
+
+    One `%`-format per line over columns turned into Python lists at once: about
+    4x faster than NumPy string concatenation (measured on 500k records).
+    """
     if idx.size == 0:
         return ""
-    S = np.dtypes.StringDType()
-
-    def s(a: np.ndarray) -> np.ndarray:
-        return a.astype(S)
-
+    keys = ("step", "rank", "process", "arrive_ns", "done_ns", "wait_ns", "delay_ns")
+    cols = [c[k][idx].tolist() for k in keys]
     dev = c["device"][idx]
-    dev_s = np.where(dev < 0, "null", s(dev)).astype(S)
-    eng = np.where(c["engaged"][idx], "true", "false").astype(S)
-    parts = [
-        '{"type":"step","site":', sites[c["site"][idx]].astype(S), ',"step":', s(c["step"][idx]),
-        ',"rank":', s(c["rank"][idx]), ',"process":', s(c["process"][idx]), ',"device":', dev_s,
-        ',"arrive_ns":', s(c["arrive_ns"][idx]), ',"done_ns":', s(c["done_ns"][idx]),
-        ',"wait_ns":', s(c["wait_ns"][idx]), ',"delay_ns":', s(c["delay_ns"][idx]),
-        ',"engaged":', eng, "}\n",
-    ]  # fmt: skip
-    acc = np.full(idx.size, "", dtype=S)
-    for part in parts:
-        acc = np.strings.add(acc, part)
-    return "".join(acc.tolist())
+    dev_s = np.where(dev < 0, "null", dev.astype(str)).tolist()
+    eng = np.where(c["engaged"][idx], "true", "false").tolist()
+    site = sites[c["site"][idx]].tolist()
+    fmt = (
+        '{"type":"step","site":%s,"step":%d,"rank":%d,"process":%d,"device":%s,'
+        '"arrive_ns":%d,"done_ns":%d,"wait_ns":%d,"delay_ns":%d,"engaged":%s}\n'
+    )
+    step, rank, proc, arr, done, wait, delay = cols
+    return "".join(
+        [
+            fmt % row
+            for row in zip(site, step, rank, proc, dev_s, arr, done, wait, delay, eng, strict=True)
+        ]
+    )
