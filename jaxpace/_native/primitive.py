@@ -4,13 +4,17 @@
 uses them keeps jit's C++ fast dispatch and works under `jax.checkpoint` + `jax.grad` and under
 `jax_enable_checks` (where `io_callback`'s IOEffect fails). They lower to XLA custom calls with
 `has_side_effect=True`, so XLA neither removes nor merges nor hoists them. JAX itself would drop
-an unused result of an effect-free primitive, so every result is consumed: `arrive`'s flag is
-tied into the collective's operand, `done`'s constant 1.0 is tied into its result (a select that
-never picks its other side: the result keeps its bits).
+an unused result of an effect-free primitive: `arrive`'s flag is tied into the collective's
+operand (a select that never picks its other side: the operand keeps its bits), and `done` is
+kept by a dead-code-elimination rule that always keeps it. `done`'s result is *not* tied into the
+collective's result: a tie there, though bit-preserving itself, changes how XLA fuses and
+simplifies the consumers (e.g. an optimizer update), which changed a train step's parameters in
+the last bit. Only if the keep rule is unavailable is `done`'s 1.0 tied into the result.
 
 JAX-internal access, all in `_register_jax_rules`: one partial-eval rule (remat) that treats
 the probes' outputs as saved residuals, so a checkpointed function's recomputation under grad
-reuses them instead of running the probes a second time (one record per step, no duplicates).
+reuses them instead of running the probes a second time (one record per step, no duplicates),
+and one DCE rule that keeps `done` although nothing reads its result.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ _TARGETS = {
 _registered: dict[str, tuple[bool, str]] = {}
 _reg_lock = threading.Lock()
 _REMAT_RULE: dict = {"ok": None, "why": ""}
+_KEEP_DONE: dict = {"ok": False}
 
 
 # ---------------------------------------------------------------------- avals
@@ -148,7 +153,25 @@ def _register_jax_rules() -> tuple[bool, str]:
         _REMAT_RULE.update(ok=True, why="")
     except Exception as e:  # noqa: BLE001 - internal API moved: measured calls skip remat
         _REMAT_RULE.update(ok=False, why=f"remat rule unavailable in this JAX ({e!r})")
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        def keep_done(used_outputs, eqn):
+            del used_outputs
+            return [True] * len(eqn.invars), eqn
+
+        pe.dce_rules[done_p] = keep_done
+        _KEEP_DONE["ok"] = True
+
+    except Exception:  # noqa: BLE001 - internal API moved: tie done's 1.0 into the result
+        _KEEP_DONE["ok"] = False
     return _REMAT_RULE["ok"], _REMAT_RULE["why"]
+
+
+def done_kept_by_rule() -> bool:
+    """Whether JAX keeps `done` through the DCE rule (else its 1.0 is tied into the result)."""
+    _register_jax_rules()
+    return bool(_KEEP_DONE["ok"])
 
 
 def remat_supported() -> tuple[bool, str]:
@@ -289,6 +312,8 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
         red = None
         reduced_for_done = _first_scalar(jax.tree_util.tree_leaves(out)[dep])
     one = lax.stop_gradient(done(reduced_for_done, flag, site_id, rank))
+    if done_kept_by_rule():
+        return out, red
     out_leaves, out_def = jax.tree_util.tree_flatten(out)
     out_leaves = list(out_leaves)
     out_leaves[dep] = _tie(out_leaves[dep], one < 0)  # done returns 1.0: the same bits
