@@ -280,11 +280,31 @@ def detection(out_dir: Path, lags_ms) -> list[dict]:
     return rows
 
 
+BEGIN = "<!-- begin: written by `python -m benchmarks`; edits here are overwritten -->"
+END = "<!-- end: written by `python -m benchmarks`; the sections below are kept as they are -->"
+
+
 def write_markdown(results: dict, path: Path) -> None:
+    """Rewrites the block between BEGIN and END in `path`, keeping everything else.
+
+    The sections after END (other benchmarks' figures and their reading) are
+    written by hand or by the other `python -m benchmarks <name>` commands.
+    """
+    block = "\n".join(_generated_lines(results))
+    old = path.read_text() if path.exists() else ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+    else:
+        head, tail = "", "\n" + old
+    path.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+
+
+def _generated_lines(results: dict) -> list[str]:
     lines = [
         "# Benchmarks",
         "",
-        "Produced by `python -m benchmarks` (this file is rewritten by it). Every overhead",
+        "The block below is produced by `python -m benchmarks`. Every overhead",
         "figure is a ratio of medians against `jax.lax.pmean` measured interleaved",
         "(A B A B ...) in the same run. Absolute times are from the machine named below.",
         "",
@@ -366,10 +386,7 @@ def write_markdown(results: dict, path: Path) -> None:
             f"{s['ranks']} ranks x {s['steps']:,} steps (`{s['scenario']}`, policy "
             f"{s['policy']}): {s['seconds']:.2f} s = {s['rank_steps_per_s']:,.0f} rank-steps/s.",
         ]
-    extra = HERE / "NOTES.md"
-    if extra.exists():
-        lines += ["", extra.read_text().strip()]
-    path.write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def main(argv=None) -> int:
