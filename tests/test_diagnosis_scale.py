@@ -39,7 +39,7 @@ def test_culprit_at_twice_the_jitter_is_named_among_4096_ranks():
     run = simulate_records(
         _scenario(),
         nodes=512,
-        steps=120,
+        steps=100,
         seed=3,
         faults=Faults(late_ranks=(3001,), late_s=2 * JITTER_S),
     )
@@ -58,7 +58,7 @@ def test_culprit_at_twice_the_jitter_is_named_among_4096_ranks():
 
 @pytest.mark.parametrize("nodes", [1, 8, 64, 512])
 def test_healthy_runs_name_nobody_at_every_size(nodes):
-    run = simulate_records(_scenario(), nodes=nodes, steps=120 if nodes == 512 else 200, seed=nodes)
+    run = simulate_records(_scenario(), nodes=nodes, steps=100 if nodes == 512 else 200, seed=nodes)
     assert run.truth.mode == "balanced" and run.truth.culprits == ()
     rep = _verdict(run)
     assert rep.culprit is None and rep.culprits == () and rep.late_groups == ()
