@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
+from jaxpace import _native as nat
 from jaxpace._runtime import watchdog as wd
 from jaxpace.errors import ConfigError, StallError
 
@@ -59,8 +60,8 @@ def test_ranges():
 # ---------------------------------------------------------------------- a real measured loop
 
 
-# A Python clock keeps the io_callback probes, whose arrival marks the watchdog reads
-# (the native probes' arrivals are not visible to it yet).
+# A Python clock keeps the io_callback probes (their marks are Python attributes); the
+# native-path cases below leave the clock alone and read the library's marks.
 def PY_CLOCK():
     return time.perf_counter_ns()
 
@@ -156,6 +157,106 @@ def test_on_stall_raise_delivers_stall_error_to_the_main_thread(tmp_path):
     assert pacer.stats()["s"].errors == 0  # no callback raised
 
 
+# ---------------------------------------------------------------------- native probes
+
+NATIVE_OK, NATIVE_WHY = nat.available()
+needs_native = pytest.mark.skipif(not NATIVE_OK, reason=f"native probes unavailable: {NATIVE_WHY}")
+
+
+def _native_site(name="n"):
+    """A registered one-rank native site, plus one jitted arrive and one jitted done on it."""
+    from jaxpace._native import primitive as prim
+    from jaxpace._runtime.sites import Site
+
+    sid = nat.allocate_site_id()
+    nat.register_site(sid, 1)
+    site = Site(name, 1, 64, jp.no_pacing(), None)
+    site.native, site.probe = (sid, None), "native XLA FFI probes (test)"
+    arrive = jax.jit(lambda t: prim.arrive(t, sid, jnp.int32(0))[0])
+    done = jax.jit(lambda f: prim.done(jnp.float32(1.0), f, sid, jnp.int32(0)))
+    return sid, site, arrive, done
+
+
+def _row(sid):
+    [(arrived, arrived_ns, done_step, arrivals)] = nat.site_progress(sid, 1).tolist()
+    return arrived, arrived_ns, done_step, arrivals
+
+
+@needs_native
+def test_native_progress_shows_an_open_step_until_done_and_stamps_after_the_sleep():
+    sid, _site, arrive, done = _native_site()
+    assert _row(sid) == (-1, 0, -1, 0)  # nothing arrived yet
+    t0 = nat.now_ns()
+    flag = arrive(jnp.float32(0.0)).block_until_ready()
+    arrived, arrived_ns, done_step, arrivals = _row(sid)
+    assert (arrived, done_step, arrivals) == (0, -1, 1)  # open: arrived, not done
+    assert t0 <= arrived_ns <= nat.now_ns()
+    done(flag).block_until_ready()
+    assert _row(sid)[0::2] == (0, 0)  # closed
+    # A pacing sleep: the arrival is stamped after it, so it never counts as time inside.
+    nat.set_site_max_delay(sid, 1.0)
+    nat.set_delay(sid, 0, 0.3)
+    t1 = nat.now_ns()
+    flag = arrive(jnp.float32(0.0)).block_until_ready()
+    arrived, arrived_ns, done_step, arrivals = _row(sid)
+    assert (arrived, done_step, arrivals) == (1, 0, 2)
+    assert arrived_ns - t1 >= 0.3e9
+    done(flag).block_until_ready()
+    assert _row(sid)[0::2] == (1, 1)
+
+
+@needs_native
+def test_native_steady_clock_is_time_monotonic():
+    # The handlers' steady_clock and Python's time.monotonic read one clock (CLOCK_MONOTONIC).
+    a = time.monotonic_ns()
+    b = nat.now_ns()
+    c = time.monotonic_ns()
+    assert a <= b <= c
+
+
+@needs_native
+def test_watchdog_reports_a_stall_at_a_native_site_from_the_library_marks(tmp_path, capfd):
+    sid, site, arrive, done = _native_site("native.site")
+    pacer = jp.Pacer(stall_after_s=0.5, run_dir=tmp_path)
+    pacer._sites["native.site"] = site  # the pacer's own sites carry the same fields
+    w = pacer._watchdog
+    for _ in range(wd.WARMUP_STEPS):  # warm-up steps allow 60 s: leave them behind
+        done(arrive(jnp.float32(0.0))).block_until_ready()
+    now = time.monotonic()
+    assert w.tick(now) and w._open == {} and w._last["state"] == "left"
+    arrive(jnp.float32(0.0)).block_until_ready()  # step 2 arrives and never finishes
+    w.tick(now)
+    assert w._open[("native.site", 0)][0] == wd.WARMUP_STEPS
+    assert w._last == {**w._last, "site": "native.site", "step": 2, "state": "in"}
+    assert w.stalls == []  # not yet stalled_after_s inside
+    w.tick(now + 1.0)
+    [rec] = w.stalls
+    assert (rec["role"], rec["site"], rec["step"]) == ("stalled", "native.site", 2)
+    assert rec["stalled_s"] >= 0.5
+    err = capfd.readouterr().err
+    assert "jaxpace: stalled" in err and "at native.site step 2" in err, err
+    assert "cannot see" not in err
+    pacer.close(timeout_s=2.0)
+
+
+@needs_native
+def test_a_pacing_sleep_never_counts_as_a_stall_on_the_native_path(tmp_path, capfd, caplog):
+    pacer = jp.Pacer(policy=jp.fixed(0.4), stall_after_s=0.1, run_dir=tmp_path)
+    f, x = _step_fn(pacer)
+    for _ in range(5):
+        f(x).block_until_ready()
+    ticks = pacer._watchdog.ticks
+    stats = pacer.stats()["s"]
+    pacer.close(timeout_s=2.0)
+    assert stats.probe.startswith("native"), stats.probe
+    assert ticks >= 5
+    assert stats.total_delay_s >= 1.1  # the native arrivals slept (drain lag: one step later)
+    assert pacer._watchdog.stalls == []
+    assert "stalled" not in capfd.readouterr().err
+    assert "cannot see" not in caplog.text
+    assert not (tmp_path / "stall-p0.json").exists()
+
+
 # ---------------------------------------------------------------------- who is missing
 
 
@@ -231,8 +332,17 @@ def test_declare_with_a_hung_coordinator_says_so(tmp_path, capfd):
 STALL_AFTER_S = 3.0
 
 
-def _job(launch, tmp_path, mode, *, on_stall="exit", stall_after_s=STALL_AFTER_S, extra=()):
-    run_dir = tmp_path / mode
+def _job(
+    launch,
+    tmp_path,
+    mode,
+    *,
+    on_stall="exit",
+    stall_after_s=STALL_AFTER_S,
+    extra=(),
+    probes="python",
+):
+    run_dir = tmp_path / f"{mode}-{probes}"
     proc = launch(
         [
             "-n",
@@ -254,6 +364,8 @@ def _job(launch, tmp_path, mode, *, on_stall="exit", stall_after_s=STALL_AFTER_S
             on_stall,
             "--run-dir",
             run_dir,
+            "--probes",
+            probes,
             *extra,
         ],
         timeout_s=200,
@@ -275,10 +387,16 @@ def _records(run_dir):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(260)
-def test_mp_process_that_never_arrives_is_named_and_exit_ends_the_job(launch, tmp_path):
-    proc, run_dir = _job(launch, tmp_path, "sleep", extra=["--process", 1, "--at-step", 20])
+@pytest.mark.parametrize("probes", ["python", pytest.param("native", marks=needs_native)])
+def test_mp_process_that_never_arrives_is_named_and_exit_ends_the_job(launch, tmp_path, probes):
+    proc, run_dir = _job(
+        launch, tmp_path, "sleep", extra=["--process", 1, "--at-step", 20], probes=probes
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == wd.STALL_EXIT_CODE, out[-4000:]
+    for r in range(4):  # the path the job asked for is the one that timed it
+        want = "native" if probes == "native" else "io_callback"
+        assert _lines(proc, r, f"PROBE mp.grads {want}"), out[-3000:]
     assert "stalled (jaxpace on_stall='exit'" in proc.stderr, proc.stderr[-2000:]
     [sleep_line] = _lines(proc, 1, "SLEEPING_AT")
     slept_at = float(sleep_line.split()[-1])

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_SITES",
     "allocate_site_id",
     "NATIVE_RECORD_DTYPE",
+    "PROGRESS_FIELDS",
     "available",
     "counters",
     "cuda_available",
@@ -38,10 +39,11 @@ __all__ = [
     "set_max_delay",
     "set_site_max_delay",
     "set_site_devices",
+    "site_progress",
     "wait_records",
 ]
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_SITES = 4096
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -121,6 +123,7 @@ def _declare(lib) -> None:
         "jaxpace_released": (ctypes.c_int, []),
         "jaxpace_drain": (i64, [i64, i64, vp, vp]),
         "jaxpace_site_counters": (ctypes.c_int, [i64, vp]),
+        "jaxpace_site_progress": (i64, [i64, vp, i64]),
         "jaxpace_wait_records": (u64, [u64, i64]),
         "jaxpace_cuda_load": (ctypes.c_int, [ctypes.c_char_p]),
         "jaxpace_cuda_error": (ctypes.c_char_p, []),
@@ -321,6 +324,31 @@ def counters(site_id: int) -> dict:
         raise ValueError(f"counters: unknown native site {site_id}")
     keys = ("pushed", "dropped", "unsampled", "overlaps", "capacity")
     return {k: int(v) for k, v in zip(keys, out, strict=True)}
+
+
+PROGRESS_FIELDS = ("arrived_step", "arrived_ns", "done_step", "arrivals")
+
+
+def site_progress(site_id: int, num_slots: int, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Each rank's progress at a native site, for the stall watchdog (lock-free, no drain).
+
+    Returns an int64 array of shape `(ranks, 4)`, columns `PROGRESS_FIELDS`: the last measured
+    step the rank arrived at (-1: none), when (`now_ns()` clock, taken after the pacing sleep),
+    the last measured step it finished (-1: none), and its arrivals counted. A rank with
+    `arrived_step > done_step` is inside the collective. `out` (shape `(num_slots, 4)`, int64,
+    C-contiguous) is reused when given.
+    """
+    if out is None:
+        out = np.zeros((max(int(num_slots), 0), 4), np.int64)
+    elif out.dtype != np.int64 or out.ndim != 2 or out.shape[1] != 4 or not out.flags.c_contiguous:
+        raise ValueError(
+            f"site_progress: `out` must be a C-contiguous int64 array of shape (ranks, 4), got "
+            f"{out.dtype} {out.shape}; pass None to allocate one"
+        )
+    n = _lib().jaxpace_site_progress(int(site_id), out.ctypes.data, int(out.shape[0]))
+    if n < 0:
+        raise ValueError(f"site_progress: unknown native site {site_id}")
+    return out[:n]
 
 
 def wait_records(seen: int, timeout_s: float) -> int:

@@ -5,7 +5,9 @@
 //                                          the rank's previous wait/step into `payload`
 //   Done(reduced, [flag, rank]) -> one          clock, one complete record into the site's ring
 // Off the hot path (Python, via ctypes): register sites, set pending delays, drain records,
-// release sleeps (`jaxpace_release_all`, also called on SIGTERM by the runtime).
+// release sleeps (`jaxpace_release_all`, also called on SIGTERM by the runtime), and read each
+// rank's progress for the stall watchdog (`jaxpace_site_progress`: last arrived step and when,
+// after the pacing sleep; last finished step; two relaxed stores per probe, no locks).
 //
 // CPU handlers use std::chrono::steady_clock. CUDA handlers (same .so, registered only when XLA
 // has a CUDA backend) record cudaEvents on XLA's stream and delay with cudaLaunchHostFunc; the
@@ -36,7 +38,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;  // 2: jaxpace_site_progress
 constexpr int kMaxSites = 4096;
 
 inline int64_t now_ns() {
@@ -100,7 +102,22 @@ struct RankState {
   std::atomic<int64_t> prev_step_ns{-1};
   std::atomic<int64_t> last_done_ns{-1};
   std::atomic<int64_t> overlaps{0};
+  // Stall watchdog (jaxpace_site_progress): last measured step arrived at + 1 (0: none) and
+  // when (steady clock, after the pacing sleep, so a sleep never counts), last step done + 1.
+  std::atomic<int64_t> wd_arrived{0};
+  std::atomic<int64_t> wd_arrived_ns{0};
+  std::atomic<int64_t> wd_done{0};
 };
+
+// Marks (for the watchdog) that rank `st` arrived at `step` at `t`: the time first, then the
+// step with release, so a reader that sees the step (acquire) sees its time.
+inline void wd_arrive(RankState& st, int64_t step, int64_t t) {
+  st.wd_arrived_ns.store(t, std::memory_order_relaxed);
+  st.wd_arrived.store(step + 1, std::memory_order_release);
+}
+inline void wd_done(RankState& st, int64_t step) {
+  st.wd_done.store(step + 1, std::memory_order_release);
+}
 
 struct GpuPair;  // CUDA bookkeeping, defined below
 
@@ -226,7 +243,11 @@ ffi::Error ArriveCpu(ffi::BufferR1<ffi::S32> tr, ffi::ResultBufferR0<ffi::S32> f
   int32_t f = arrive_common(s, r, t, &delay, &step);
   if (f > 0 && len > 0) fill_payload(s, s->ranks[r], r, p, len);
   int64_t slept = interruptible_sleep(delay, &s->released);
-  if (f > 0) s->ranks[r].open_delay_ns.store(slept, std::memory_order_relaxed);
+  if (f > 0) {
+    s->ranks[r].open_delay_ns.store(slept, std::memory_order_relaxed);
+    // After the sleep (a sleep is never a stall); no second clock read without one.
+    wd_arrive(s->ranks[r], step, slept > 0 ? now_ns() : t);
+  }
   flag->typed_data()[0] = f;
   return ffi::Error::Success();
 }
@@ -236,6 +257,7 @@ void done_record(Site* s, int32_t r, int64_t t_done, int64_t wait_ns, int32_t fl
   RankState& st = s->ranks[r];
   int64_t step = st.open_step.exchange(-1, std::memory_order_acq_rel);
   if (step < 0) return;  // no open arrive: nothing to close
+  wd_done(st, step);
   int64_t t_arr = st.open_arrive_ns.load(std::memory_order_relaxed);
   if (wait_ns < 0) wait_ns = t_done - t_arr;
   if (wait_ns < 0) return;  // a clock that went backwards: trust nothing
@@ -368,6 +390,9 @@ ffi::Error ArriveCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR1<ffi::S
       gs.state = 1;
       g_cuda.EventRecord(gs.ev_arrive, stream);
       s->ranks[r].open_delay_ns.store(delay, std::memory_order_relaxed);
+      // Host time of the enqueue plus the delay the stream sleeps first; done is marked when
+      // the drain sees the done event complete (poll_gpu). Not yet run on a GPU.
+      wd_arrive(s->ranks[r], step, t + delay);
     }
     if (delay > 0) g_cuda.LaunchHostFunc(stream, host_sleep_fn, new HostSleep{delay, &s->released});
   }
@@ -429,6 +454,7 @@ void poll_gpu(Site* s) {
       g_cuda.EventElapsedTime(&ms, gs.ev_arrive, gs.ev_done);
       int64_t wait = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
       RankState& st = s->ranks[r];
+      wd_done(st, gs.step);
       st.prev_wait_ns.store(wait, std::memory_order_relaxed);
       int64_t t_done = gs.host_arrive_ns + wait;  // host timeline estimate; durations are exact
       int64_t last = st.last_done_ns.exchange(t_done, std::memory_order_relaxed);
@@ -605,6 +631,26 @@ int jaxpace_site_counters(int64_t id, int64_t* counters) {
   counters[3] = overlaps;
   counters[4] = s->capacity;
   return 0;
+}
+
+// Stall watchdog: for ranks 0..min(n, num_slots)-1 of site `id`, writes 4 int64 per rank into
+// `out`: last measured step arrived at (-1: none), its steady-clock ns after the pacing sleep,
+// last measured step finished (-1: none), and arrivals counted (sampled or not). Lock-free
+// reads; a rank arrived at step k and not done with it has arrived > done. Returns the ranks
+// written, or -1 for an unknown site.
+int64_t jaxpace_site_progress(int64_t id, int64_t* out, int64_t n) {
+  Site* s = site_of(id);
+  if (s == nullptr || out == nullptr || n < 0) return -1;
+  int64_t m = std::min<int64_t>(n, s->num_slots);
+  for (int64_t r = 0; r < m; ++r) {
+    const RankState& st = s->ranks[r];
+    int64_t a = st.wd_arrived.load(std::memory_order_acquire);
+    out[4 * r] = a - 1;
+    out[4 * r + 1] = a > 0 ? st.wd_arrived_ns.load(std::memory_order_relaxed) : 0;
+    out[4 * r + 2] = st.wd_done.load(std::memory_order_acquire) - 1;
+    out[4 * r + 3] = st.next_step.load(std::memory_order_relaxed);
+  }
+  return m;
 }
 
 // Blocks (GIL released by ctypes) until more records than `seen` were pushed, the timeout

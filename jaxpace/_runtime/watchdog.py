@@ -1,10 +1,13 @@
 """Stall watchdog: when this process sits in a measured collective too long, name who is missing.
 
 One daemon thread per `Pacer` (started at its first trace, stopped by `close`).
-It never runs inside a JAX callback and never blocks one: the callbacks only
-store two integers per step (`RankState.wd_in` after the pacing sleep,
-`RankState.wd_out` when the collective is done); this thread reads them on its
-own clock. A pacing sleep never counts: `wd_in` is stored after it.
+It never runs inside a JAX callback and never blocks one: the probes only
+store two integers per step, which this thread reads on its own clock. The
+io_callback probes set `RankState.wd_in` after the pacing sleep and
+`RankState.wd_out` when the collective is done; the native probes keep the same
+marks in atomics inside their library (with the arrival's steady-clock time),
+read here lock-free with `jaxpace._native.site_progress`. A pacing sleep never
+counts: the arrival is marked after it, on both paths.
 
 Every key-value store call runs on a helper thread with a bounded wait, so a
 hung or dead coordinator gives "the coordinator does not answer", never a hang.
@@ -36,7 +39,10 @@ import time
 import weakref
 from typing import Any
 
+import numpy as np
+
 from jaxpace import _jax_compat
+from jaxpace import _native as nat
 from jaxpace._validate import check_choice, check_number
 from jaxpace.errors import ConfigError, StallError
 
@@ -213,7 +219,7 @@ class Watchdog:
         self._answered: set[int] = set()
         self._published: tuple | None = None
         self._published_at = -1e18
-        self._warned_native: set[str] = set()
+        self._progress_bufs: dict[int, Any] = {}  # native site id -> reused progress buffer
         self.ticks = 0
         self._kv: _BoundedKV | None = None
         self.me, self.nproc, self.host = 0, 1, socket.gethostname()
@@ -292,21 +298,44 @@ class Watchdog:
                 self.declare(site, step, stalled, counts)
         return True
 
+    def _marks_of(self, site: Any) -> list[tuple[int, int, float | None, int, int]]:
+        """`(rank, arrived step, its age in s or None, done step, arrivals)` of a site's ranks.
+
+        Native sites: read from the library (lock-free, one call, bounded by the site's ranks),
+        the age measured on the handlers' own clock. io_callback sites: the Python marks.
+        """
+        native = getattr(site, "native", None)
+        if native is not None and (getattr(site, "probe", "") or "").startswith("native"):
+            sid = native[0]
+            try:
+                buf = self._progress_bufs.get(sid)
+                if buf is None:
+                    buf = self._progress_bufs[sid] = np.zeros((site.num_slots, 4), np.int64)
+                rows = nat.site_progress(sid, site.num_slots, out=buf)
+                t = nat.now_ns()
+            except (RuntimeError, ValueError):
+                rows = None
+            if rows is not None:
+                active = np.flatnonzero((rows[:, 0] >= 0) | (rows[:, 2] >= 0) | (rows[:, 3] > 0))
+                return [
+                    (
+                        int(r),
+                        int(rows[r, 0]),
+                        max(0.0, (t - int(rows[r, 1])) / 1e9) if rows[r, 0] >= 0 else None,
+                        int(rows[r, 2]),
+                        int(rows[r, 3]),
+                    )
+                    for r in active
+                ]
+        return [
+            (rank, st.wd_in, None, st.wd_out, st.next_step) for rank, st in list(site.ranks.items())
+        ]
+
     def _scan(self, p: Any, now: float) -> dict[str, int]:
         counts: dict[str, int] = {}
         for name, site in list(p._sites.items()):
-            if (getattr(site, "probe", "") or "").startswith("native") and (
-                name not in self._warned_native
-            ):
-                self._warned_native.add(name)
-                log.warning(
-                    "jaxpace: the stall watchdog cannot see arrivals at %s (native probes); "
-                    "stalls there are not reported.",
-                    name,
-                )
-            for rank, st in list(site.ranks.items()):
-                counts[name] = max(counts.get(name, 0), st.next_step)
-                a, d = st.wd_in, st.wd_out
+            for rank, a, age, d, arrivals in self._marks_of(site):
+                counts[name] = max(counts.get(name, 0), arrivals)
                 key = (name, rank)
                 if self._marks.get(key) != (a, d):
                     self._marks[key] = (a, d)
@@ -329,7 +358,8 @@ class Watchdog:
                 if a > d:
                     prev = self._open.get(key)
                     if prev is None or prev[0] != a:
-                        self._open[key] = (a, now)
+                        # Native: the arrival's own time; io_callback: when first seen here.
+                        self._open[key] = (a, now - age if age is not None else now)
                 else:
                     self._open.pop(key, None)
         return counts
@@ -381,7 +411,7 @@ class Watchdog:
         s = p._sites.get(site) if p is not None else None
         if s is None:
             return False
-        return any(st.wd_in == step and st.wd_in > st.wd_out for st in list(s.ranks.values()))
+        return any(a == step and a > d for _r, a, _age, d, _n in self._marks_of(s))
 
     def _read_dir(self, sub: str) -> list[dict] | None:
         ok, got = self._kv.call(lambda c: c.key_value_dir_get(f"{self.prefix}/{sub}"))

@@ -8,6 +8,9 @@ Modes:
                with plain jax.lax first" (just above 3 step times).
   coordinator  process 0 (it hosts the jax.distributed key-value service) freezes itself
                (SIGSTOP) before the collective of step `--at-step`.
+`--probes python` (default) passes a Python clock, which keeps the io_callback probes; `native`
+leaves the default (the native XLA FFI probes on CPU), whose marks the watchdog reads from the
+library. Each process prints `PROBE <site> <path>` after its first step.
 Every step blocks (`block_until_ready`): plain JAX can hang on 2 shared cores otherwise.
 """
 
@@ -26,6 +29,7 @@ ap.add_argument("--steps", type=int, default=40)
 ap.add_argument("--stall-after-s", type=float, default=3.0)
 ap.add_argument("--on-stall", default="exit")
 ap.add_argument("--run-dir", required=True)
+ap.add_argument("--probes", default="python", choices=["python", "native"])
 args = ap.parse_args()
 
 pid, nproc = jl.init_from_env(platform="cpu")
@@ -64,13 +68,9 @@ if args.mode == "healthy" and stall_after_s == 0:
     stall_after_s = 3.5 * float(np.quantile(times, 0.9))
     print(f"STALL_AFTER_S {stall_after_s:.4f}", flush=True)
 
-pacer = jp.Pacer(
-    stall_after_s=stall_after_s,
-    on_stall=args.on_stall,
-    run_dir=args.run_dir,
-    # A Python clock keeps the io_callback probes, whose arrival marks the watchdog reads.
-    clock=lambda: time.perf_counter_ns(),
-)
+# A Python clock keeps the io_callback probes; without one the native probes time the sites.
+clock = {"clock": lambda: time.perf_counter_ns()} if args.probes == "python" else {}
+pacer = jp.Pacer(stall_after_s=stall_after_s, on_stall=args.on_stall, run_dir=args.run_dir, **clock)
 grads = jax.jit(jax.shard_map(lambda v: pacer.psum(jnp.tanh(v), "data", site="mp.grads"), **spec))
 loss = jax.jit(jax.shard_map(lambda v: pacer.psum(v * 2, "data", site="mp.loss"), **spec))
 
@@ -86,6 +86,9 @@ for step in range(steps):
         grads(x).block_until_ready()
     if args.mode == "skip":
         loss(x).block_until_ready()
+    if step == 0:
+        for name, st in sorted(pacer.stats().items()):
+            print(f"PROBE {name} {(st.probe or '?').split(' ')[0]}", flush=True)
 print(f"{args.mode.upper()}_DONE {steps}", flush=True)
 if args.mode != "healthy":
     time.sleep(120)  # the others are stuck: let their watchdogs end the job
