@@ -75,13 +75,16 @@ class RankStats:
       ci_low_s, ci_high_s: 95% confidence interval of `excess_lateness_s`
         (Student t over steps; ignores autocorrelation).
       compute_s, delay_s, sync_wait_s, transfer_s: mean phase times per step.
-      late: significantly later than the median rank after correcting for
+      late: significantly later than the median rank, or last to arrive
+        significantly more often than chance (1/R), after correcting for
         testing every rank (Holm-adjusted p below `stages.culprit.ALPHA`), and
         by more than the noise floor.
       z: that test's statistic: the excess over the median rank in units of its
         standard error (batch means over steps, plus the spread healthy ranks
         show); >= 5 is overwhelming evidence at any rank count.
-      p_adjusted: its one-sided p-value, Holm-adjusted over all ranks, in [0, 1].
+      p_adjusted: the smaller of the two tests' one-sided p-values (excess
+        lateness; last-arrival frequency, batch means over steps), each
+        Holm-adjusted over all ranks, in [0, 1].
     """
 
     rank: int

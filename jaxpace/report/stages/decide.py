@@ -41,9 +41,10 @@ def decisions(
         out.append(
             f"Straggler: rank {rs.rank} ({rs.host}, process {rs.process}) is "
             f"{format_ms(rs.excess_lateness_s)} later than a typical rank (95% CI "
-            f"{format_ms(rs.ci_low_s)} to {format_ms(rs.ci_high_s)}); confidence: z = "
-            f"{rs.z:.1f}, Holm p = {_p(rs.p_adjusted)} over {R} ranks."
-            + _cost(by_name, f"rank {rs.rank}")
+            f"{format_ms(rs.ci_low_s)} to {format_ms(rs.ci_high_s)}), last to arrive in "
+            f"{rs.last_fraction:.0%} of steps; confidence: z = {rs.z:.1f}, Holm p = "
+            f"{_p(rs.p_adjusted)} over {R} ranks (the smaller of the lateness and "
+            "last-arrival tests)." + _cost(by_name, f"rank {rs.rank}")
         )
     if len(c.culprit_indices) > 10:
         out.append(f"... and {len(c.culprit_indices) - 10} more late ranks (see the ranking).")
