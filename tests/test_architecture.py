@@ -57,9 +57,7 @@ def _imports(mod: str, path: Path) -> set[str]:
                 src = node.module or ""
             # `from pkg import sub` imports the submodule `pkg.sub`; `from mod
             # import name` imports `mod`.
-            names = [
-                f"{src}.{a.name}" if f"{src}.{a.name}" in MODULES else src for a in node.names
-            ]
+            names = [f"{src}.{a.name}" if f"{src}.{a.name}" in MODULES else src for a in node.names]
         else:
             continue
         if isinstance(node, ast.ImportFrom) and _in_type_checking(tree, node):

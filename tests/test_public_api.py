@@ -1,7 +1,5 @@
 """The curated namespace: every `__all__` name resolves, and the list is sorted."""
 
-import importlib
-
 import jaxpace
 
 
