@@ -630,8 +630,16 @@ def _run(
     steps: int,
     lag: int,
     progress: Callable[[int], None] | None,
+    *,
+    block_hook: Callable[[int, int, np.ndarray, np.ndarray], tuple] | None = None,
+    on_step: Callable[..., None] | None = None,
 ) -> tuple[np.ndarray, float, int, float]:
-    """The step loop; returns `(step times, total delay, engaged steps, spin rank-seconds)`."""
+    """The step loop; returns `(step times, total delay, engaged steps, spin rank-seconds)`.
+
+    `block_hook(k, n, compute, transfer)` may change a block's draws before it
+    runs (injected faults); `on_step(step, waits, bucket_ends, delays, transfer_s)`
+    sees each step (the records writer). Both default to nothing.
+    """
     R, B = su.ranks, su.buckets
     sites = _PolicySites(pol, su.n_sites, R)
     # pending[slot][site]: the delays decided `lag` steps before the step using `slot`.
@@ -644,6 +652,8 @@ def _run(
     while k < steps:
         n = min(_BLOCK_STEPS, steps - k)
         comp, t_coll = draws.block(k, n)
+        if block_hook is not None:
+            comp, t_coll = block_hook(k, n, comp, t_coll)
         for t in range(n):
             slot = (k + t) % lag
             D = pending[slot]
@@ -653,6 +663,8 @@ def _run(
             for sp in spins:
                 spin_sum += sp
             step_times[k + t] = step
+            if on_step is not None:
+                on_step(k + t, waits, spin_v, D, t_coll[t])
             if D.any():
                 engaged += 1
                 total_delay += float(D.sum())

@@ -26,13 +26,10 @@ from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
 from jaxpace.report.records import Records
 from jaxpace.sim._engine import (
-    _BLOCK_STEPS,
     SimResult,
     _Draws,
-    _node_coupled_compute,
-    _PolicySites,
     _result,
-    _run_buckets,
+    _run,
     _Setup,
     resolve_policy,
 )
@@ -322,23 +319,16 @@ def simulate_records(
 
 
 def _record_loop(draws, su, pol, steps, lag, faults: Faults, seed: int) -> dict[str, Any]:
-    """`simulate`'s step loop, keeping each site's arrivals, ends and sleeps."""
-    R, B, S_n = su.ranks, su.buckets, su.n_sites
-    sites = _PolicySites(pol, S_n, R)
-    pending = [np.zeros((S_n, R)) for _ in range(lag)]
+    """`simulate`'s own step loop with the faults injected, keeping each site's timings."""
+    R, S_n = su.ranks, su.n_sites
     arrive = np.empty((S_n, steps, R))
     last = np.empty((S_n, steps))
     delay = np.zeros((S_n, steps, R), dtype=np.float32) if pol.max_delay_s > 0 else None
     t_coll_all = np.empty(steps)
-    step_times = np.empty(steps)
-    total_delay, engaged_steps, spin_sum = 0.0, 0, 0.0
-    spin_u, spin_v = np.empty((B, R)), np.empty(B)
     extra = _fault_compute(faults, su.g, R)
     r_fault = np.random.default_rng([seed, 7])
-    k = 0
-    while k < steps:
-        n = min(_BLOCK_STEPS, steps - k)
-        comp, t_coll = draws.block(k, n)
+
+    def inject(k, n, comp, t_coll):
         comp = comp + extra
         ks = np.arange(k, k + n)
         if faults.periodic_every > 0:
@@ -350,25 +340,19 @@ def _record_loop(draws, su, pol, steps, lag, faults: Faults, seed: int) -> dict[
             t_coll = np.where(
                 spikes, t_coll * r_fault.uniform(faults.spike_min, faults.spike_max, n), t_coll
             )
-        for t in range(n):
-            slot = (k + t) % lag
-            D = pending[slot]
-            a = _node_coupled_compute(comp[t], D[0], su) if su.node_coupled else comp[t]
-            jit = draws.bucket_jitter()
-            step, waits, spins = _run_buckets(a, D, jit, t_coll[t], su, spin_u, spin_v)
-            spin_sum += sum(spins)
-            step_times[k + t] = step
-            t_coll_all[k + t] = t_coll[t]
-            for j in range(S_n):
-                last[j, k + t] = spin_v[j]
-                arrive[j, k + t] = spin_v[j] - waits[j]
-            if delay is not None:
-                delay[:, k + t] = D
-            if D.any():
-                engaged_steps += 1
-                total_delay += float(D.sum())
-            pending[slot] = sites.decide(waits, step)
-        k += n
+        return comp, t_coll
+
+    def keep(step, waits, ends, D, t_coll):
+        t_coll_all[step] = t_coll
+        for j in range(S_n):
+            last[j, step] = ends[j]
+            arrive[j, step] = ends[j] - waits[j]
+        if delay is not None:
+            delay[:, step] = D
+
+    step_times, total_delay, engaged_steps, spin_sum = _run(
+        draws, su, pol, steps, lag, None, block_hook=inject, on_step=keep
+    )
     return {
         "arrive": arrive, "last": last, "delay": delay, "t_coll": t_coll_all,
         "step_times": step_times, "total_delay": total_delay, "engaged_steps": engaged_steps,
