@@ -50,9 +50,9 @@ class Runtime(Protocol):
         """The host state of a measured site (created on first use)."""
 
     def arrive(self, site: Any, rank: int) -> tuple[np.ndarray, np.int32]:
-        """Pre-collective body: `(payload, flag)`; sleeps the pending delay."""
+        """Pre-collective body: `(payload, step_tag)`; sleeps the pending delay."""
 
-    def done(self, site: Any, rank: int, flag: int, reduced: Any, scale: float) -> None:
+    def done(self, site: Any, rank: int, step_tag: int, reduced: Any, scale: float) -> None:
         """Post-collective body: closes the record and runs the policy."""
 
 
@@ -441,9 +441,9 @@ def _measured_io_callback(
     leaves = jax.tree_util.tree_leaves(x)
     tok = _token(leaves)
     rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
-    payload, flag = pre(tok, rank)
-    out, red = reduce(x, payload, flag)
-    post(lax.stop_gradient(red), flag, rank)
+    payload, step_tag = pre(tok, rank)
+    out, red = reduce(x, payload, step_tag)
+    post(lax.stop_gradient(red), step_tag, rank)
     return out
 
 
@@ -453,8 +453,8 @@ def _io_pre(rt, site_obj, granularity, n_pay, table, am):
     def pre_cb(tok, rank):
         del tok
         r = jax.process_index() if granularity == "process" else int(rank)
-        payload, flag = rt.arrive(site_obj, r)
-        return payload, flag
+        payload, step_tag = rt.arrive(site_obj, r)
+        return payload, step_tag
 
     # Without exchange (measure-only or fixed delays) the user's operands are the
     # all-reduce's only operands, exactly as in lax: the pre-callback is tied in
@@ -500,26 +500,26 @@ def _io_pre(rt, site_obj, granularity, n_pay, table, am):
 def _io_post(rt, site_obj, granularity, exchange, scale):
     """The post-collective io_callback (record, policy), where the pre one measured."""
 
-    def post_cb(reduced, flag, rank):
+    def post_cb(reduced, step_tag, rank):
         r = jax.process_index() if granularity == "process" else int(rank)
-        rt.done(site_obj, r, int(flag), np.asarray(reduced) if exchange else None, scale)
+        rt.done(site_obj, r, int(step_tag), np.asarray(reduced) if exchange else None, scale)
         return np.int32(0)
 
     def call_post(args):
-        red, fl, r = args
-        return io_callback(post_cb, jax.ShapeDtypeStruct((), jnp.int32), red, fl, r, ordered=False)
+        red, tag, r = args
+        return io_callback(post_cb, jax.ShapeDtypeStruct((), jnp.int32), red, tag, r, ordered=False)
 
     def skip_post(args):
         return jnp.int32(0)
 
     @jax.custom_batching.custom_vmap
-    def post(reduced, flag, rank):
-        return lax.cond(flag > 0, call_post, skip_post, (reduced, flag, rank))
+    def post(reduced, step_tag, rank):
+        return lax.cond(step_tag > 0, call_post, skip_post, (reduced, step_tag, rank))
 
     @post.def_vmap
-    def post_vmap(axis_size, in_batched, reduced, flag, rank):
+    def post_vmap(axis_size, in_batched, reduced, step_tag, rank):
         del axis_size
-        return post(*_unbatch((reduced, flag, rank), in_batched)), False
+        return post(*_unbatch((reduced, step_tag, rank), in_batched)), False
 
     return post
 
@@ -528,17 +528,17 @@ def _io_reduce(lax_fn, exchange, axis_name, axis_index_groups):
     """The collective with the arrival tied in, under lax's own tangent rule."""
 
     @jax.custom_jvp
-    def reduce(x, payload, flag):
+    def reduce(x, payload, step_tag):
         leaves, tdef = jax.tree_util.tree_flatten(x)
         dep = _dependency_leaf(leaves)
         if exchange or dep is None:
             return lax_fn((x, payload), axis_name, axis_index_groups=axis_index_groups)
-        # `flag` is never negative, so this rewrites the leaf's first element
+        # `step_tag` is never negative, so this rewrites the leaf's first element
         # with itself, bit for bit; XLA cannot know that, so the collective
         # waits for the pre-callback. An in-place one-element update, not a
         # pass over the whole leaf (a full select cost 2x at 1M elements).
         leaves = list(leaves)
-        leaves[dep] = _tie_first_element(leaves[dep], flag < 0)
+        leaves[dep] = _tie_first_element(leaves[dep], step_tag < 0)
         out = lax_fn(
             jax.tree_util.tree_unflatten(tdef, leaves),
             axis_name,
@@ -548,8 +548,8 @@ def _io_reduce(lax_fn, exchange, axis_name, axis_index_groups):
 
     @reduce.defjvp
     def reduce_jvp(primals, tangents):
-        xp, payload, flag = primals
-        out, red = reduce(xp, payload, flag)
+        xp, payload, step_tag = primals
+        out, red = reduce(xp, payload, step_tag)
         out_t = _tangent(lax_fn, tangents[0], out, axis_name, axis_index_groups)
         # `red` only feeds the post-callback, through stop_gradient: its tangent is unused.
         return (out, red), (out_t, jnp.zeros_like(red))

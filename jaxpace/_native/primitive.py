@@ -4,7 +4,7 @@
 uses them keeps jit's C++ fast dispatch and works under `jax.checkpoint` + `jax.grad` and under
 `jax_enable_checks` (where `io_callback`'s IOEffect fails). They lower to XLA custom calls with
 `has_side_effect=True`, so XLA neither removes nor merges nor hoists them. JAX itself would drop
-an unused result of an effect-free primitive: `arrive`'s flag is tied into the collective's
+an unused result of an effect-free primitive: `arrive`'s step_tag is tied into the collective's
 operand (a select that never picks its other side: the operand keeps its bits), and `done` is
 kept by a dead-code-elimination rule that always keeps it. `done`'s result is *not* tied into the
 collective's result: a tie there, though bit-preserving itself, changes how XLA fuses and
@@ -243,24 +243,24 @@ def arrive(token, site_id: int, rank, payload_size: int = 0):
       payload_size: length of the exchange payload to produce (0: none).
 
     Returns:
-      `(flag, payload)`: flag is `step + 1` (int32, > 0) when this arrival is measured, else 0;
+      `(step_tag, payload)`: step_tag is `step + 1` (int32, > 0) when this arrival is measured, else 0;
       payload is float32 `(payload_size,)`, zero except this rank's previous wait, presence and
       step time at its slot (layout of `jaxpace._exchange`).
     """
     tok_bits = lax.bitcast_convert_type(jnp.asarray(token, jnp.float32), jnp.int32)
     tr = jnp.stack([tok_bits, jnp.asarray(rank, jnp.int32)])
-    flag, payload = arrive_p.bind(tr, site=int(site_id), payload_size=int(payload_size))
-    return flag, payload
+    step_tag, payload = arrive_p.bind(tr, site=int(site_id), payload_size=int(payload_size))
+    return step_tag, payload
 
 
-def done(reduced, flag, site_id: int, rank):
+def done(reduced, step_tag, site_id: int, rank):
     """Closes this shard's measured step at site `site_id`; returns a float32 1.0 to tie in.
 
     `reduced` is the collective's reduced payload (or a scalar read from its result): the data
     dependency that orders `done` after the collective. Its values are kept with the record.
     """
     red = jnp.ravel(jnp.asarray(reduced, jnp.float32))
-    fr = jnp.stack([jnp.asarray(flag, jnp.int32), jnp.asarray(rank, jnp.int32)])
+    fr = jnp.stack([jnp.asarray(step_tag, jnp.int32), jnp.asarray(rank, jnp.int32)])
     return done_p.bind(red, fr, site=int(site_id))
 
 
@@ -299,19 +299,19 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     for leaf, s in zip(leaves, sizes, strict=True):
         if s > 0:
             tok = tok + _first_scalar(leaf)
-    flag, payload = arrive(lax.stop_gradient(tok), site_id, rank, payload_size)
-    flag = lax.stop_gradient(flag)
+    step_tag, payload = arrive(lax.stop_gradient(tok), site_id, rank, payload_size)
+    step_tag = lax.stop_gradient(step_tag)
     if payload_size > 0:
         out, red = reduce((x, lax.stop_gradient(payload)))
         red = lax.stop_gradient(red)
         reduced_for_done = red
     else:
         leaves = list(leaves)
-        leaves[dep] = _tie(leaves[dep], flag < 0)  # flag >= 0 always: the same bits
+        leaves[dep] = _tie(leaves[dep], step_tag < 0)  # step_tag >= 0 always: the same bits
         out = reduce(jax.tree_util.tree_unflatten(tdef, leaves))
         red = None
         reduced_for_done = _first_scalar(jax.tree_util.tree_leaves(out)[dep])
-    one = lax.stop_gradient(done(reduced_for_done, flag, site_id, rank))
+    one = lax.stop_gradient(done(reduced_for_done, step_tag, site_id, rank))
     if done_kept_by_rule():
         return out, red
     out_leaves, out_def = jax.tree_util.tree_flatten(out)

@@ -109,7 +109,7 @@ class Hooks:
     def arrive(self, site: Site, rank: int) -> tuple[np.ndarray, np.int32]:
         """Pre-collective callback body: record arrival, sleep the pending delay.
 
-        Returns `(payload, flag)`: the exchange payload (empty without exchange)
+        Returns `(payload, step_tag)`: the exchange payload (empty without exchange)
         and `1 + step` when this step is sampled, else 0. Never raises: any
         error gives "no delay" and an all-zero payload.
         """
@@ -160,13 +160,13 @@ class Hooks:
         )
 
     def done(
-        self, site: Site, rank: int, flag: int, reduced: np.ndarray | None, scale: float
+        self, site: Site, rank: int, step_tag: int, reduced: np.ndarray | None, scale: float
     ) -> None:
         """Post-collective callback body: close the record, run the policy."""
         p = self._p
         try:
             t = now_ns(p.clock)
-            if flag <= 0:
+            if step_tag <= 0:
                 return
             st = site.rank(rank)
             if t is None:
@@ -175,7 +175,7 @@ class Hooks:
                     st.prev_step_s = math.nan
                     st.pending_delay_s = 0.0
                 return
-            step = int(flag) - 1
+            step = int(step_tag) - 1
             if p._fault_hook is not None:
                 p._fault_hook("post", site.name, rank, step)
             self._finish(site, st, rank, step, t, reduced, scale)
