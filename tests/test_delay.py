@@ -1,9 +1,11 @@
 """The delay stage's process-wide state: installed once, by the first pacer that can sleep."""
 
+import gc
 import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 
 import pytest
 
@@ -58,12 +60,12 @@ def test_stop_registry_is_weak_and_release_all_sets_live_events():
     _delay.register_stop(ev)
     gone = threading.Event()
     _delay.register_stop(gone)
-    n = len(_delay._STOPS)
+    ref = weakref.ref(gone)
+    assert gone in _delay._STOPS
     del gone
-    import gc
-
     gc.collect()
-    assert len(_delay._STOPS) == n - 1  # collected pacers drop out: the set never grows
+    assert ref() is None  # the registry holds no strong reference: collected pacers drop out
+    assert ev in _delay._STOPS
     _delay.release_all()
     assert ev.is_set()
 

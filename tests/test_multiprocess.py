@@ -169,10 +169,15 @@ def test_config_mismatch_fails_on_every_process(launch):
     assert "NO ERROR" not in proc.stdout
 
 
-def test_launcher_failing_rank_fails_fast_with_its_output(launch):
+def test_launcher_failing_rank_fails_fast_with_its_output(launch, tmp_path):
+    # Rank 1 fails only once rank 0 has printed (a file says so; bounded wait), so a
+    # slow interpreter start on a loaded machine cannot reorder the two.
+    ready = tmp_path / "rank0-printed"
     code = (
         "import os, sys, time; r = os.environ['JAXPACE_PROCESS_ID'];"
         "print('hello from', r, flush=True);"
+        f"r == '0' and open({str(ready)!r}, 'w').close();"
+        f"[time.sleep(0.05) for _ in range(600) if r == '1' and not os.path.exists({str(ready)!r})];"
         "(sys.exit('boom on rank 1') if r == '1' else time.sleep(60))"
     )
     proc = launch(["-n", 3, "--timeout", 50, "--", sys.executable, "-c", code], timeout_s=60)
