@@ -313,6 +313,9 @@ def _generated_lines(results: dict) -> list[str]:
         "",
         "## Collective overhead, single process, 8 CPU devices",
         "",
+        "The operand is a jit argument here, which the arrival tie makes XLA copy; see the",
+        "native probes' section below for operands computed in the program.",
+        "",
         "| elements | leaves | lax median | measure/process | measure/device | adaptive (balanced) | sample_every=10 |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
