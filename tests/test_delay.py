@@ -55,7 +55,10 @@ def test_sigterm_release_is_installed_by_the_first_pacer_that_can_sleep_not_by_c
     assert lines["TRACED_PACED"].startswith("False") and "jaxpace-sigterm" in lines["TRACED_PACED"]
 
 
-def test_stop_registry_is_weak_and_release_all_sets_live_events():
+def test_stop_registry_is_weak_and_release_all_sets_live_events(monkeypatch):
+    # A registry of this test's own: the process-wide one also holds the native
+    # probes' SIGTERM event, and setting that releases every native sleep for good.
+    monkeypatch.setattr(_delay, "_STOPS", weakref.WeakSet())
     ev = threading.Event()
     _delay.register_stop(ev)
     gone = threading.Event()
