@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import tracemalloc
 import warnings
 
 import jax
@@ -686,43 +685,75 @@ def test_no_cpu_backend_falls_back_consistently_with_a_diagnostic(monkeypatch, c
 # --------------------------------------------------------------------- long runs
 
 
+_LONG_RUN = """
+import json, os, tracemalloc
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+import jaxpace as jp
+
+capacity = 256
+mesh = jax.make_mesh((8,), ("data",))
+pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=0.001), capacity=capacity)
+
+
+def body(v):
+    def step(c, _):
+        return c * 0.5 + pacer.psum(c, "data", site="long") * 0.0625, None
+
+    return lax.scan(step, v, None, length=1000)[0]
+
+
+f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+x = jax.device_put(jnp.ones((8, 2)), NamedSharding(mesh, P("data")))
+f(x).block_until_ready()  # 1,000 steps: warm caches
+# Each snapshot after a flush: records and policy states in transit between the
+# native rings and the policy thread are settled, so what remains is growth.
+pacer.flush()
+tracemalloc.start()
+s1 = tracemalloc.take_snapshot()
+for _ in range(9):
+    f(x).block_until_ready()
+pacer.flush()
+s2 = tracemalloc.take_snapshot()
+tracemalloc.stop()
+ours = [tracemalloc.Filter(True, f"*{os.sep}jaxpace{os.sep}*")]
+growth_ours = sum(
+    d.size_diff for d in s2.filter_traces(ours).compare_to(s1.filter_traces(ours), "filename")
+)
+growth_all = sum(d.size_diff for d in s2.compare_to(s1, "filename"))
+site = pacer._sites["long"]
+site.flush()  # native probes: drain what the handlers finished
+st_ = site.ranks[0]
+print(json.dumps({
+    "next_step": st_.next_step, "buf": len(st_.recorder._buf),
+    "hist": st_.early_hist.shape[0], "records": len(pacer.records()),
+    "growth_ours": growth_ours, "growth_all": growth_all,
+}))
+"""
+
+
 @pytest.mark.timeout(150)
 def test_ten_thousand_steps_use_bounded_memory():
-    capacity = 256
-    pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=0.001), capacity=capacity)
+    # In a process of its own: in this one, the threads of every earlier test's
+    # pacers (watchdogs, the native drain) allocate while the snapshots are taken.
+    import json
+    import subprocess
+    import sys
 
-    def body(v):
-        def step(c, _):
-            return c * 0.5 + pacer.psum(c, "data", site="long") * 0.0625, None
-
-        return lax.scan(step, v, None, length=1000)[0]
-
-    f = smap(body, out_specs=P("data"))
-    x = put(jnp.ones((8, 2)))
-    f(x).block_until_ready()  # 1,000 steps: warm caches
-    # Each snapshot after a flush: records and policy states in transit between the
-    # native rings and the policy thread are settled, so what remains is growth.
-    pacer.flush()
-    tracemalloc.start()
-    try:
-        s1 = tracemalloc.take_snapshot()
-        for _ in range(9):
-            f(x).block_until_ready()
-        pacer.flush()
-        s2 = tracemalloc.take_snapshot()
-    finally:
-        tracemalloc.stop()
-    ours = [tracemalloc.Filter(True, f"*{os.sep}jaxpace{os.sep}*")]
-    growth_ours = sum(
-        d.size_diff for d in s2.filter_traces(ours).compare_to(s1.filter_traces(ours), "filename")
+    out = subprocess.run(
+        [sys.executable, "-c", _LONG_RUN], capture_output=True, text=True, timeout=140
     )
-    growth_all = sum(d.size_diff for d in s2.compare_to(s1, "filename"))
-    site = pacer._sites["long"]
-    site.flush()  # native probes: drain what the handlers finished
-    st_ = site.ranks[0]
-    assert st_.next_step == 10_000
-    assert len(st_.recorder._buf) == capacity and st_.early_hist.shape[0] <= capacity
-    assert len(pacer.records()) == 1 + capacity
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    capacity = 256
+    assert r["next_step"] == 10_000
+    assert r["buf"] == capacity and r["hist"] <= capacity
+    assert r["records"] == 1 + capacity
+    growth_ours, growth_all = r["growth_ours"], r["growth_all"]
     print(
         f"10k steps: heap growth over the last 9,000 steps: jaxpace {growth_ours / 1024:.1f} "
         f"KiB, everything (JAX included) {growth_all / 1024:.1f} KiB"

@@ -24,6 +24,7 @@ Keys (under `jaxpace/watchdog/{run_id}/`):
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import dataclasses
 import faulthandler
@@ -142,9 +143,41 @@ class _BoundedKV:
             return False, TimeoutError(f"no answer within {self.timeout_s:g} s")
         return box[0]
 
-    def close(self) -> None:
+    def close(self, join_s: float = 0.0) -> None:
+        """Ends the helper thread; with `join_s`, waits that long for a call in flight."""
         if self._thread is not None and not self._pending.is_set():
             self._q.put((None, None, None))
+        if join_s > 0 and self._thread is not None:
+            self._thread.join(join_s)
+
+
+# Watchdogs with a running thread. At interpreter exit their key-value calls must be
+# over before Python finalizes: a daemon thread that returns from a jaxlib (C++) call
+# during finalization is ended by a forced unwind through C++ frames, which aborts the
+# whole process ("terminate called ... FATAL: exception not rethrown", exit -6).
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+_ATEXIT_LOCK = threading.Lock()
+_atexit_registered = False
+
+
+def _stop_all_at_exit() -> None:
+    for w in list(_RUNNING):
+        try:
+            w.stop(timeout_s=1.0, join_kv_s=KV_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - never fail an exit
+            pass
+
+
+def _register_exit_stop(w: Any) -> None:
+    """Adds `w` to the watchdogs stopped at exit (registered once, after jax's own hooks)."""
+    global _atexit_registered
+    with _ATEXIT_LOCK:
+        _RUNNING.add(w)
+        if not _atexit_registered:
+            # atexit runs last-registered first: this runs before the
+            # `jax.distributed` shutdown that `initialize` registered earlier.
+            atexit.register(_stop_all_at_exit)
+            _atexit_registered = True
 
 
 def _secs(s: float) -> str:
@@ -250,16 +283,20 @@ class Watchdog:
             self.prefix = f"jaxpace/watchdog/{run_id or 'run'}"
             self._thread = threading.Thread(target=self._loop, name="jaxpace-watchdog", daemon=True)
             self._thread.start()
+            _register_exit_stop(self)
             return True
 
-    def stop(self, timeout_s: float = 1.0) -> None:
-        """Stops the thread, waiting at most `timeout_s` (it is a daemon either way)."""
+    def stop(self, timeout_s: float = 1.0, join_kv_s: float = 0.0) -> None:
+        """Stops the thread, waiting at most `timeout_s` (it is a daemon either way).
+
+        `join_kv_s`: also wait that long for a key-value store call in flight (at exit).
+        """
         self._halt.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
         if self._kv is not None:
-            self._kv.close()
+            self._kv.close(join_s=join_kv_s)
 
     @property
     def running(self) -> bool:
