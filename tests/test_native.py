@@ -359,6 +359,7 @@ def test_ring_drops_oldest_when_full_and_counts(mesh):
 
 def test_wait_records_wakes_on_new_records(mesh):
     sid = new_site()
+    nat.set_site_max_delay(sid, 0.01)  # a site that can delay: its records wake the drain
     x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
     f = jax.jit(jax.shard_map(measured("psum", sid), mesh=mesh, in_specs=P("d"), out_specs=P()))
     f(x).block_until_ready()
@@ -370,6 +371,20 @@ def test_wait_records_wakes_on_new_records(mesh):
     f(x).block_until_ready()
     th.join(60)
     assert not th.is_alive() and got[0] > seen
+
+
+def test_measure_only_records_do_not_wake_the_drain(mesh):
+    """A site that cannot delay pushes its records without counting toward (or signalling)
+    the drain thread's wait: no futex call per record on the hot path."""
+    sid = new_site()
+    nat.set_site_max_delay(sid, 0.0)
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    f = jax.jit(jax.shard_map(measured("psum", sid), mesh=mesh, in_specs=P("d"), out_specs=P()))
+    before = nat.counters(sid)["pushed"]
+    seen = nat.wait_records(0, 0.0)
+    f(x).block_until_ready()
+    assert nat.counters(sid)["pushed"] == before + 8  # recorded...
+    assert nat.wait_records(seen, 0.0) == seen  # ...but not counted as a wake-up
 
 
 def test_bad_site_arguments_name_the_field():
@@ -437,7 +452,10 @@ def test_pacer_native_exchange_and_fixed_delay_reach_the_records(mesh):
     f = smap(mesh, lambda v: pacer.pmean(v * 2.0, "d", site="fx"))
     want = smap(mesh, lambda v: lax.pmean(v * 2.0, "d"))(x)
     for _ in range(6):
-        assert raw(f(x)) == raw(want)
+        # All 8 shards' programs (and their done handlers) must have finished before the
+        # drain below: reading the replicated result waits for one shard only.
+        out = jax.block_until_ready(f(x))
+        assert raw(out) == raw(want)
         pacer.stats()  # drains now, so each step's delay is set before the next arrives
     recs = [r for r in pacer.records()[1:] if r["site"] == "fx"]
     assert len(recs) == 6 * 8

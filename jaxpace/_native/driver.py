@@ -1,9 +1,10 @@
 """Runs the policy on native records, off the hot path: one background thread per process.
 
 The native handlers push one finished record per (site, rank, step) into their site's ring.
-This thread blocks in `wait_records` (without the GIL) until the handlers push something,
-drains every attached site, hands each record to its runtime (`Runtime.native_record`: the
-same bookkeeping and policy step as the io_callback path's `done`), and stores the resulting
+This thread blocks in `wait_records` (without the GIL) until a site whose policy can delay
+pushes something, drains those sites (measure-only ones every 50 ms, in batches), hands each
+record to its runtime (`Runtime.native_record`: the same bookkeeping and policy step as the
+io_callback path's `done`), and stores the resulting
 delay natively, where the rank's next arrival sleeps it. `sync()` drains on the caller's thread
 (stats, records). When a pacer stops (close/release/SIGTERM) its sites' native sleeps end.
 
@@ -129,19 +130,25 @@ def _start_thread() -> None:
 
 
 def _loop() -> None:
-    seen = 0
+    seen, lazy_at = 0, 0.0
     while True:
         try:
             entries = list(_entries.values())
             if any(e.eager for e in entries):
-                # A policy may set a delay from each record: react within microseconds.
+                # A policy may set a delay from each record: react within microseconds. Only
+                # records of sites that can delay wake this wait (the handlers count them).
                 seen = nat.wait_records(seen, 0.02)
             else:
                 # Measure only: nothing waits on the records but stats/records/export,
                 # which drain on their own thread; batch, keep the host quiet per step.
                 time.sleep(_LAZY_S)
+            now = time.monotonic()
+            lazy_due = now - lazy_at >= _LAZY_S
+            if lazy_due:
+                lazy_at = now
             for e in entries:
-                _drain(e)
+                if e.eager or lazy_due:
+                    _drain(e)
         except Exception as ex:  # noqa: BLE001 - the drain thread must survive anything
             log.warning("jaxpace: native drain thread error %r (continuing)", ex)
 

@@ -147,7 +147,10 @@ struct Site {
 };
 
 std::atomic<Site*> g_sites[kMaxSites];
-std::atomic<uint64_t> g_pushed{0};
+// Records pushed by sites that can delay (their effective bound > 0): what wakes the drain
+// thread, whose policy turns each one into the rank's next delay. Measure-only sites never
+// notify (no futex call on the hot path); the drain thread batches them on a timer.
+std::atomic<uint64_t> g_pushed_eager{0};
 std::atomic<int> g_waiters{0};
 std::mutex g_wait_mu;
 std::condition_variable g_wait_cv;
@@ -175,7 +178,10 @@ void push_record(Site* s, const RecordOut& r, const float* payload, int32_t plen
       dst[i].store(payload != nullptr && i < plen ? payload[i] : 0.0f, std::memory_order_relaxed);
   }
   sl.seq.store(2 * idx + 2, std::memory_order_release);
-  g_pushed.fetch_add(1, std::memory_order_release);
+  int64_t mx = s->max_delay_ns.load(std::memory_order_relaxed);
+  if (mx < 0) mx = g_max_delay_ns.load(std::memory_order_relaxed);
+  if (mx <= 0) return;  // measure only: nothing waits on this record
+  g_pushed_eager.fetch_add(1, std::memory_order_release);
   if (g_waiters.load(std::memory_order_acquire) > 0) {
     { std::lock_guard<std::mutex> lk(g_wait_mu); }
     g_wait_cv.notify_all();
@@ -653,21 +659,21 @@ int64_t jaxpace_site_progress(int64_t id, int64_t* out, int64_t n) {
   return m;
 }
 
-// Blocks (GIL released by ctypes) until more records than `seen` were pushed, the timeout
-// passes, or jaxpace_release_all is called. Returns the total pushed so far.
+// Blocks (GIL released by ctypes) until more records than `seen` were pushed by sites that
+// can delay, the timeout passes, or jaxpace_release_all is called. Returns that total so far.
 uint64_t jaxpace_wait_records(uint64_t seen, int64_t timeout_ns) {
-  uint64_t cur = g_pushed.load(std::memory_order_acquire);
+  uint64_t cur = g_pushed_eager.load(std::memory_order_acquire);
   if (cur != seen || timeout_ns <= 0) return cur;
   g_waiters.fetch_add(1);
   {
     std::unique_lock<std::mutex> lk(g_wait_mu);
     g_wait_cv.wait_for(lk, std::chrono::nanoseconds(timeout_ns), [&] {
-      return g_pushed.load(std::memory_order_acquire) != seen ||
+      return g_pushed_eager.load(std::memory_order_acquire) != seen ||
              g_released.load(std::memory_order_acquire) != 0;
     });
   }
   g_waiters.fetch_sub(1);
-  return g_pushed.load(std::memory_order_acquire);
+  return g_pushed_eager.load(std::memory_order_acquire);
 }
 
 // Loads the CUDA runtime from `path` (or the default names when null/empty).
