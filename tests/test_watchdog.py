@@ -53,8 +53,10 @@ def test_run_dir_defaults_to_env_then_cwd(monkeypatch, tmp_path):
 
 
 def test_ranges():
-    assert wd._ranges([0, 1, 2, 4, 6, 7]) == "0-2,4,6-7"
-    assert wd._ranges([3]) == "3"
+    from jaxpace._text import ranges
+
+    assert ranges([0, 1, 2, 4, 6, 7], sep=",") == "0-2,4,6-7"
+    assert ranges([3], sep=",") == "3"
 
 
 # ---------------------------------------------------------------------- a real measured loop

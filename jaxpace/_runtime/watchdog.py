@@ -44,6 +44,7 @@ import numpy as np
 
 from jaxpace import _jax_compat
 from jaxpace import _native as nat
+from jaxpace._text import ranges
 from jaxpace._validate import check_choice, check_number
 from jaxpace.errors import ConfigError, StallError
 
@@ -183,19 +184,6 @@ def _register_exit_stop(w: Any) -> None:
 def _secs(s: float) -> str:
     """Seconds for a message: whole seconds from 10 s up, one decimal below."""
     return f"{s:.0f}" if s >= 10 else f"{s:.1f}"
-
-
-def _ranges(ps: list[int]) -> str:
-    """`[0, 1, 2, 4, 6, 7]` -> `"0-2,4,6-7"`."""
-    out, ps = [], sorted(ps)
-    i = 0
-    while i < len(ps):
-        j = i
-        while j + 1 < len(ps) and ps[j + 1] == ps[j] + 1:
-            j += 1
-        out.append(str(ps[i]) if i == j else f"{ps[i]}-{ps[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def classify(me: int, site: str, step: int, counts: dict, peers: dict[int, dict | None]):
@@ -576,7 +564,9 @@ class Watchdog:
             parts.append(
                 "waiting for " + "; ".join(f"process {p} (host {host(p)}), {w}" for p, w in missing)
             )
-        parts.append(f"processes {_ranges([self.me] + [p for p, _ in here])} are here.")
+        parts.append(
+            f"processes {ranges(sorted([self.me] + [p for p, _ in here]), sep=',')} are here."
+        )
         return "; ".join(parts)
 
     def _pacing_off(self) -> None:

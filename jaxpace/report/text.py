@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from jaxpace import _text
+
 __all__ = ["format_ms", "ranges"]
 
 
@@ -27,15 +29,4 @@ def ranges(values: Iterable[int], limit: int = 6) -> str:
     >>> ranges(range(0, 20, 2), limit=2)
     '0, 2, ... (10 in all)'
     """
-    vals = [int(v) for v in values]
-    runs: list[str] = []
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        runs.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    if len(runs) > limit:
-        return ", ".join(runs[:limit]) + f", ... ({len(vals)} in all)"
-    return ", ".join(runs)
+    return _text.ranges(values, limit=limit)
