@@ -37,6 +37,20 @@ def run_launch(args, *, timeout_s=240, env=None):
     )
 
 
+def run_4x2(script, *script_args, timeout_s=280, job_timeout_s=240, env=None):
+    """`jaxpace launch -n 4 --local-devices 2` of `tests/scripts/SCRIPT ARGS`; asserts success.
+
+    The launcher's own `--timeout` (job_timeout_s) fires before the subprocess bound
+    (timeout_s), so a hung job fails with the ranks' output instead of a bare timeout.
+    """
+    args = ["-n", 4, "--local-devices", 2, "--timeout", job_timeout_s, "--"]
+    proc = run_launch(
+        [*args, sys.executable, SCRIPTS / script, *script_args], timeout_s=timeout_s, env=env
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return proc
+
+
 @pytest.fixture
 def launch():
     return run_launch

@@ -29,37 +29,11 @@ def _per_step(results, phase, key):
 @pytest.fixture(scope="module")
 def paced_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mp")
-    proc = __import__("conftest").run_launch(
-        [
-            "-n",
-            4,
-            "--local-devices",
-            2,
-            "--timeout",
-            240,
-            "--",
-            sys.executable,
-            SCRIPTS / "mp_collective.py",
-            "--lag-s",
-            LAG_S,
-            "--lag-process",
-            1,
-            "--steps",
-            50,
-            "--phases",
-            "unpaced,paced",
-            "--policy",
-            "adaptive",
-            "--gain",
-            "1.0",
-            "--max-delay-s",
-            0.03,
-            "--out",
-            out,
-        ],
-        timeout_s=280,
+    __import__("conftest").run_4x2(
+        "mp_collective.py",
+        *("--lag-s", LAG_S, "--lag-process", 1, "--steps", 50, "--phases", "unpaced,paced"),
+        *("--policy", "adaptive", "--gain", "1.0", "--max-delay-s", 0.03, "--out", out),
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return out, _load(out)
 
 

@@ -1,12 +1,10 @@
 """jaxpace.sinks: Prometheus textfile and TensorBoard exporters, read back with their own parsers."""
 
 import math
-import sys
 import threading
 
 import numpy as np
 import pytest
-from conftest import SCRIPTS
 
 import jaxpace as jp
 from jaxpace._probe import RateLimitedLog
@@ -125,22 +123,7 @@ def test_tensorboard_single_process_pacer(tmp_path):
 @pytest.fixture(scope="module")
 def four_by_two(tmp_path_factory):
     out = tmp_path_factory.mktemp("sinks4x2")
-    proc = __import__("conftest").run_launch(
-        [
-            "-n",
-            4,
-            "--local-devices",
-            2,
-            "--timeout",
-            240,
-            "--",
-            sys.executable,
-            SCRIPTS / "sinks_job.py",
-            out,
-        ],  # fmt: skip
-        timeout_s=280,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    __import__("conftest").run_4x2("sinks_job.py", out)
     return out
 
 
