@@ -1,8 +1,9 @@
 """`python -m benchmarks watchdog`: the stall watchdog's cost as a ratio vs measure-only.
 
-Interleaved A B C A B C calls of one measured pmean on 8 CPU devices, all with the
-io_callback probes (the ones whose arrival marks the watchdog reads):
-measure-only with the watchdog off (`stall_after_s=None`), on at the default
+Interleaved A B C A B C calls of one measured pmean on 8 CPU devices, once with the
+native probes (the watchdog reads their progress counters with one library call per
+site and scan) and once with the io_callback probes (forced with a Python clock; the
+watchdog reads their arrival marks): measure-only with the watchdog off (`stall_after_s=None`), on at the default
 (300 s: one scan per second), and on with a 1 s threshold (one scan per 0.1 s).
 Single process: no key-value store traffic (that is one write and one read per
 second per process, on the watchdog's own thread).
@@ -16,7 +17,7 @@ import sys
 import time
 
 
-def run(reps: int, size: int, rounds: int) -> dict:
+def run(reps: int, size: int, rounds: int, probe: str = "native") -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -33,10 +34,11 @@ def run(reps: int, size: int, rounds: int) -> dict:
     x = jax.device_put(
         jnp.full((jax.device_count(), size), 0.5, jnp.float32), NamedSharding(mesh, P("data"))
     )
+    kw = {"clock": py_clock} if probe == "io_callback" else {}
     pacers = {
-        "watchdog off": jp.Pacer(stall_after_s=None, clock=py_clock),
-        "watchdog 300 s": jp.Pacer(clock=py_clock),
-        "watchdog 1 s": jp.Pacer(stall_after_s=1.0, clock=py_clock),
+        "watchdog off": jp.Pacer(stall_after_s=None, **kw),
+        "watchdog 300 s": jp.Pacer(**kw),
+        "watchdog 1 s": jp.Pacer(stall_after_s=1.0, **kw),
     }
     fns = {
         k: jax.jit(
@@ -56,10 +58,13 @@ def run(reps: int, size: int, rounds: int) -> dict:
         for k in ratios:
             ratios[k].append(res[k]["median_s"] / base)
     running = {k: pc._watchdog.running for k, pc in pacers.items()}
+    paths = {k: pc.stats()["w"].probe for k, pc in pacers.items()}
     for pc in pacers.values():
         pc.close()
     out = {
         "machine": machine(),
+        "probe": probe,
+        "probe_paths": paths,
         "elements": size,
         "reps": reps,
         "rounds": rounds,
@@ -76,13 +81,15 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--probe", choices=["native", "io_callback", "both"], default="both")
     ap.add_argument("--out", default=None, help="write the JSON result here")
     args = ap.parse_args(argv)
     import jax
 
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", 8)
-    res = run(args.reps, args.size, args.rounds)
+    probes = ["native", "io_callback"] if args.probe == "both" else [args.probe]
+    res = {p: run(args.reps, args.size, args.rounds, p) for p in probes}
     text = json.dumps(res, indent=2)
     print(text)
     if args.out:
