@@ -1,7 +1,8 @@
 """`python -m benchmarks`: jaxpace vs jax.lax, interleaved in one run; writes docs/benchmarks.md.
 
-Every overhead figure is a ratio of medians against `jax.lax` measured A B A B
-in the same process, so machine load affects both sides alike. Absolute times
+Every overhead figure is a ratio of medians against `jax.lax` measured interleaved
+(every variant once per round, in a fresh random order each round) in the same
+process, so machine load affects all sides alike. Absolute times
 are labelled with the machine they came from.
 """
 
@@ -31,7 +32,12 @@ def machine() -> str:
 
 
 def _interleaved(fns: dict, args, reps: int) -> dict:
-    """Median and IQR seconds per call of each fn, calls interleaved A B C A B C ..."""
+    """Median and IQR seconds per call of each fn: every fn once per round, `reps` rounds.
+
+    The order is shuffled each round (fixed seed): work a variant leaves running after its
+    call returns (a pacing policy on the native drain thread) then lands on a random
+    successor, not always on the same one.
+    """
     import jax
     import numpy as np
 
@@ -39,8 +45,11 @@ def _interleaved(fns: dict, args, reps: int) -> dict:
         for _ in range(3):
             jax.block_until_ready(f(*args))
     times = {k: [] for k in fns}
+    names = list(fns)
+    rng = np.random.default_rng(0)
     for _ in range(reps):
-        for k, f in fns.items():
+        for i in rng.permutation(len(names)):
+            k, f = names[i], fns[names[i]]
             t0 = time.perf_counter()
             jax.block_until_ready(f(*args))
             times[k].append(time.perf_counter() - t0)
@@ -329,7 +338,8 @@ def _generated_lines(results: dict) -> list[str]:
         "",
         "The block below is produced by `python -m benchmarks`. Every overhead",
         "figure is a ratio of medians against `jax.lax.pmean` measured interleaved",
-        "(A B A B ...) in the same run. Absolute times are from the machine named below.",
+        "(each variant once per round, in a shuffled order) in the same run. Absolute",
+        "times are from the machine named below.",
         "",
         f"Machine: {results['machine']}  ",
         f"Date: {results['date']}",

@@ -2,9 +2,13 @@
 
 import argparse
 import json
-import time
+import sys
+from pathlib import Path
 
 import jaxpace.launch as jl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.__main__ import _interleaved  # noqa: E402 - same order on every process
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -52,22 +56,14 @@ for size, n_leaves in ((1_000, 1), (1_000_000, 1), (1_000_000, 8)):
                 out_specs=outs,
             )
         )
-    for f in fns.values():
-        for _ in range(3):
-            jax.block_until_ready(f(tree))
-    times = {k: [] for k in fns}
-    for _ in range(args.reps):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(tree))
-            times[k].append(time.perf_counter() - t0)
-    base = float(np.median(times["lax"]))
+    res = _interleaved(fns, (tree,), args.reps)
+    base = res["lax"]["median_s"]
     rows.append(
         {
             "elements": size,
             "leaves": n_leaves,
             "lax_median_s": base,
-            "ratios": {k: float(np.median(v)) / base for k, v in times.items() if k != "lax"},
+            "ratios": {k: v["median_s"] / base for k, v in res.items() if k != "lax"},
         }
     )
     if pid == 0:

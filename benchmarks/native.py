@@ -1,6 +1,6 @@
 """`python -m benchmarks.native`: native probes vs io_callback probes vs `jax.lax`, interleaved.
 
-Ratios of medians against `lax.pmean`, calls interleaved A B C A B C in one process, so load
+Ratios of medians against `lax.pmean`, calls interleaved (each variant once per round, shuffled) in one process, so load
 hits every variant alike. Two operand kinds: computed in the program (`v * 1.0001`, as
 gradients are) and the bare jit argument (XLA copies a non-donated argument that the arrival
 tie writes into: the "jit-argument copy" case, reported separately). The io_callback variant
@@ -43,6 +43,7 @@ def run(reps: int, computed_only: bool = False, local=None) -> list[dict]:
     from jax.sharding import PartitionSpec as P
 
     import jaxpace as jp
+    from benchmarks.__main__ import _interleaved
 
     mesh = jax.make_mesh((jax.device_count(),), ("data",))
     sh = NamedSharding(mesh, P("data"))
@@ -60,25 +61,15 @@ def run(reps: int, computed_only: bool = False, local=None) -> list[dict]:
             fns = {"lax": sm(lambda v, pre=pre: lax.pmean(pre(v), "data"))}
             for name, pc in pacers.items():
                 fns[name] = sm(lambda v, pc=pc, pre=pre: pc.pmean(pre(v), "data", site="b"))
-            for f in fns.values():
-                for _ in range(3):
-                    jax.block_until_ready(f(x))
-            times = {k: [] for k in fns}
-            for _ in range(reps):
-                for k, f in fns.items():
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(f(x))
-                    times[k].append(time.perf_counter() - t0)
-            base = float(np.median(times["lax"]))
+            res = _interleaved(fns, (x,), reps)
+            base = res["lax"]["median_s"]
             probes = {k: pc.stats()["b"].probe for k, pc in pacers.items()}
             rows.append(
                 {
                     "elements_per_shard": size,
                     "operand": "computed" if computed else "jit argument",
                     "lax_median_s": base,
-                    "ratios": {
-                        k: float(np.median(v)) / base for k, v in times.items() if k != "lax"
-                    },
+                    "ratios": {k: v["median_s"] / base for k, v in res.items() if k != "lax"},
                     "probes": probes,
                 }
             )

@@ -1,6 +1,6 @@
 """`python -m benchmarks watchdog`: the stall watchdog's cost as a ratio vs measure-only.
 
-Interleaved A B C A B C calls of one measured pmean on 8 CPU devices, once with the
+Interleaved calls (each variant once per round, shuffled) of one measured pmean on 8 CPU devices, once with the
 native probes (the watchdog reads their progress counters with one library call per
 site and scan) and once with the io_callback probes (forced with a Python clock; the
 watchdog reads their arrival marks): measure-only with the watchdog off (`stall_after_s=None`), on at the default
