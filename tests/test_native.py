@@ -637,3 +637,17 @@ def test_adam_train_steps_are_bitwise_lax_in_params_and_optimizer_state(mesh):
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert pacer.stats()["adam"].probe.startswith("native")
     assert pacer.stats()["adam"].steps == 4
+
+
+def test_library_path_prefers_this_interpreters_build(tmp_path, monkeypatch):
+    """A checkout built for two Pythons holds two libraries; each loads its own."""
+    import sysconfig
+
+    other = tmp_path / "_jaxpace_probe.cpython-299-x86_64-linux-gnu.so"  # sorts first
+    own = tmp_path / ("_jaxpace_probe" + sysconfig.get_config_var("EXT_SUFFIX"))
+    other.write_bytes(b"")
+    monkeypatch.delenv("JAXPACE_NATIVE_LIB", raising=False)
+    monkeypatch.setattr(nat, "_HERE", str(tmp_path))
+    assert nat.library_path() == str(other)  # only another Python's build: that one
+    own.write_bytes(b"")
+    assert nat.library_path() == str(own)

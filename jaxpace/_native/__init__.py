@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import sysconfig
 import threading
 
 import numpy as np
@@ -70,6 +71,11 @@ def library_path() -> str | None:
     env = os.environ.get("JAXPACE_NATIVE_LIB")
     if env:
         return env
+    # One checkout can hold builds for several Pythons (`_jaxpace_probe.cpython-311-...so`,
+    # `...-312-...so`): prefer this interpreter's, each built against its own jaxlib headers.
+    own = os.path.join(_HERE, "_jaxpace_probe" + (sysconfig.get_config_var("EXT_SUFFIX") or ""))
+    if os.path.isfile(own):
+        return own
     found = sorted(glob.glob(os.path.join(_HERE, "_jaxpace_probe*.so")))
     return found[0] if found else None
 
