@@ -401,6 +401,19 @@ def test_remat_rule_is_registered():
     assert ok, why
 
 
+def test_done_is_kept_by_the_dce_rule_in_a_jitted_program():
+    # Canary for the DCE rule's calling convention (JAX 0.12 added a `live_inputs` argument):
+    # the rule must be in use, and a jit whose `done` result nobody reads must keep `done`.
+    assert prim.done_kept_by_rule()
+
+    def f(r, t):
+        prim.done(r, t[0], 0, t[1])
+        return r * 2.0
+
+    args = (jnp.ones((3,), jnp.float32), jnp.array([0, -1], jnp.int32))
+    assert "jaxpace_done_cpu" in jax.jit(f).lower(*args).as_text()
+
+
 # --------------------------------------------------------------------- through jaxpace.Pacer
 
 import os  # noqa: E402

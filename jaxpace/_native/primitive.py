@@ -156,16 +156,35 @@ def _register_jax_rules() -> tuple[bool, str]:
     try:
         from jax._src.interpreters import partial_eval as pe
 
-        def keep_done(used_outputs, eqn):
-            del used_outputs
+        def keep_done(*args):
+            # JAX <= 0.10 calls `rule(used_outputs, eqn)`, newer JAX (0.12) calls
+            # `rule(used_outputs, live_inputs, eqn)`: the equation is always last.
+            eqn = args[-1]
             return [True] * len(eqn.invars), eqn
 
         pe.dce_rules[done_p] = keep_done
-        _KEEP_DONE["ok"] = True
-
+        _KEEP_DONE["ok"] = _dce_keeps_done(pe)
+        if not _KEEP_DONE["ok"]:
+            pe.dce_rules.pop(done_p, None)
     except Exception:  # noqa: BLE001 - internal API moved: tie done's 1.0 into the result
         _KEEP_DONE["ok"] = False
     return _REMAT_RULE["ok"], _REMAT_RULE["why"]
+
+
+def _dce_keeps_done(pe) -> bool:
+    """Whether JAX's own DCE, called as this JAX calls it, keeps an unused `done` (once).
+
+    A rule JAX calls with a different signature would fail in the user's jit; this checks the
+    calling convention where a failure only means falling back to the tie.
+    """
+    try:
+        jaxpr = jax.make_jaxpr(lambda r, f: done_p.bind(r, f, site=0))(
+            jax.ShapeDtypeStruct((1,), np.float32), jax.ShapeDtypeStruct((2,), np.int32)
+        ).jaxpr
+        kept, _ = pe.dce_jaxpr(jaxpr, [False])
+        return any(e.primitive is done_p for e in kept.eqns)
+    except Exception:  # noqa: BLE001 - internal API moved: tie done's 1.0 into the result
+        return False
 
 
 def done_kept_by_rule() -> bool:
