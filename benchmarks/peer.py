@@ -39,6 +39,19 @@ MODES = {
     "jaxpace-fallback": ("jaxpace", {"JAXPACE_NATIVE": "0"}),
 }
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+# Tests that no measuring drop-in can pass, by construction, with why. Still run, still
+# printed among the failures with their reason; not counted as regressions in the exit code.
+BY_CONSTRUCTION = {
+    "shard_map_test.py::ShardMapTest::test_rewrite_scan": (
+        "asserts the exact jaxpr of a psum inside scan (two equations: psum_invariant, pvary); "
+        "a measured psum's jaxpr holds jaxpace's probe equations around it (custom_jvp_call "
+        "wrapping arrive, psum, done). Results are unchanged."
+    ),
+}
+
+
+def _by_construction(test_id: str) -> str | None:
+    return next((why for k, why in BY_CONSTRUCTION.items() if test_id.endswith(k)), None)
 
 
 def _tests_dir(src: Path) -> Path:
@@ -121,9 +134,15 @@ def report(results: dict) -> tuple[list[str], int]:
             if mode == "plain":
                 continue
             only = sorted(_bad(jp) - _bad(plain))
-            regressions += len(only)
-            lines.append(f"  [{mode}] failing only with jaxpace: {len(only)}")
-            lines += [f"    {t}" for t in only]
+            known = [t for t in only if _by_construction(t)]
+            regressions += len(only) - len(known)
+            lines.append(
+                f"  [{mode}] failing only with jaxpace: {len(only)}"
+                + (f" ({len(known)} by construction, listed with why)" if known else "")
+            )
+            for t in only:
+                why = _by_construction(t)
+                lines.append(f"    {t}" + (f"\n      by construction: {why}" if why else ""))
             fixed = sorted(_bad(plain) - _bad(jp))
             if fixed:
                 lines.append(f"  [{mode}] failing only with plain lax: {len(fixed)}")
