@@ -1,0 +1,420 @@
+"""The fast (columnar) JSONL reader of `jaxpace.report.records` against the per-line one.
+
+The per-line reader (`json.loads` a line at a time) is the reference: on every
+file here, writer output as well as hostile input, the fast reader must give the
+same `Records` (columns, dtypes, order, sites, notes, partial flag) or the same
+error. `_FAST_READ = False` selects the per-line reader; small `_CHUNK_BYTES`
+make lines straddle chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxpace import _records
+from jaxpace.report import records as reader
+from jaxpace.report import synthetic_records
+from jaxpace.report.records import Records, load_records
+
+CHUNKS = (None, 97, 1000, 4096)  # None: the module's default
+
+
+def _header(p=0, count=1, run_id="r", **extra):
+    h = _records.header_record(
+        run_id=run_id,
+        process_index=p,
+        process_count=count,
+        host=f"h{p}",
+        pid=100 + p,
+        granularity="process",
+        jaxpace_version="0",
+        policy="no_pacing",
+        local_devices=[0],
+        rank_groups=None,
+    )
+    h.update(extra)
+    return h
+
+
+def _step(site="train.py:42:train_step", step=0, rank=0, process=0, **kw):
+    args = dict(arrive_ns=1_000_000 + step, done_ns=1_500_000 + step, delay_ns=0, engaged=False)
+    args.update(kw)
+    return _records.step_record(site=site, step=step, rank=rank, process=process, **args)
+
+
+def _line(rec) -> bytes:
+    return (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+
+
+def _write(path: Path, *lines: bytes | dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(x if isinstance(x, bytes) else _line(x) for x in lines))
+    return path
+
+
+def _load(source, monkeypatch, *, fast: bool, chunk: int | None = None):
+    """(Records or None, (exception type, message) or None) of one reader."""
+    with monkeypatch.context() as m:
+        m.setattr(reader, "_FAST_READ", fast)
+        if chunk is not None:
+            m.setattr(reader, "_CHUNK_BYTES", chunk)
+        try:
+            return load_records(source), None
+        except Exception as e:  # the same exception, whatever it is, from both
+            return None, (type(e), str(e))
+
+
+def _same(a: Records, b: Records) -> None:
+    assert a.headers == b.headers
+    assert a.sites == b.sites
+    assert list(a.columns) == list(b.columns)
+    for k in a.columns:
+        x, y = a.columns[k], b.columns[k]
+        assert x.dtype == y.dtype and x.shape == y.shape, k
+        np.testing.assert_array_equal(x, y, err_msg=k)
+    for f in ("run_id", "process_count", "granularity", "partial", "notes", "sources"):
+        assert getattr(a, f) == getattr(b, f), f
+
+
+def _check(source, monkeypatch, chunks=CHUNKS):
+    """The fast reader matches the per-line one at every chunk size; returns the result."""
+    want, want_err = _load(source, monkeypatch, fast=False)
+    for chunk in chunks:
+        got, got_err = _load(source, monkeypatch, fast=True, chunk=chunk)
+        assert got_err == want_err, chunk
+        if want is not None:
+            _same(got, want)
+    return want, want_err
+
+
+class _Counter:
+    """Counts the lines `_fast_lines` accepts and the lines read one at a time."""
+
+    def __init__(self, monkeypatch):
+        self.fast = self.slow = 0
+        fast_lines, one_line = reader._fast_lines, reader._one_line
+
+        def counted_fast(*a):
+            out = fast_lines(*a)
+            self.fast += int(out[0].sum())
+            return out
+
+        def counted_slow(*a):
+            self.slow += 1
+            return one_line(*a)
+
+        monkeypatch.setattr(reader, "_fast_lines", counted_fast)
+        monkeypatch.setattr(reader, "_one_line", counted_slow)
+
+
+# --------------------------------------------------------------------------- the layout
+
+
+def test_the_fast_layout_is_the_writers():
+    """The layout the fast reader recognises is what `step_record` + `write_jsonl` write."""
+    assert reader._FAST_LAYOUT
+    line = _line(_step(device=3, engaged=True))
+    assert line.startswith(reader._PREFIX_B)
+    assert [k for k in json.loads(line)][2:] == list(reader._TAIL_KEYS)
+
+
+# --------------------------------------------------------------------------- writer output
+
+
+def test_writer_output_is_read_fast_and_identically(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    d = tmp_path / "run"
+    n = 0
+    for p in range(3):
+        recs = [_header(p, 3)]
+        for step in range(150):
+            for r in range(2):
+                arrive = int(rng.integers(0, 10**15))
+                wait = int(rng.integers(0, 10**9))
+                recs.append(
+                    _step(
+                        site=("a.py:1:f", "b.py:20:g")[step % 2],
+                        step=step,
+                        rank=2 * p + r,
+                        process=p,
+                        device=None if step % 3 else r,
+                        arrive_ns=arrive,
+                        done_ns=arrive + wait,
+                        delay_ns=int(rng.integers(0, 10**6)) * (step % 5 == 0),
+                        engaged=bool(step % 4 == 0),
+                    )
+                )
+                n += 1
+        _records.write_jsonl(d / _records.records_filename(p), recs)
+    counter = _Counter(monkeypatch)
+    got = load_records(d)
+    assert counter.fast == n and counter.slow == 3  # every step line; the headers per line
+    want, err = _check(d, monkeypatch)
+    assert err is None and len(want) == n
+    _same(got, want)
+
+
+def test_synthetic_records_written_back(tmp_path, monkeypatch):
+    recs = load_records(
+        synthetic_records(6, 80, late_rank=2, late_s=0.003, ranks_per_process=2, seed=1)
+    )
+    recs.write_jsonl(tmp_path / "syn")
+    counter = _Counter(monkeypatch)
+    load_records(tmp_path / "syn")
+    assert counter.fast == len(recs) and counter.slow == 3
+    want, err = _check(tmp_path / "syn", monkeypatch)
+    assert err is None and len(want) == len(recs)  # (grouped by process in the files)
+
+
+def test_simulator_records(tmp_path, monkeypatch):
+    from jaxpace.sim import simulate_records, write_records
+
+    run = simulate_records("pure-bsp", nodes=2, steps=30, seed=0, policy="adaptive")
+    write_records(run, tmp_path / "sim")
+    counter = _Counter(monkeypatch)
+    load_records(tmp_path / "sim")
+    assert counter.fast == len(run.records)
+    want, err = _check(tmp_path / "sim", monkeypatch)
+    assert err is None and len(want) == len(run.records)
+
+
+def test_values_at_the_edges_of_the_layout(tmp_path, monkeypatch):
+    """Zero, 18 digits (fast), 19 digits and beyond (per line), negatives, odd sites."""
+    big = 10**18 - 1
+    steps = [
+        _step(step=0, arrive_ns=0, done_ns=0),
+        _step(step=1, arrive_ns=big - 5, done_ns=big),
+        _step(step=2, arrive_ns=10**18, done_ns=10**18 + 1),  # 19 digits: per line
+        _step(step=3, arrive_ns=-(10**17), done_ns=-(10**17) + 5),  # negative times
+        _step(step=4, arrive_ns=5, done_ns=3),  # negative wait: skipped, noted
+        _step(step=5, delay_ns=-1),  # negative delay: skipped
+        _step(step=6, device=-3, rank=7, process=12345678),
+        _step(step=7, site=""),
+        _step(step=8, site="a,b:c d{e}f[g]h;'~`!@#$%^&*()-=+"),
+        _step(step=9, site="x" * 256),
+        _step(step=10, site="y" * 257),  # longer than the fast reader takes
+        _step(step=11, site='quote"in'),  # escaped: per line
+        _step(step=12, site="back\\slash"),
+        _step(step=13, site="caf\u00e9 \u2603"),  # escaped by the writer
+        _step(step=14, site="tab\there"),
+        _step(step=15, site="0123456789"),
+        _step(step=16, device=0, engaged=True),
+        _step(step=17, arrive_ns=2**62, done_ns=2**62 + 7),
+    ]
+    path = _write(tmp_path / "edge.jsonl", _header(), *steps)
+    want, err = _check(path, monkeypatch)
+    assert err is None and len(want) == len(steps) - 2
+    assert any("skipped 2 step record(s) with a negative" in n for n in want.notes)
+    assert "edge.jsonl:6" in " ".join(want.notes)  # the first skipped line is named
+
+
+def test_huge_integers_fail_the_same_way(tmp_path, monkeypatch):
+    """Past int64 the per-line reader raises when it builds the columns; so must this one."""
+    path = _write(tmp_path / "big.jsonl", _header(), _step(arrive_ns=2**70, done_ns=2**70 + 1))
+    _, err = _check(path, monkeypatch)
+    assert err is not None and err[0] is OverflowError
+
+
+# --------------------------------------------------------------------------- hostile lines
+
+GOOD = _line(_step(step=1))
+GOOD2 = _line(_step(step=2, rank=1, device=4, engaged=True))
+
+HOSTILE: dict[str, bytes] = {
+    "crlf": GOOD[:-1] + b"\r\n",
+    "blank": b"\n",
+    "spaces": b"   \t \n",
+    "space_after_colon": GOOD.replace(b'"step":1', b'"step": 1'),
+    "trailing_space": GOOD[:-1] + b" \n",
+    "reordered": _line({**dict(reversed(list(_step(step=3).items())))}),
+    "extra_key": GOOD[:-2] + b',"extra":1}\n',
+    "missing_key": GOOD.replace(b',"delay_ns":0', b""),
+    "duplicate_key": GOOD.replace(b'"rank":0', b'"rank":0,"rank":5'),
+    "nan": GOOD.replace(b'"delay_ns":0', b'"delay_ns":NaN'),
+    "infinity": GOOD.replace(b'"delay_ns":0', b'"delay_ns":Infinity'),
+    "float": GOOD.replace(b'"delay_ns":0', b'"delay_ns":0.0'),
+    "exponent": GOOD.replace(b'"delay_ns":0', b'"delay_ns":1e3'),
+    "leading_zero": GOOD.replace(b'"delay_ns":0', b'"delay_ns":01'),
+    "plus_sign": GOOD.replace(b'"delay_ns":0', b'"delay_ns":+1'),
+    "lone_minus": GOOD.replace(b'"delay_ns":0', b'"delay_ns":-'),
+    "minus_zero": GOOD.replace(b'"delay_ns":0', b'"delay_ns":-0'),
+    "empty_value": GOOD.replace(b'"delay_ns":0', b'"delay_ns":'),
+    "string_number": GOOD.replace(b'"delay_ns":0', b'"delay_ns":"0"'),
+    "bool_number": GOOD.replace(b'"delay_ns":0', b'"delay_ns":true'),
+    "null_number": GOOD.replace(b'"step":1', b'"step":null'),
+    "device_string": GOOD.replace(b'"device":null', b'"device":"7"'),
+    "device_bad_string": GOOD.replace(b'"device":null', b'"device":"x"'),
+    "device_true": GOOD.replace(b'"device":null', b'"device":true'),
+    "device_float": GOOD.replace(b'"device":null', b'"device":2.5'),
+    "engaged_number": GOOD.replace(b'"engaged":false', b'"engaged":1'),
+    "engaged_null": GOOD.replace(b'"engaged":false', b'"engaged":null'),
+    "engaged_word": GOOD.replace(b'"engaged":false', b'"engaged":"false"'),
+    "engaged_Falsy": GOOD.replace(b'"engaged":false', b'"engaged":False'),
+    "site_number": GOOD.replace(b'"site":"train.py:42:train_step"', b'"site":7'),
+    "site_escape": GOOD.replace(b"train.py", b"train\\u0041py"),
+    "control_char": GOOD.replace(b"train.py", b"train\x01py"),
+    "non_utf8": GOOD.replace(b"train.py", b"train\xff\xfepy"),
+    "utf8": GOOD.replace(b"train.py", "trâin.py".encode()),
+    "del_char": GOOD.replace(b"train.py", b"train\x7fpy"),
+    "digit_in_key": GOOD.replace(b'"rank":0', b'"ra1nk":0'),
+    "digit_in_prefix": GOOD.replace(b'"type"', b'"ty1pe"'),
+    "digit_after_site": GOOD.replace(b'train_step"', b'train_step"1'),
+    "digit_in_bool": GOOD.replace(b"false", b"fa1se"),
+    "digit_after_brace": GOOD[:-1] + b"1\n",
+    "comma_in_value": GOOD.replace(b'"wait_ns":500000', b'"wait_ns":500,000'),
+    "two_objects": GOOD[:-1] + GOOD,
+    "array": b"[1,2,3]\n",
+    "string": b'"step"\n',
+    "number": b"12\n",
+    "nested": GOOD.replace(b'"delay_ns":0', b'"delay_ns":{"a":[1]}'),
+    "unknown_type": GOOD.replace(b'"type":"step"', b'"type":"steps"'),
+    "header_again": _line(_header(1, 2)),
+    "garbage": b"this is not json\n",
+    "truncated_brace": GOOD[:-2] + b"\n",
+}
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_line_among_writer_lines(name, where, tmp_path, monkeypatch):
+    bad = HOSTILE[name]
+    lines = [GOOD2] * 6
+    at = {"first": 0, "middle": 3, "last": 6}[where]
+    lines.insert(at, bad)
+    path = _write(tmp_path / "records-p0.jsonl", _header(0, 2), *lines)
+    _check(path, monkeypatch, chunks=(None, 97, 400))
+
+
+def test_many_hostile_lines_in_one_file(tmp_path, monkeypatch):
+    """Lines the per-line reader accepts, interleaved with fast ones in one chunk."""
+    lines = []
+    accepted = [
+        k
+        for k, v in sorted(HOSTILE.items())
+        if _load(_write(tmp_path / k / "r.jsonl", _header(), v), monkeypatch, fast=False)[1] is None
+    ]
+    assert {"crlf", "reordered", "extra_key", "blank", "device_string"} <= set(accepted)
+    for i, k in enumerate(accepted * 3):
+        lines += [_line(_step(step=100 + i, rank=i % 3)), HOSTILE[k]]
+    path = _write(tmp_path / "mixed.jsonl", _header(), *lines)
+    want, err = _check(path, monkeypatch)
+    assert err is None and len(want) > len(lines) // 2
+
+
+def test_cut_short_last_line(tmp_path, monkeypatch):
+    for cut in (1, 2, 10, len(GOOD2) - 3, len(GOOD2) - 2):
+        path = _write(tmp_path / f"cut{cut}.jsonl", _header(), GOOD, GOOD2, GOOD2[:cut])
+        want, err = _check(path, monkeypatch)
+        assert err is None and want.partial and len(want) == 2
+        assert any("cut short" in n for n in want.notes)
+
+
+def test_last_line_without_newline_is_kept(tmp_path, monkeypatch):
+    path = _write(tmp_path / "r.jsonl", _header(), GOOD, GOOD2[:-1])
+    want, err = _check(path, monkeypatch)
+    assert err is None and len(want) == 2 and not want.partial
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\n\n", _line(_header()), GOOD, b"\n" + GOOD, b"   \n" + _line(_header()) + GOOD],
+    ids=["empty", "blank", "header_only", "no_header", "no_header_after_blank", "blank_first"],
+)
+def test_file_starts(content, tmp_path, monkeypatch):
+    _check(_write(tmp_path / "r.jsonl", content), monkeypatch)
+
+
+def test_huge_line_is_refused_at_the_same_line(tmp_path, monkeypatch):
+    cap = reader.MAX_LINE_BYTES
+    huge = b'{"type":"step","site":"' + b"a" * (cap + 10) + b'"}\n'
+    path = _write(tmp_path / "records-p0.jsonl", _header(), GOOD, GOOD2, huge, GOOD)
+    _, err = _check(path, monkeypatch, chunks=(None, 4096))
+    assert err is not None and "records-p0.jsonl:4: line is longer than" in err[1]
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_lines_at_the_length_cap(extra, tmp_path, monkeypatch):
+    """A line of exactly the cap (with its "\\n") is read; one byte more is refused."""
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 3000)
+    rec = _step(step=5)
+    body = _line(rec)
+    rec["site"] += "s" * (3000 - len(body) + extra)
+    line = _line(rec)
+    assert len(line) == 3000 + extra
+    path = _write(tmp_path / "cap.jsonl", _header(), GOOD, line, GOOD2)
+    _, err = _check(path, monkeypatch, chunks=(None, 97, 1000, 2999, 3000, 3001, 8192))
+    assert (err is not None) == (extra > 0)
+
+
+def test_long_valid_lines_longer_than_a_chunk(tmp_path, monkeypatch):
+    lines = [_line(_step(step=i, site="s" * (300 * i))) for i in range(1, 6)]
+    path = _write(tmp_path / "long.jsonl", _header(), *lines, GOOD, GOOD2)
+    want, err = _check(path, monkeypatch, chunks=(None, 97, 500, 1000, 1600))
+    assert err is None and len(want) == 7
+
+
+def test_errors_name_the_same_file_and_line_across_files(tmp_path, monkeypatch):
+    d = tmp_path / "run"
+    _write(d / "records-p0.jsonl", _header(0, 3), GOOD, GOOD2)
+    _write(d / "records-p1.jsonl", _header(1, 3), GOOD, HOSTILE["garbage"], GOOD)
+    _write(d / "records-p2.jsonl", b"not a header\n")
+    _, err = _check(d, monkeypatch)
+    assert err is not None and "records-p1.jsonl:3: not valid JSON" in err[1]
+
+
+def test_several_files_and_runs(tmp_path, monkeypatch):
+    d = tmp_path / "run"
+    _write(d / "records-p0.jsonl", _header(0, 3), GOOD, GOOD2)
+    _write(d / "records-p2.jsonl", _header(2, 3), GOOD2, HOSTILE["reordered"], GOOD)
+    want, err = _check(d, monkeypatch)
+    assert err is None and want.partial  # process 1 has no file
+    _write(d / "records-p1.jsonl", _header(1, 3, run_id="other"), GOOD)
+    _, err = _check(d, monkeypatch)
+    assert err is not None and "different runs" in err[1]
+
+
+def test_the_fast_reader_reads_in_bounded_chunks(tmp_path, monkeypatch):
+    """Memory: a file is read a chunk at a time, never whole."""
+    lines = [_line(_step(step=i, rank=i % 7)) for i in range(3000)]
+    path = _write(tmp_path / "r.jsonl", _header(), *lines)
+    sizes = []
+    read_block = reader._read_block
+
+    def spy(builder, path, buf, size, i):
+        sizes.append(size)
+        return read_block(builder, path, buf, size, i)
+
+    monkeypatch.setattr(reader, "_read_block", spy)
+    monkeypatch.setattr(reader, "_CHUNK_BYTES", 8192)
+    assert len(load_records(path)) == 3000
+    assert len(sizes) > 20 and max(sizes) <= 8192
+
+
+def test_random_corruptions_of_writer_lines(tmp_path, monkeypatch):
+    """One byte replaced, inserted or deleted anywhere in a writer line: the fast
+    reader accepts it only where `json` reads the same values (fuzzed, fixed seed)."""
+    rng = np.random.default_rng(15)
+    alphabet = b'0123456789-+.,:"\\ {}[]eEnultrfasx\x00\x1f\x7f\xff'
+    bases = [GOOD, GOOD2, _line(_step(step=123, arrive_ns=10**17 + 3, done_ns=10**17 + 99))]
+    fast_taken = 0
+    for case in range(400):
+        line = bytearray(bases[case % len(bases)])
+        at = int(rng.integers(0, len(line) - 1))  # not the closing "\n"
+        op = case % 3
+        byte = alphabet[int(rng.integers(0, len(alphabet)))]
+        if op == 0:
+            line[at] = byte
+        elif op == 1:
+            line.insert(at, byte)
+        else:
+            del line[at]
+        path = _write(tmp_path / f"c{case}.jsonl", _header(), GOOD, bytes(line), GOOD2)
+        counter = _Counter(monkeypatch)
+        _check(path, monkeypatch, chunks=(None,))
+        fast_taken += counter.fast
+        monkeypatch.undo()
+    assert fast_taken > 800  # the good lines around each corruption, at least
