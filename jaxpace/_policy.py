@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple, Protocol
 
@@ -127,10 +128,17 @@ class BatchedPolicy(NamedTuple):
     returns `(delays (num_sites, num_ranks), state)`. Each site's delays equal
     what the policy's own `update` returns for that site alone: the single-site
     `update` of these policies is this function on a batch of one.
+
+    `update` may reuse the arrays of the state it is given for the state it
+    returns: keep only the returned state (the simulator does).
+    `constant`: the delays and the state do not depend on the observation's
+    values, only on its shape (`no_pacing`, `fixed`), so a caller may run the
+    update before the observation exists.
     """
 
     init: Any
     update: Any
+    constant: bool = False
 
 
 def batched(policy: PacingPolicy) -> BatchedPolicy | None:
@@ -174,7 +182,9 @@ def no_pacing() -> PacingPolicy:
     def update_batch(obs: Observation, state: NoPacingState):
         return np.zeros(np.shape(obs.earliness_s)), NoPacingState(steps=state.steps + 1)
 
-    update_fn.batched = BatchedPolicy(lambda num_sites, num_ranks: init_fn(num_ranks), update_batch)
+    update_fn.batched = BatchedPolicy(
+        lambda num_sites, num_ranks: init_fn(num_ranks), update_batch, constant=True
+    )
     return PacingPolicy(
         init_fn, update_fn, name="no_pacing()", max_delay_s=0.0, needs_exchange=False
     )
@@ -217,7 +227,9 @@ def fixed(delay_s: float) -> PacingPolicy:
     def update_batch(obs: Observation, state: FixedState):
         return np.full(np.shape(obs.earliness_s), delay_s), FixedState(steps=state.steps + 1)
 
-    update_fn.batched = BatchedPolicy(lambda num_sites, num_ranks: init_fn(num_ranks), update_batch)
+    update_fn.batched = BatchedPolicy(
+        lambda num_sites, num_ranks: init_fn(num_ranks), update_batch, constant=True
+    )
 
     return PacingPolicy(
         init_fn,
@@ -319,6 +331,13 @@ class AdaptiveState(NamedTuple):
       ab_count: `(2,)` steps counted per arm.
       ab_rejected: the A/B guard found pacing slower and turned it off.
       steps_paced: steps on which a non-zero delay was requested.
+      order: `(window, num_ranks)` small ints, each `history` entry's rank
+        among its rank's window (NaN entries last), kept up to date on each
+        update so that the windowed quantile needs no sort. Empty, `(0,
+        num_ranks)`, below `_ORDER_MIN_RANKS` ranks, where sorting the window
+        costs less (and None in a state built by hand: sorted too).
+      odd: `(window,)` ints, the entries of each `history` row that are NaN or
+        -0.0 (a window holding any is sorted); empty or None with `order`.
     """
 
     step: int
@@ -336,6 +355,8 @@ class AdaptiveState(NamedTuple):
     ab_count: np.ndarray
     ab_rejected: bool
     steps_paced: int
+    order: np.ndarray | None = None
+    odd: np.ndarray | None = None
 
 
 def _expected_earliness(history: np.ndarray, filled: int, quantile: float) -> np.ndarray:
@@ -400,12 +421,15 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
         if e.shape != (n,):
             raise ValueError(f"`obs.earliness_s` must have shape ({n},), got {e.shape}.")
         t = np.array([obs.step_time_s], dtype=np.float64)
-        delays, new = _adaptive_update(c, e[None], t, _stack(state))
+        delays, new = _adaptive_update(c, e[None], t, _stack(state), owned=False)
         return delays[0], _unstack(new)
 
     def init_batch(num_sites: int, num_ranks: int) -> AdaptiveState:
         one = _adaptive_init(c, num_ranks)
-        return AdaptiveState(*(np.repeat(np.asarray(v)[None], int(num_sites), axis=0) for v in one))
+        return AdaptiveState(
+            *(None if v is None else np.repeat(np.asarray(v)[None], int(num_sites), axis=0)
+              for v in one)
+        )  # fmt: skip
 
     def update_batch(obs: Observation, state: AdaptiveState) -> tuple[np.ndarray, AdaptiveState]:
         e = sanitize_seconds(obs.earliness_s).reshape(np.shape(obs.earliness_s))
@@ -414,7 +438,7 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
                 f"`obs.earliness_s` must have shape {state.history.shape[::2]}, got {e.shape}."
             )
         t = np.broadcast_to(np.asarray(obs.step_time_s, dtype=np.float64), e.shape[:1])
-        return _adaptive_update(c, e, t, state)
+        return _adaptive_update(c, e, t, state, owned=True)
 
     update_fn.batched = BatchedPolicy(init_batch, update_batch)
 
@@ -432,6 +456,7 @@ def _adaptive_init(c: AdaptiveConfig, num_ranks: int) -> AdaptiveState:
     if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
         raise ConfigError(f"`num_ranks` must be a positive integer, got {num_ranks!r}.")
     n = int(num_ranks)
+    w = c.window if n >= _ORDER_MIN_RANKS else 0
     return AdaptiveState(
         step=0,
         history=np.full((c.window, n), np.nan),
@@ -448,12 +473,24 @@ def _adaptive_init(c: AdaptiveConfig, num_ranks: int) -> AdaptiveState:
         ab_count=np.zeros(2, dtype=np.int64),
         ab_rejected=False,
         steps_paced=0,
+        # All NaN: any order is the window's order. Empty: not kept.
+        order=np.repeat(np.arange(w, dtype=_order_dtype(c.window))[:, None], n, axis=1),
+        odd=np.zeros(w, dtype=np.int64),
     )
+
+
+# From this many ranks on, `adaptive` keeps `AdaptiveState.order` (below it,
+# sorting the window each update costs less than keeping the order).
+_ORDER_MIN_RANKS = 512
+
+
+def _order_dtype(window: int) -> type:
+    return np.int8 if window <= 127 else np.int16
 
 
 def _stack(state: AdaptiveState) -> AdaptiveState:
     """One site's state as a batch of one (every field gains a leading axis of 1)."""
-    return AdaptiveState(*(np.asarray(v)[None] for v in state))
+    return AdaptiveState(*(None if v is None else np.asarray(v)[None] for v in state))
 
 
 def _unstack(b: AdaptiveState) -> AdaptiveState:
@@ -474,31 +511,50 @@ def _unstack(b: AdaptiveState) -> AdaptiveState:
         ab_count=b.ab_count[0],
         ab_rejected=bool(b.ab_rejected[0]),
         steps_paced=int(b.steps_paced[0]),
+        order=None if b.order is None else b.order[0],
+        odd=None if b.odd is None else b.odd[0],
     )
 
 
 def _adaptive_update(
-    c: AdaptiveConfig, e: np.ndarray, step_time_s: np.ndarray, st: AdaptiveState
+    c: AdaptiveConfig,
+    e: np.ndarray,
+    step_time_s: np.ndarray,
+    st: AdaptiveState,
+    *,
+    owned: bool = False,
 ) -> tuple[np.ndarray, AdaptiveState]:
     """`adaptive`'s update for B sites at once: `e` (B, R) sanitized, state with a site axis.
 
     Every site follows the stages below on its own (estimate -> gate -> A/B guard
-    -> budget); only the array work is shared.
+    -> budget); only the array work is shared. `owned`: the caller gives up `st`,
+    so its rings are updated in place instead of copied (the batched path; the
+    single-site `update` stays pure).
     """
     B, n = e.shape
     step = st.step + 1
     active = step > c.warmup_steps
     if not active.any():
         return np.zeros((B, n)), st._replace(step=step)
+    every = bool(active.all())
     ia = np.flatnonzero(active)
     row = (step - c.warmup_steps - 1) % c.window
-    history = st.history.copy()
-    history[ia, row[ia]] = e[ia]
+    history, delay_hist = st.history, st.delays
+    # `order` is kept from `_ORDER_MIN_RANKS` ranks on; below, the window is sorted.
+    kept = st.order is not None and st.odd is not None and st.order.shape[1] > 0
+    order, odd = (st.order, st.odd) if kept else (None, None)
+    if not owned:
+        history = history.copy()
+        if order is not None:
+            order, odd = order.copy(), odd.copy()
     filled = np.where(active, np.minimum(st.filled + 1, c.window), st.filled)
+    _insert(history, order, odd, ia, row, e, every)
     expected = np.full((B, n), np.nan)
-    for f in np.unique(filled[ia]):
-        idx = ia[filled[ia] == f]
-        expected[idx] = _expected_batch(history[idx], int(f), c.quantile)
+    fa = filled[ia]
+    groups = fa[:1] if (fa == fa[0]).all() else np.unique(fa)  # sites with as many rows
+    for f in groups:
+        idx = ia[fa == f]
+        expected[idx] = _window_quantile(history, order, odd, idx, int(f), c.quantile, B)
     fin = np.isfinite(expected)
     spread = np.where(fin.any(axis=1), np.where(fin, expected, -np.inf).max(axis=1), 0.0)
     gate = _gate(c, st, spread)
@@ -519,9 +575,12 @@ def _adaptive_update(
     pacing_now = gate.engaged & ~(c.ab_test & (ab.rejected | (ab.arm == 0))) & active
     delays = np.zeros((B, n))
     ip = np.flatnonzero(pacing_now)
-    if ip.size:
-        delays[ip] = _budgeted_delays(c, st.delays[ip], row[ip], expected[ip], e[ip])
-    delay_hist = st.delays.copy()
+    if ip.size == B:
+        delays[:] = _budgeted_delays(c, delay_hist, row, expected, e)
+    elif ip.size:
+        delays[ip] = _budgeted_delays(c, delay_hist[ip], row[ip], expected[ip], e[ip])
+    if not owned:
+        delay_hist = delay_hist.copy()
     delay_hist[ia, row[ia]] = delays[ia]
     new = AdaptiveState(
         step=step,
@@ -539,16 +598,143 @@ def _adaptive_update(
         ab_count=ab.count,
         ab_rejected=ab.rejected,
         steps_paced=st.steps_paced + (delays > 0).any(axis=1),
+        order=order if kept else st.order,
+        odd=odd if kept else st.odd,
     )
-    if not active.all():  # sites still in warm-up only count the step
+    if not every:  # sites still in warm-up only count the step (their rings were not written)
         keep = ~active
-        fields = []
-        for old, cur in zip(st, new, strict=True):
-            cur = np.array(cur, copy=True)
-            cur[keep] = np.asarray(old)[keep]
-            fields.append(cur)
-        new = AdaptiveState(*fields)._replace(step=step)
+        rings = ("history", "delays", "order", "odd")
+        fields = {}
+        for name, old, cur in zip(AdaptiveState._fields, st, new, strict=True):
+            if name not in rings:
+                cur = np.array(cur, copy=True)
+                cur[keep] = np.asarray(old)[keep]
+            fields[name] = cur
+        new = AdaptiveState(**fields)._replace(step=step)
     return delays, new
+
+
+def _insert(
+    history: np.ndarray,
+    order: np.ndarray | None,
+    odd: np.ndarray | None,
+    ia: np.ndarray,
+    row: np.ndarray,
+    e: np.ndarray,
+    every: bool,
+) -> None:
+    """Writes `e` into row `row` of sites `ia`'s windows, in place, keeping `order` and `odd`.
+
+    The entry leaving the window drops out of its rank's order (every entry
+    above it moves down one); the new one goes above every entry `<=` it
+    (above all of them if it is NaN), and every entry above it moves up one.
+    """
+    if every:
+        h, o, r, x = history, order, row, e
+    else:
+        h, r, x = history[ia], row[ia], e[ia]
+        o = None if order is None else order[ia]
+    sa = np.arange(len(r))
+    if o is not None:
+        o -= o > o[sa, r][:, None, :]
+    h[sa, r] = x
+    if o is not None:
+        le = h <= x[:, None, :]
+        # `e` is sanitized: NaN is the canonical quiet NaN, nothing is negative but
+        # -0.0. Read as unsigned integers, exactly those two lie above +inf.
+        bad = x.view(np.uint64) > _POS_INF_BITS
+        if bad.any():
+            nan = np.isnan(x)
+            le |= nan[:, None, :]
+            odd[ia, r] = np.count_nonzero(bad, axis=1)
+        else:
+            odd[ia, r] = 0
+        below = le.sum(axis=1, dtype=o.dtype)
+        o += ~le
+        o[sa, r] = below - 1
+    if not every:
+        history[ia] = h
+        if o is not None:
+            order[ia] = o
+
+
+_POS_INF_BITS = np.float64(np.inf).view(np.uint64)
+
+
+def _window_quantile(
+    history: np.ndarray,
+    order: np.ndarray | None,
+    odd: np.ndarray | None,
+    idx: np.ndarray,
+    filled: int,
+    quantile: float,
+    num_sites: int,
+) -> np.ndarray:
+    """`_expected_batch(history[idx], filled, quantile)`, read off `order` where it can.
+
+    A window with no NaN and no -0.0 has one sorted order of its values, which
+    `order` gives: the quantile is `_sorted_quantile`'s arithmetic on the
+    entries of the two ranks it needs. The others go the general way.
+    """
+    if order is None:
+        return _expected_batch(history[idx], filled, quantile)
+    full = len(idx) == num_sites
+    if not odd.any():
+        if full:
+            return _order_quantile(history, order, filled, quantile)
+        return _order_quantile(history[idx], order[idx], filled, quantile)
+    clean = odd[idx].sum(axis=1) == 0
+    out = np.empty((len(idx), history.shape[2]))
+    ic = idx[clean]
+    if ic.size:
+        out[clean] = _order_quantile(history[ic], order[ic], filled, quantile)
+    slow = idx[~clean]
+    if np.isfinite(history[idx, :filled]).all():  # what `_expected_batch` does for the group
+        v = np.sort(np.swapaxes(history[slow, :filled], 1, 2), axis=-1)
+        out[~clean] = _sorted_quantile(v, quantile)
+    else:
+        out[~clean] = np.stack([_expected_earliness(h, filled, quantile) for h in history[slow]])
+    return out
+
+
+def _order_quantile(h: np.ndarray, o: np.ndarray, filled: int, quantile: float) -> np.ndarray:
+    """`_sorted_quantile` of each (site, rank) window's first `filled` ranks, per `o`.
+
+    The same float64 arithmetic as `_sorted_quantile` (in Python floats for the
+    index and weight).
+    """
+    n = filled
+    virtual = (n - 1) * float(quantile)
+    if virtual >= n - 1:
+        return _at_rank(h, o, n - 1)
+    if virtual < 0:
+        return _at_rank(h, o, 0)
+    prev = math.floor(virtual)
+    t = virtual - prev
+    a, b = _at_rank(h, o, prev), _at_rank(h, o, prev + 1)
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+@functools.lru_cache(maxsize=32)
+def _gather_index(
+    sites: int, window: int, ranks: int, dtype: type
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_at_rank`'s constants: each window slot's number, and each (site, rank)'s offset."""
+    slots = np.arange(window, dtype=dtype)[:, None]
+    base = (np.arange(sites) * (window * ranks))[:, None] + np.arange(ranks)
+    slots.flags.writeable = base.flags.writeable = False
+    return slots, base
+
+
+def _at_rank(h: np.ndarray, o: np.ndarray, k: int) -> np.ndarray:
+    """`(sites, ranks)`: the entry of rank `k` in each window of `h` `(sites, window, ranks)`."""
+    S, W, R = h.shape
+    slots, base = _gather_index(S, W, R, o.dtype.type)
+    slot = ((o == k) * slots).sum(axis=1, dtype=o.dtype).astype(np.intp)
+    slot *= R
+    slot += base
+    return np.take(h.reshape(-1), slot)
 
 
 def _expected_batch(history: np.ndarray, filled: int, quantile: float) -> np.ndarray:
@@ -654,7 +840,8 @@ def _budgeted_delays(
     Per site: `delays` (B, window, R) is each site's delay ring, `row` (B,) its
     current row, `expected` and `e` (B, R).
     """
-    want = np.nan_to_num(c.gain * expected, nan=0.0)
+    want = c.gain * expected  # never inf: earliness is finite, gain <= 1
+    want[np.isnan(want)] = 0.0
     # Budget: what the rank slept over the rest of the window, plus this.
     slept = delays.sum(axis=1) - delays[np.arange(row.size), row]
     budget = c.budget_fraction * c.window * c.max_delay_s

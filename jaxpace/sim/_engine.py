@@ -200,34 +200,82 @@ def _advance(
     nk: int,
     slow: float,
     ar: np.ndarray,
+    cur: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Runs `work` seconds of compute from times `t`, `slow`x slower inside spin intervals.
 
-    Rank `i`'s spin intervals are `[spin_u[m, i], spin_v[m])` for `m < nk`,
-    disjoint and in time order. `ptr[i]` is the first interval that may still
-    end after `t[i]`; it is advanced in place. Vectorized over ranks: one pass
-    over all ranks handles the interval `ptr` points at; the few ranks whose
-    compute then runs into a further interval go through `_advance_loop`.
+    Rank `i`'s spin intervals are `[spin_u[m, i], spin_v[m])` for `m < nk`
+    (`spin_v[m, i]` when `spin_v` is 2-D), disjoint and in time order. `ptr[i]`
+    is the first interval that may still end after `t[i]`; it is advanced in
+    place. Vectorized over ranks: one pass over all ranks handles the interval
+    `ptr` points at; the few ranks whose compute then runs into a further
+    interval go through `_advance_loop`.
+
+    `cur`: `(u, v)` buffers holding each rank's interval `ptr`, kept up to date
+    across calls (the engine's path: `ptr <= nk - 1` on entry, and `spin_v` is
+    2-D): only ranks that moved to an older interval are gathered, instead of
+    every rank.
     """
     if nk == 0:
         return t + work
-    p = np.minimum(ptr, nk - 1)
-    v = spin_v[p]
-    start = np.maximum(t, spin_u[p, ar])
+    new = None
+    if cur is None:
+        p = np.minimum(ptr, nk - 1)
+        v = spin_v[p] if spin_v.ndim == 1 else spin_v[p, ar]
+        u = spin_u[p, ar]
+    else:
+        u, v = cur
+        if nk == 1:  # every rank starts at interval 0
+            u[:] = spin_u[0]
+            v[:] = spin_v[0]
+        else:  # ranks that reached the newest interval at the last call
+            new = ptr == nk - 1
+            np.copyto(u, spin_u[nk - 1], where=new)
+            np.copyto(v, spin_v[nk - 1], where=new)
+    start = np.maximum(t, u)
     rem = work - (start - t)  # work left when the spin starts
-    cap = np.maximum(v - start, 0.0) / slow  # work that fits inside the spin
-    after = np.maximum(v, start)
-    out = np.where(rem <= 0, t + work, np.where(rem <= cap, start + rem * slow, after + rem - cap))
-    passed = rem > cap
+    cap = np.maximum(v - start, 0.0)
+    cap /= slow  # work that fits inside the spin
+    fits = rem <= cap
+    # Ends inside the spin, else after it; (rarely) before it starts.
+    out = np.where(fits, start + rem * slow, np.maximum(v, start) + rem - cap)
+    early = rem <= 0
+    if early.any():
+        out[early] = t[early] + work[early]
+    passed = ~fits
     ptr += passed
-    np.minimum(ptr, nk, out=ptr)
-    q = np.minimum(ptr, nk - 1)
-    bad = passed & (ptr < nk) & (out > spin_u[q, ar])
-    if bad.any():
-        idx = np.nonzero(bad)[0]
-        out[idx] = after[idx]
-        _advance_loop(out, (rem - cap)[idx], idx, spin_u, spin_v, ptr, nk, slow)
+    if cur is None:
+        np.minimum(ptr, nk, out=ptr)
+        q = np.minimum(ptr, nk - 1)
+        idx = np.flatnonzero(passed & (ptr < nk) & (out > spin_u[q, ar]))
+    else:
+        # Passing the newest interval leaves nothing ahead (`ptr == nk`: loaded
+        # at the next call); ranks that passed an older one are at interval `ptr`.
+        moved = None if new is None else passed > new
+        idx = np.flatnonzero(moved) if moved is not None and moved.any() else ar[:0]
+        if idx.size:
+            q = ptr[idx]
+            uq = spin_u[q, idx]
+            into = out[idx] > uq  # runs into interval `q` too
+            after = np.maximum(v[idx[into]], start[idx[into]])
+            u[idx] = uq
+            v[idx] = spin_v[q, idx]
+            idx = idx[into]
+    if idx.size:
+        out[idx] = np.maximum(v[idx], start[idx]) if cur is None else after
+        _advance_loop(out, rem[idx] - cap[idx], idx, spin_u, spin_v, ptr, nk, slow)
+        if cur is not None:  # where the loop left them
+            q = ptr[idx]
+            inside = q < nk
+            i, q = idx[inside], q[inside]
+            u[i] = spin_u[q, i]
+            v[i] = spin_v[q, i]
     return out
+
+
+# Below this many ranks, `_advance_loop` runs in plain Python floats (the same
+# IEEE operations, without NumPy's per-call cost).
+_SCALAR_LOOP = 12
 
 
 def _advance_loop(
@@ -241,16 +289,20 @@ def _advance_loop(
     slow: float,
 ) -> None:
     """`_advance` for ranks `idx` with work `w` left, interval by interval; updates `t` in place."""
+    if idx.size <= _SCALAR_LOOP:
+        _advance_loop_scalar(t, w, idx, spin_u, spin_v, ptr, nk, slow)
+        return
     while idx.size:
         p = ptr[idx]
         ti = t[idx]
         start = np.maximum(ti, spin_u[p, idx])
         gap = start - ti
-        cap = np.maximum(spin_v[p] - start, 0.0) / slow
+        v = spin_v[p] if spin_v.ndim == 1 else spin_v[p, idx]
+        cap = np.maximum(v - start, 0.0) / slow
         before = w <= gap
         inside = ~before & (w - gap <= cap)
         t[idx] = np.where(
-            before, ti + w, np.where(inside, start + (w - gap) * slow, np.maximum(spin_v[p], start))
+            before, ti + w, np.where(inside, start + (w - gap) * slow, np.maximum(v, start))
         )
         passed = ~(before | inside)
         w = w - gap - cap
@@ -259,6 +311,44 @@ def _advance_loop(
         out = ptr[idx] >= nk
         t[idx[out]] += w[out]
         idx, w = idx[~out], w[~out]
+
+
+def _advance_loop_scalar(
+    t: np.ndarray,
+    w: np.ndarray,
+    idx: np.ndarray,
+    spin_u: np.ndarray,
+    spin_v: np.ndarray,
+    ptr: np.ndarray,
+    nk: int,
+    slow: float,
+) -> None:
+    """`_advance_loop`'s arithmetic, rank by rank (times are finite and positive: no NaN, no -0)."""
+    two_d = spin_v.ndim == 2
+    for i, wi in zip(idx.tolist(), w.tolist(), strict=True):
+        p = int(ptr[i])
+        ti = float(t[i])
+        while True:
+            u = float(spin_u[p, i])
+            v = float(spin_v[p, i] if two_d else spin_v[p])
+            start = u if u > ti else ti
+            gap = start - ti
+            c = v - start
+            cap = (c if c > 0.0 else 0.0) / slow
+            if wi <= gap:
+                ti = ti + wi
+                break
+            if wi - gap <= cap:
+                ti = start + (wi - gap) * slow
+                break
+            ti = v if v > start else start
+            wi = wi - gap - cap
+            p += 1
+            if p >= nk:
+                ti += wi
+                break
+        t[i] = ti
+        ptr[i] = p
 
 
 class _Draws:
@@ -301,12 +391,16 @@ class _Draws:
         self.leaves = math.ceil(nodes / fab.nodes_per_leaf)
         self.uplinks = max(1, round(fab.nodes_per_leaf / fab.oversubscription))
 
-    def bucket_jitter(self) -> np.ndarray | None:
-        """`(buckets, ranks)` lognormal factors on each bucket's backward compute, or None."""
+    def bucket_jitter(self, n: int = 1) -> np.ndarray | None:
+        """`(n, buckets, ranks)` lognormal factors on each bucket's backward compute, or None.
+
+        Drawn `n` steps at once: the same numbers as `n` draws of one step each.
+        """
         sig = self.s.compute.bucket_jitter_sigma
         if sig <= 0:
             return None
-        return np.exp(sig * self.r_bucket.standard_normal((self.s.collective.buckets, self.ranks)))
+        shape = (n, self.s.collective.buckets, self.ranks)
+        return np.exp(sig * self.r_bucket.standard_normal(shape))
 
     def block(self, k0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Returns `(compute_s (n, ranks), t_coll_s (n,))` for steps `k0 .. k0+n-1`.
@@ -414,12 +508,18 @@ def _node_coupled_compute(a: np.ndarray, d0: np.ndarray, su: _Setup) -> np.ndarr
     A = a.reshape(-1, g)
     Am = A[:, None, :]
     Ai = A[:, :, None]
-    Em = Am + d0.reshape(-1, g)[:, None, :]
+    asleep = bool(d0.any())
+    Em = Am + d0.reshape(-1, g)[:, None, :] if asleep else Am  # + 0.0 changes nothing
     adj = np.zeros_like(A)
-    if su.k_pow > 0:  # (c) node-mates asleep free power for those still computing
-        adj -= su.k_pow * np.clip(np.minimum(Ai, Em) - Am, 0.0, None).sum(axis=2) / (g - 1)
+    if su.k_pow > 0 and asleep:  # (c) node-mates asleep free power for those still computing
+        m = np.minimum(Ai, Em)  # (with nobody asleep every term is 0: skipped)
+        m -= Am
+        np.maximum(m, 0.0, out=m)
+        adj -= su.k_pow * m.sum(axis=2) / (g - 1)
     if su.k_host > 0:  # (d) node-mates' hosts spin-waiting steal CPU from host-bound work
-        adj += su.k_host * np.clip(Ai - Em, 0.0, None).sum(axis=2) / (g - 1)
+        m = Ai - Em
+        np.maximum(m, 0.0, out=m)
+        adj += su.k_host * m.sum(axis=2) / (g - 1)
     return (A + adj).reshape(-1)
 
 
@@ -427,46 +527,73 @@ def _run_buckets(
     a: np.ndarray,
     D: np.ndarray,
     jit: np.ndarray | None,
-    tc: float,
+    tc: np.ndarray,
     su: _Setup,
-    spin_u: np.ndarray,
-    spin_v: np.ndarray,
-) -> tuple[float, list[np.ndarray], list[float]]:
-    """One step's forward and bucketed backward with each bucket's all-reduce.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`L` independent steps' forward and bucketed backward with each bucket's all-reduce.
 
-    `a` is each rank's compute, `D[j]` the delays slept before site `j`'s
-    launch, `tc` one bucket's all-reduce time. Fills `spin_u`/`spin_v` with
-    the step's spin intervals. Returns `(step end, waits per site, spin
-    rank-seconds per bucket)`; a site's wait counts from the rank's natural
+    `a` `(L, ranks)` is each rank's compute, `D` `(L, sites, ranks)` the delays
+    slept before each site's launch, `jit` `(L, buckets, ranks)` the bucket
+    jitter (or None), `tc` `(L,)` one bucket's all-reduce time. The steps do
+    not depend on each other (only on their delays), so they run side by side,
+    each with exactly the arithmetic of a step run alone. Returns
+    `(step ends (L,), waits (sites, L, ranks), bucket ends (buckets, L), spin
+    rank-seconds (L, buckets))`; a site's wait counts from the rank's natural
     arrival, its own sleep included.
     """
-    R, ar = su.ranks, su.ar
+    L, R = a.shape
+    N = L * R
+    B = su.buckets
+    a = a.reshape(N)
     bucket_work = a * su.bwd_frac
     x = a * su.fwd_frac  # compute clock: when the rank's compute reached its position
-    ptr = np.zeros(R, dtype=np.int64)  # first spin interval that may still lie ahead
-    launch_prev = np.zeros(R)
-    end_prev = 0.0
-    waits: list[np.ndarray] = []
-    spins: list[float] = []
-    for j in range(su.buckets):
-        w = bucket_work if jit is None else bucket_work * jit[j]
-        if su.spin_coupled and j > 0:
-            x = _advance(x, w, spin_u, spin_v, ptr, j, su.slow, ar)
+    if jit is not None:
+        work = np.empty((B, L, R))
+        np.multiply(bucket_work.reshape(L, 1, R), jit, out=work.transpose(1, 0, 2))
+        work = work.reshape(B, N)
+    ends = np.empty((B, L))
+    waits = np.empty((su.n_sites, L, R))
+    starts = np.empty((B, L, R))  # when each rank's kernel of each bucket starts
+    spin = su.spin_coupled
+    if spin:  # spin intervals [starts[j, i], spin_v[j, i]); the one each rank's compute is in
+        spin_u = starts.reshape(B, N)
+        spin_v = np.empty((B, N))
+        ptr = np.zeros(N, dtype=np.int64)
+        cur = (np.empty(N), np.empty(N))
+        ar = np.arange(N)
+    Dj = D.transpose(1, 0, 2)  # (sites, L, ranks) views
+    launch_prev = None
+    end_prev = np.zeros(L)
+    for j in range(B):
+        w = bucket_work if jit is None else work[j]
+        if spin and j > 0:
+            x = _advance(x, w, spin_u, spin_v, ptr, j, su.slow, ar, cur)
         else:
             x = x + w
-        launch = x if j >= su.n_sites else x + D[j]
+        x2 = x.reshape(L, R)
+        launch = x2 + Dj[j] if j < su.n_sites else x2
         if j > 0:  # the host launches the buckets' collectives in order
             launch = np.maximum(launch, launch_prev)
-        last = max(float(launch.max()), end_prev)  # all ranks in: transfer starts
-        start = np.minimum(np.maximum(launch, end_prev), last)  # own kernel starts
-        spins.append(float((last - start).sum()))
-        spin_u[j] = start
-        spin_v[j] = last
+        last = np.maximum(launch.max(axis=1), end_prev)  # all ranks in: transfer starts
+        last_c = last[:, None]
+        start = starts[j]
+        np.maximum(launch, end_prev[:, None], out=start)
+        np.minimum(start, last_c, out=start)  # own kernel starts
+        if spin and j < B - 1:
+            spin_v[j].reshape(L, R)[:] = last_c
+        ends[j] = last
         if j < su.n_sites:
-            waits.append(last - x)
+            np.subtract(last_c, x2, out=waits[j])
         end_prev = last + tc
         launch_prev = launch
-    return end_prev, waits, spins
+    spins = (ends[:, :, None] - starts).sum(axis=2).T  # spin rank-seconds per step and bucket
+    return end_prev, waits, ends, spins
+
+
+# Steps run side by side when the policy's delays do not depend on the
+# observations (`no_pacing`, `fixed`): enough to amortize NumPy's per-call cost,
+# few enough that the step arrays stay in cache.
+_CHUNK_STEPS = 32
 
 
 class _PolicySites:
@@ -475,28 +602,37 @@ class _PolicySites:
     With a policy that has a batched form (`jaxpace._policy.batched`: `no_pacing`,
     `fixed`, `adaptive`) all sites go through one update call, which gives each
     site exactly the delays of its own update; otherwise site by site.
+    `constant`: the policy's delays do not depend on what it observes
+    (`BatchedPolicy.constant`), so they may be decided before the step runs.
     """
 
     def __init__(self, pol: PacingPolicy, n_sites: int, num_ranks: int):
         self.pol, self.batch = pol, batched(pol)
+        self.constant = self.batch is not None and bool(self.batch.constant)
         if self.batch is not None:
             self.state: Any = self.batch.init(n_sites, num_ranks)
         else:
             self.state = [pol.init(num_ranks) for _ in range(n_sites)]
+        self._shape = (n_sites, num_ranks)
 
-    def decide(self, waits: list[np.ndarray], step: float) -> np.ndarray:
-        """Each site's update on this step's earliness; returns `(sites, ranks)` delays."""
+    def decide(self, e: np.ndarray, step: float) -> np.ndarray:
+        """Each site's update on this step's `(sites, ranks)` earliness; returns the delays."""
         if self.batch is not None:
-            e = earliness(np.stack(waits), axis=-1)
-            obs = Observation(earliness_s=e, step_time_s=np.full(len(waits), float(step)))
+            obs = Observation(earliness_s=e, step_time_s=np.full(len(e), float(step)))
             delays, self.state = self.batch.update(obs, self.state)
             return np.asarray(delays, dtype=np.float64)
-        new = np.empty((len(waits), len(waits[0])))
-        for j, w in enumerate(waits):
-            obs = Observation(earliness_s=earliness(w), step_time_s=float(step))
+        new = np.empty(e.shape)
+        for j, ej in enumerate(e):
+            obs = Observation(earliness_s=ej.copy(), step_time_s=float(step))
             delays, self.state[j] = self.pol.update(obs, self.state[j])
             new[j] = np.asarray(delays, dtype=np.float64)
         return new
+
+    def decide_ahead(self) -> np.ndarray:
+        """A `constant` policy's next update, before its observation exists."""
+        obs = Observation(earliness_s=np.zeros(self._shape), step_time_s=np.zeros(self._shape[0]))
+        delays, self.state = self.batch.update(obs, self.state)
+        return np.asarray(delays, dtype=np.float64)
 
 
 def simulate(
@@ -584,10 +720,11 @@ def estimate_peak_bytes(
     """An upper estimate of the memory one `simulate` run allocates at its peak, in bytes.
 
     Counts the arrays the run holds: per-step times, one block of random
-    draws (`_BLOCK_STEPS` x ranks, with NumPy's temporaries), the buckets'
-    spin intervals and jitter, node-coupling temporaries, the delays in
-    flight, and the policy's per-site state (an `adaptive` window is
-    `window x ranks` per site, twice). Call it before allocating anything.
+    draws (`_BLOCK_STEPS` x ranks, with NumPy's temporaries), one chunk of
+    steps run side by side (bucket jitter, spin intervals, waits, node-coupling
+    temporaries), the delays in flight, and the policy's per-site state (an
+    `adaptive` window is `window x ranks` per site, twice). Call it before
+    allocating anything.
 
     >>> small = estimate_peak_bytes("pure-bsp", nodes=2, steps=1000)
     >>> big = estimate_peak_bytes("pure-bsp", nodes=1024, steps=1000)
@@ -601,15 +738,17 @@ def estimate_peak_bytes(
     B = sc.collective.buckets
     S = B if sc.pacing.sites == "every_bucket" else 1
     n = min(_BLOCK_STEPS, steps)
+    lag = sc.pacing.lag_steps
+    chunk = min(max(lag, _CHUNK_STEPS), steps)  # the most steps `_run` runs side by side
     # The policy's state grows linearly in ranks: measure its slope on 1 and 2 ranks.
     per_rank_state = max(0, _nbytes(pol.init(2)) - _nbytes(pol.init(1)))
     total = f8 * steps  # step times
     total += f8 * n * R * 7  # one block of draws, with temporaries
-    total += f8 * B * R * 4  # spin intervals, bucket jitter and its temporaries
-    total += f8 * R * (g if g > 1 else 0) * 6  # node-coupling temporaries
-    total += f8 * S * R * (sc.pacing.lag_steps + 2)  # delays in flight, new decisions
+    # One chunk of steps: bucket jitter, work, kernel starts and spin intervals per
+    # bucket, waits and earliness per site, node-coupling temporaries, per-rank vectors.
+    total += f8 * chunk * R * (6 * B + 6 * S + 3 * (g if g > 1 else 0) + 24)
+    total += f8 * S * R * (lag + 2)  # delays in flight, new decisions
     total += per_rank_state * R * (S + 4)  # every site's state, one update's temporaries
-    total += f8 * R * 48  # per-rank vectors of one step (waits, launches, earliness, ...)
     return int(total) + (1 << 20)
 
 
@@ -639,38 +778,61 @@ def _run(
     `block_hook(k, n, compute, transfer)` may change a block's draws before it
     runs (injected faults); `on_step(step, waits, bucket_ends, delays, transfer_s)`
     sees each step (the records writer). Both default to nothing.
+
+    A step depends on earlier ones only through the delays decided `lag` steps
+    before it, so `lag` steps at a time run side by side (`_run_buckets`), and
+    a whole chunk when the policy's delays do not depend on its observations;
+    each step's policy update, callbacks and sums still come in step order.
     """
-    R, B = su.ranks, su.buckets
-    sites = _PolicySites(pol, su.n_sites, R)
-    # pending[slot][site]: the delays decided `lag` steps before the step using `slot`.
-    pending = [np.zeros((su.n_sites, R)) for _ in range(lag)]
+    R, S = su.ranks, su.n_sites
+    sites = _PolicySites(pol, S, R)
+    chunk = _CHUNK_STEPS if sites.constant else lag
+    # pending[slot]: the (sites, ranks) delays decided `lag` steps before the step using `slot`.
+    pending = np.zeros((lag, S, R))
     step_times = np.empty(steps)
     total_delay, engaged, spin_sum = 0.0, 0, 0.0
-    spin_u = np.empty((B, R))  # this step's spin intervals [spin_u[j, i], spin_v[j])
-    spin_v = np.empty(B)
     k = 0
     while k < steps:
         n = min(_BLOCK_STEPS, steps - k)
         comp, t_coll = draws.block(k, n)
         if block_hook is not None:
             comp, t_coll = block_hook(k, n, comp, t_coll)
-        for t in range(n):
-            slot = (k + t) % lag
-            D = pending[slot]
-            a = _node_coupled_compute(comp[t], D[0], su) if su.node_coupled else comp[t]
-            jit = draws.bucket_jitter()
-            step, waits, spins = _run_buckets(a, D, jit, t_coll[t], su, spin_u, spin_v)
-            for sp in spins:
-                spin_sum += sp
-            step_times[k + t] = step
-            if on_step is not None:
-                on_step(k + t, waits, spin_v, D, t_coll[t])
-            if D.any():
-                engaged += 1
-                total_delay += float(D.sum())
-            pending[slot] = sites.decide(waits, step)
-            if progress is not None:
-                progress(k + t + 1)
+        t = 0
+        while t < n:
+            L = min(chunk, n - t)
+            slots = [(k + t + i) % lag for i in range(L)]
+            if sites.constant:  # decided ahead: the delays do not depend on the step
+                D = np.empty((L, S, R))
+                for i, slot in enumerate(slots):
+                    D[i] = pending[slot]
+                    pending[slot] = sites.decide_ahead()
+            else:  # every step of the chunk was decided before it
+                D = pending[slots]
+            a = comp[t : t + L]
+            if su.node_coupled:
+                a = _node_coupled_compute(a.reshape(-1), D[:, 0].reshape(-1), su).reshape(L, R)
+            jit = draws.bucket_jitter(L)
+            ends, waits, bucket_ends, spins = _run_buckets(a, D, jit, t_coll[t : t + L], su)
+            flat = D.reshape(L, -1)
+            any_delay = flat.any(axis=1).tolist()
+            delay_sums = flat.sum(axis=1).tolist()
+            spin_rows = spins.tolist()
+            step_times[k + t : k + t + L] = ends
+            e = None if sites.constant else earliness(waits, axis=-1)
+            for i in range(L):
+                s = k + t + i
+                for sp in spin_rows[i]:
+                    spin_sum += sp
+                if on_step is not None:
+                    on_step(s, waits[:, i], bucket_ends[:, i], D[i], t_coll[t + i])
+                if any_delay[i]:
+                    engaged += 1
+                    total_delay += delay_sums[i]
+                if e is not None:
+                    pending[slots[i]] = sites.decide(e[:, i], ends[i])
+                if progress is not None:
+                    progress(s + 1)
+            t += L
         k += n
     return step_times, total_delay, engaged, spin_sum
 
