@@ -338,6 +338,10 @@ class AdaptiveState(NamedTuple):
         costs less (and None in a state built by hand: sorted too).
       odd: `(window,)` ints, the entries of each `history` row that are NaN or
         -0.0 (a window holding any is sorted); empty or None with `order`.
+      slept_s: `(num_ranks,)` each rank's `delays` summed over the window, kept
+        as a running sum (summed afresh every `_RESUM_STEPS` updates): it only
+        tells when the budget cannot bind, so that the exact budget sum can be
+        skipped. None (a state built by hand): the budget is always summed.
     """
 
     step: int
@@ -357,6 +361,7 @@ class AdaptiveState(NamedTuple):
     steps_paced: int
     order: np.ndarray | None = None
     odd: np.ndarray | None = None
+    slept_s: np.ndarray | None = None
 
 
 def _expected_earliness(history: np.ndarray, filled: int, quantile: float) -> np.ndarray:
@@ -476,6 +481,7 @@ def _adaptive_init(c: AdaptiveConfig, num_ranks: int) -> AdaptiveState:
         # All NaN: any order is the window's order. Empty: not kept.
         order=np.repeat(np.arange(w, dtype=_order_dtype(c.window))[:, None], n, axis=1),
         odd=np.zeros(w, dtype=np.int64),
+        slept_s=np.zeros(n),
     )
 
 
@@ -513,6 +519,7 @@ def _unstack(b: AdaptiveState) -> AdaptiveState:
         steps_paced=int(b.steps_paced[0]),
         order=None if b.order is None else b.order[0],
         odd=None if b.odd is None else b.odd[0],
+        slept_s=None if b.slept_s is None else b.slept_s[0],
     )
 
 
@@ -539,7 +546,7 @@ def _adaptive_update(
     every = bool(active.all())
     ia = np.flatnonzero(active)
     row = (step - c.warmup_steps - 1) % c.window
-    history, delay_hist = st.history, st.delays
+    history, delay_hist, slept = st.history, st.delays, st.slept_s
     # `order` is kept from `_ORDER_MIN_RANKS` ranks on; below, the window is sorted.
     kept = st.order is not None and st.odd is not None and st.order.shape[1] > 0
     order, odd = (st.order, st.odd) if kept else (None, None)
@@ -576,12 +583,21 @@ def _adaptive_update(
     delays = np.zeros((B, n))
     ip = np.flatnonzero(pacing_now)
     if ip.size == B:
-        delays[:] = _budgeted_delays(c, delay_hist, row, expected, e)
+        delays[:] = _budgeted_delays(c, delay_hist, row, expected, e, slept)
     elif ip.size:
-        delays[ip] = _budgeted_delays(c, delay_hist[ip], row[ip], expected[ip], e[ip])
+        bound = None if slept is None else slept[ip]
+        delays[ip] = _budgeted_delays(c, delay_hist[ip], row[ip], expected[ip], e[ip], bound)
     if not owned:
         delay_hist = delay_hist.copy()
+        slept = None if slept is None else slept.copy()
+    if slept is not None:  # the running sum: minus the row that leaves, plus the new one
+        slept[ia] -= delay_hist[ia, row[ia]]
+        slept[ia] += delays[ia]
     delay_hist[ia, row[ia]] = delays[ia]
+    if slept is not None:
+        again = ia[step[ia] % _RESUM_STEPS == 0]
+        if again.size:
+            slept[again] = delay_hist[again].sum(axis=1)
     new = AdaptiveState(
         step=step,
         history=history,
@@ -600,10 +616,11 @@ def _adaptive_update(
         steps_paced=st.steps_paced + (delays > 0).any(axis=1),
         order=order if kept else st.order,
         odd=odd if kept else st.odd,
+        slept_s=slept,
     )
     if not every:  # sites still in warm-up only count the step (their rings were not written)
         keep = ~active
-        rings = ("history", "delays", "order", "odd")
+        rings = ("history", "delays", "order", "odd", "slept_s")
         fields = {}
         for name, old, cur in zip(AdaptiveState._fields, st, new, strict=True):
             if name not in rings:
@@ -832,23 +849,51 @@ def _ab_guard(c: AdaptiveConfig, state: AdaptiveState, engaged: bool, step_time_
     return _AB(arm, ab_sum, ab_count, rejected)
 
 
+# `slept_s` is summed afresh from the delay ring every this many updates.
+_RESUM_STEPS = 1024
+
+
 def _budgeted_delays(
-    c: AdaptiveConfig, delays: np.ndarray, row: np.ndarray, expected: np.ndarray, e: np.ndarray
+    c: AdaptiveConfig,
+    delays: np.ndarray,
+    row: np.ndarray,
+    expected: np.ndarray,
+    e: np.ndarray,
+    slept_bound: np.ndarray | None = None,
 ) -> np.ndarray:
     """`gain * expected`, clamped to `[0, max_delay_s]` and to the per-window budget.
 
     Per site: `delays` (B, window, R) is each site's delay ring, `row` (B,) its
-    current row, `expected` and `e` (B, R).
+    current row, `expected` and `e` (B, R); `slept_bound` (B, R) the rings'
+    running sums, or None.
     """
     want = c.gain * expected  # never inf: earliness is finite, gain <= 1
     want[np.isnan(want)] = 0.0
-    # Budget: what the rank slept over the rest of the window, plus this.
-    slept = delays.sum(axis=1) - delays[np.arange(row.size), row]
     budget = c.budget_fraction * c.window * c.max_delay_s
-    out = np.clip(np.minimum(want, budget - slept), 0.0, c.max_delay_s)
+    if slept_bound is not None and (slept_bound <= _unbound_below(c, budget)).all():
+        # The budget left is >= max_delay_s for every rank, so it cannot bind:
+        # min(want, budget - slept) clipped to [0, max_delay_s] is want clipped.
+        out = np.clip(want, 0.0, c.max_delay_s)
+    else:
+        # Budget: what the rank slept over the rest of the window, plus this.
+        slept = delays.sum(axis=1) - delays[np.arange(row.size), row]
+        out = np.clip(np.minimum(want, budget - slept), 0.0, c.max_delay_s)
     # The rank the others wait for never sleeps.
     out[~np.isfinite(e)] = 0.0
     return out
+
+
+def _unbound_below(c: AdaptiveConfig, budget: float) -> float:
+    """A running sum of a delay ring at most this means `budget - slept >= max_delay_s`.
+
+    `slept` (the ring's float sum less one row) exceeds the exact sum by a
+    relative ~`window * 2**-53`, and the running sum drifts from it by at most
+    ~`(window + 4 * _RESUM_STEPS) * 2**-53 * window * max_delay_s`; both are
+    far inside the 1e-9 margins here, and rounding is monotone, so the float
+    `budget - slept` is then >= max_delay_s.
+    """
+    m = c.max_delay_s
+    return (budget - m) * (1.0 - 1e-9) - 1e-9 * c.window * m
 
 
 def adaptive_status(state: AdaptiveState) -> PolicyStatus:

@@ -204,62 +204,65 @@ def _advance(
 ) -> np.ndarray:
     """Runs `work` seconds of compute from times `t`, `slow`x slower inside spin intervals.
 
-    Rank `i`'s spin intervals are `[spin_u[m, i], spin_v[m])` for `m < nk`
-    (`spin_v[m, i]` when `spin_v` is 2-D), disjoint and in time order. `ptr[i]`
-    is the first interval that may still end after `t[i]`; it is advanced in
-    place. Vectorized over ranks: one pass over all ranks handles the interval
-    `ptr` points at; the few ranks whose compute then runs into a further
-    interval go through `_advance_loop`.
+    Rank `i`'s spin intervals are `[spin_u[m, i], spin_v[m])` for `m < nk`,
+    disjoint and in time order (when `spin_v` is 2-D, `(intervals, L)`, the
+    ranks are `L` steps side by side: rank `i` is in step `i // (len(t) // L)`
+    and its intervals end at `spin_v[m, i // (len(t) // L)]`). `ptr[i]` is the
+    first interval that may still end after `t[i]`; it is advanced in place.
+    Vectorized over ranks: one pass over all ranks handles the interval `ptr`
+    points at; the few ranks whose compute then runs into a further interval
+    go through `_advance_loop`.
 
     `cur`: `(u, v)` buffers holding each rank's interval `ptr`, kept up to date
-    across calls (the engine's path: `ptr <= nk - 1` on entry, and `spin_v` is
-    2-D): only ranks that moved to an older interval are gathered, instead of
-    every rank.
+    across calls (the engine's path, where `ptr <= nk - 1` on entry): only
+    ranks that moved to an older interval are gathered, instead of every rank.
     """
     if nk == 0:
         return t + work
+    per = len(t) // spin_v.shape[1] if spin_v.ndim == 2 else 0  # ranks per step
     new = None
     if cur is None:
         p = np.minimum(ptr, nk - 1)
-        v = spin_v[p] if spin_v.ndim == 1 else spin_v[p, ar]
+        v = spin_v[p] if spin_v.ndim == 1 else spin_v[p, ar // per]
         u = spin_u[p, ar]
     else:
         u, v = cur
+        v2 = v.reshape(-1, per)
         if nk == 1:  # every rank starts at interval 0
             u[:] = spin_u[0]
-            v[:] = spin_v[0]
+            v2[:] = spin_v[0][:, None]
         else:  # ranks that reached the newest interval at the last call
             new = ptr == nk - 1
             np.copyto(u, spin_u[nk - 1], where=new)
-            np.copyto(v, spin_v[nk - 1], where=new)
+            np.copyto(v2, spin_v[nk - 1][:, None], where=new.reshape(-1, per))
     start = np.maximum(t, u)
     rem = work - (start - t)  # work left when the spin starts
     cap = np.maximum(v - start, 0.0)
     cap /= slow  # work that fits inside the spin
-    fits = rem <= cap
-    # Ends inside the spin, else after it; (rarely) before it starts.
-    out = np.where(fits, start + rem * slow, np.maximum(v, start) + rem - cap)
-    early = rem <= 0
-    if early.any():
+    passed = rem > cap
+    # Ends after the spin, else inside it; (rarely) before it starts.
+    out = np.where(passed, np.maximum(v, start) + rem - cap, start + rem * slow)
+    if rem.min() <= 0:
+        early = rem <= 0
         out[early] = t[early] + work[early]
-    passed = ~fits
     ptr += passed
     if cur is None:
         np.minimum(ptr, nk, out=ptr)
         q = np.minimum(ptr, nk - 1)
         idx = np.flatnonzero(passed & (ptr < nk) & (out > spin_u[q, ar]))
+    elif new is None:  # past interval 0, the only one: nothing ahead
+        idx = ar[:0]
     else:
         # Passing the newest interval leaves nothing ahead (`ptr == nk`: loaded
         # at the next call); ranks that passed an older one are at interval `ptr`.
-        moved = None if new is None else passed > new
-        idx = np.flatnonzero(moved) if moved is not None and moved.any() else ar[:0]
+        idx = np.flatnonzero(passed > new)
         if idx.size:
             q = ptr[idx]
             uq = spin_u[q, idx]
             into = out[idx] > uq  # runs into interval `q` too
             after = np.maximum(v[idx[into]], start[idx[into]])
             u[idx] = uq
-            v[idx] = spin_v[q, idx]
+            v[idx] = spin_v[q, idx // per]
             idx = idx[into]
     if idx.size:
         out[idx] = np.maximum(v[idx], start[idx]) if cur is None else after
@@ -269,13 +272,13 @@ def _advance(
             inside = q < nk
             i, q = idx[inside], q[inside]
             u[i] = spin_u[q, i]
-            v[i] = spin_v[q, i]
+            v[i] = spin_v[q, i // per]
     return out
 
 
 # Below this many ranks, `_advance_loop` runs in plain Python floats (the same
 # IEEE operations, without NumPy's per-call cost).
-_SCALAR_LOOP = 12
+_SCALAR_LOOP = 48
 
 
 def _advance_loop(
@@ -292,12 +295,13 @@ def _advance_loop(
     if idx.size <= _SCALAR_LOOP:
         _advance_loop_scalar(t, w, idx, spin_u, spin_v, ptr, nk, slow)
         return
+    per = len(t) // spin_v.shape[1] if spin_v.ndim == 2 else 0
     while idx.size:
         p = ptr[idx]
         ti = t[idx]
         start = np.maximum(ti, spin_u[p, idx])
         gap = start - ti
-        v = spin_v[p] if spin_v.ndim == 1 else spin_v[p, idx]
+        v = spin_v[p] if spin_v.ndim == 1 else spin_v[p, idx // per]
         cap = np.maximum(v - start, 0.0) / slow
         before = w <= gap
         inside = ~before & (w - gap <= cap)
@@ -324,13 +328,14 @@ def _advance_loop_scalar(
     slow: float,
 ) -> None:
     """`_advance_loop`'s arithmetic, rank by rank (times are finite and positive: no NaN, no -0)."""
-    two_d = spin_v.ndim == 2
-    for i, wi in zip(idx.tolist(), w.tolist(), strict=True):
-        p = int(ptr[i])
-        ti = float(t[i])
+    per = len(t) // spin_v.shape[1] if spin_v.ndim == 2 else 0
+    starts = spin_u[:nk, idx].T.tolist()
+    ends = spin_v[:nk].T.tolist() if per else [spin_v[:nk].tolist()]
+    ts, ps = t[idx].tolist(), ptr[idx].tolist()
+    for k, (i, wi) in enumerate(zip(idx.tolist(), w.tolist(), strict=True)):
+        p, ti, us, vs = ps[k], ts[k], starts[k], ends[i // per if per else 0]
         while True:
-            u = float(spin_u[p, i])
-            v = float(spin_v[p, i] if two_d else spin_v[p])
+            u, v = us[p], vs[p]
             start = u if u > ti else ti
             gap = start - ti
             c = v - start
@@ -347,8 +352,9 @@ def _advance_loop_scalar(
             if p >= nk:
                 ti += wi
                 break
-        t[i] = ti
-        ptr[i] = p
+        ts[k], ps[k] = ti, p
+    t[idx] = ts
+    ptr[idx] = ps
 
 
 class _Draws:
@@ -543,7 +549,7 @@ def _run_buckets(
     """
     L, R = a.shape
     N = L * R
-    B = su.buckets
+    B, S = su.buckets, su.n_sites
     a = a.reshape(N)
     bucket_work = a * su.bwd_frac
     x = a * su.fwd_frac  # compute clock: when the rank's compute reached its position
@@ -551,41 +557,40 @@ def _run_buckets(
         work = np.empty((B, L, R))
         np.multiply(bucket_work.reshape(L, 1, R), jit, out=work.transpose(1, 0, 2))
         work = work.reshape(B, N)
-    ends = np.empty((B, L))
-    waits = np.empty((su.n_sites, L, R))
+    ends = np.empty((B, L))  # when each bucket's transfer starts (all ranks in)
     starts = np.empty((B, L, R))  # when each rank's kernel of each bucket starts
     spin = su.spin_coupled
-    if spin:  # spin intervals [starts[j, i], spin_v[j, i]); the one each rank's compute is in
+    if spin:  # spin intervals [starts[j, i], ends[j, i // R]); the one each rank's compute is in
         spin_u = starts.reshape(B, N)
-        spin_v = np.empty((B, N))
         ptr = np.zeros(N, dtype=np.int64)
         cur = (np.empty(N), np.empty(N))
         ar = np.arange(N)
     Dj = D.transpose(1, 0, 2)  # (sites, L, ranks) views
+    arrive = []  # each site's compute clock at its launch
     launch_prev = None
     end_prev = np.zeros(L)
     for j in range(B):
         w = bucket_work if jit is None else work[j]
         if spin and j > 0:
-            x = _advance(x, w, spin_u, spin_v, ptr, j, su.slow, ar, cur)
+            x = _advance(x, w, spin_u, ends, ptr, j, su.slow, ar, cur)
         else:
             x = x + w
         x2 = x.reshape(L, R)
-        launch = x2 + Dj[j] if j < su.n_sites else x2
-        if j > 0:  # the host launches the buckets' collectives in order
-            launch = np.maximum(launch, launch_prev)
-        last = np.maximum(launch.max(axis=1), end_prev)  # all ranks in: transfer starts
-        last_c = last[:, None]
+        if j < S:
+            arrive.append(x2)
+            launch = x2 + Dj[j]
+            if j > 0:  # the host launches the buckets' collectives in order
+                np.maximum(launch, launch_prev, out=launch)
+        else:
+            launch = np.maximum(x2, launch_prev)
+        last = np.maximum(launch.max(axis=1), end_prev)
         start = starts[j]
         np.maximum(launch, end_prev[:, None], out=start)
-        np.minimum(start, last_c, out=start)  # own kernel starts
-        if spin and j < B - 1:
-            spin_v[j].reshape(L, R)[:] = last_c
+        np.minimum(start, last[:, None], out=start)  # own kernel starts
         ends[j] = last
-        if j < su.n_sites:
-            np.subtract(last_c, x2, out=waits[j])
         end_prev = last + tc
         launch_prev = launch
+    waits = ends[:S, :, None] - np.stack(arrive)
     spins = (ends[:, :, None] - starts).sum(axis=2).T  # spin rank-seconds per step and bucket
     return end_prev, waits, ends, spins
 
