@@ -418,3 +418,97 @@ def test_random_corruptions_of_writer_lines(tmp_path, monkeypatch):
         fast_taken += counter.fast
         monkeypatch.undo()
     assert fast_taken > 800  # the good lines around each corruption, at least
+
+
+# ------------------------------------------------------- the report's other fast paths
+
+
+def test_round3_is_pythons_round_bit_for_bit():
+    from jaxpace.report.trace import _round3
+
+    rng = np.random.default_rng(3)
+    ties = (rng.integers(-(10**9), 10**9, 200_000) + 0.5) / 1000.0  # x.xxx5 as doubles
+    x = np.concatenate(
+        [
+            rng.uniform(-1e7, 1e7, 200_000),
+            ties,
+            np.nextafter(ties, np.inf),
+            np.nextafter(ties, -np.inf),
+            rng.integers(0, 10**12, 100_000) / 2.0 ** rng.integers(0, 30, 100_000),
+            [0.0, -0.0, 5e-4, -5e-4, 1.5e-3, 2.5e-3, 1e-300, 2.0**40, 2.0**41 + 0.3, 1e300],
+        ]
+    )
+    want = np.array([round(v, 3) for v in x.tolist()])
+    assert np.array_equal(_round3(x).view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(late_rank=2, late_s=0.003),
+        dict(straggler_prob=0.2, straggler_factor=3.0),
+        dict(late_rank=5, late_s=0.002, engaged_from_step=10, max_delay_s=0.003),
+        dict(ranks_per_process=2, jitter_s=0.004),
+    ],
+    ids=["late", "episodic", "paced", "grouped"],
+)
+def test_trace_vectorized_equals_per_event(kw, monkeypatch):
+    """Perfetto events built with NumPy equal the per-event path, and the text that
+    `write_trace` writes equals `json.dumps` of them."""
+    from jaxpace.report import analyze
+    from jaxpace.report import trace as tr
+    from jaxpace.report.synthetic import synthetic_run
+
+    rep = analyze(synthetic_run(16, 60, seed=4, **kw))
+    data, site = rep.data, rep.site
+    fast = tr.trace_events(data, site)
+    text = tr.trace_json(data, site)
+    assert text == json.dumps(fast, separators=(",", ":"))
+    monkeypatch.setattr(tr, "_slices_vectorized", lambda *a: None)
+    slow = tr.trace_events(data, site)
+    assert json.dumps(fast) == json.dumps(slow)
+    assert tr.trace_json(data, site) == text
+    assert sum(e["ph"] == "X" for e in fast["traceEvents"]) > 16 * 50
+    if "engaged_from_step" in kw:
+        assert any(e["name"] == "pacing sleep" for e in fast["traceEvents"])
+
+
+def test_trace_with_times_that_are_not_finite_takes_the_per_event_path(monkeypatch):
+    import dataclasses
+
+    from jaxpace.report import analyze
+    from jaxpace.report import trace as tr
+    from jaxpace.report.synthetic import synthetic_run
+
+    rep = analyze(synthetic_run(8, 40, seed=1))
+    wait = rep.data.wait.copy()
+    wait[3, 2] = np.inf
+    data = dataclasses.replace(rep.data, wait=wait)
+    got = tr.trace_json(data, rep.site)
+    monkeypatch.setattr(tr, "_slices_vectorized", lambda *a: None)
+    assert got == json.dumps(tr.trace_events(data, rep.site), separators=(",", ":"))
+
+
+def test_permutation_null_by_counting_equals_the_one_hot_product():
+    from jaxpace.report.stages.modes import _permuted_ssb
+
+    rng = np.random.default_rng(5)
+    R, G = 96, 12
+    codes = rng.integers(0, G, R)
+    codes[:G] = np.arange(G)
+    sizes = np.bincount(codes, minlength=G)
+    onehot = np.zeros((R, G))
+    onehot[np.arange(R), codes] = 1.0
+    y = rng.normal(size=(50, R)) * 1e-3
+    want = ((y @ onehot) ** 2 / sizes).sum(axis=-1) - y.sum(axis=-1) ** 2 / R
+    np.testing.assert_allclose(_permuted_ssb(y, codes, sizes), want, rtol=1e-12, atol=1e-18)
+
+
+def test_grid_index_by_lookup_equals_searchsorted():
+    from jaxpace.report.stages.site import _index_in
+
+    rng = np.random.default_rng(6)
+    for lo, span, n in ((0, 50, 1000), (10**12, 10**6, 100), (-7, 3, 10), (5, 10**9, 1000)):
+        a = lo + rng.integers(0, span, n)
+        uniq = np.unique(a)
+        np.testing.assert_array_equal(_index_in(uniq, a), np.searchsorted(uniq, a))

@@ -477,7 +477,7 @@ def _read_lines_per_line(builder: _Builder, path: Path, f: Any) -> None:
 # "-"), `null` for the device; `true}` or `false}` up to the "\n". These pieces
 # cover the line end to end, so a line that passes is the layout exactly.
 
-_CHUNK_BYTES = 512 * 1024
+_CHUNK_BYTES = 256 * 1024  # (larger blocks: more page faults in the temporaries)
 _MAX_SITE_BYTES = 256
 _MAX_DIGITS = 18
 _PAD = _MAX_SITE_BYTES + 64  # spare bytes after a chunk: every gather stays inside
@@ -769,17 +769,28 @@ def _add_fast(
 ) -> None:
     """Adds fast lines `lo:hi` of a block (line numbers `i + 1`, ...) to `builder`."""
     keep = (cols["wait_ns"][lo:hi] >= 0) & (cols["delay_ns"][lo:hi] >= 0)
-    if not keep.all():
+    names = (*INT_STEP_FIELDS, "engaged", "device")
+    if keep.all():  # the usual case: slices, no copies
+        out = {k: cols[k][lo:hi] for k in names}
+        code = site_code[lo:hi]
+    else:
         # As `add_step`: dropped, counted, the first one named.
         if builder.negative_first is None:
             builder.negative_first = f"{path}:{i + 1 + int(np.argmin(keep))}"
         builder.negative += int((~keep).sum())
-    code = site_code[lo:hi][keep]
-    lut = np.zeros(max(len(sites), 1), dtype=np.int64)
-    for s in np.unique(code).tolist():
-        lut[s] = builder.site_index.setdefault(sites[s], len(builder.site_index))
-    out = {k: cols[k][lo:hi][keep] for k in (*INT_STEP_FIELDS, "engaged", "device")}
-    out["site"] = lut[code]
+        out = {k: cols[k][lo:hi][keep] for k in names}
+        code = site_code[lo:hi][keep]
+    if len(sites) == 1:
+        if code.size:
+            index = builder.site_index.setdefault(sites[0], len(builder.site_index))
+            out["site"] = np.full(code.size, index, dtype=np.int64)
+        else:
+            out["site"] = code
+    else:
+        lut = np.zeros(max(len(sites), 1), dtype=np.int64)
+        for s in np.unique(code).tolist():
+            lut[s] = builder.site_index.setdefault(sites[s], len(builder.site_index))
+        out["site"] = lut[code]
     builder.add_columns(out)
 
 

@@ -144,7 +144,7 @@ def locality_score(
     rng = np.random.default_rng(0)
     n_perm = int(min(2000, max(200, 4_000_000 // R)))
     perms = np.argsort(rng.random((n_perm, R)), axis=1)
-    null = ssb(y[perms]) / sst
+    null = _permuted_ssb(y[perms], codes, sizes) / sst
     p_value = float((1 + np.count_nonzero(null >= eta2 - 1e-12)) / (1 + null.size))
     gmeans = (y @ onehot) / sizes
     diff = float(gmeans.max() - gmeans.min())
@@ -157,6 +157,15 @@ def locality_score(
         f"{format_ms(diff)} later than the earliest group; noise floor {format_ms(noise_floor_s)}",
     ]
     return (eta2 if significant else 0.0), evidence
+
+
+def _permuted_ssb(y: np.ndarray, codes: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """`ssb` of each row of `y` (permutations x ranks): group sums by counting, not by
+    a product with the (ranks x groups) one-hot matrix (n_perm x R x G work)."""
+    n, G = y.shape[0], sizes.size
+    at = (np.arange(n)[:, None] * G + codes[None, :]).ravel()
+    sums = np.bincount(at, weights=y.ravel(), minlength=n * G).reshape(n, G)
+    return (sums**2 / sizes).sum(axis=-1) - y.sum(axis=-1) ** 2 / codes.size
 
 
 def group_line(g: GroupFinding, floor_s: float, num_groups: int | None = None) -> str:

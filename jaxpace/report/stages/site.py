@@ -46,7 +46,7 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
     ranks = _int_unique(rank)
     steps_all = _int_unique(step)
     R, S = ranks.size, steps_all.size
-    flat = np.searchsorted(steps_all, step) * R + np.searchsorted(ranks, rank)
+    flat = _index_in(steps_all, step) * R + _index_in(ranks, rank)
     counts = np.bincount(flat, minlength=S * R)
     if counts.max() > 1:
         dup = np.flatnonzero(counts > 1)
@@ -84,11 +84,23 @@ def _int_unique(a: np.ndarray) -> np.ndarray:
     return np.unique(a)
 
 
+def _index_in(uniq: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """`np.searchsorted(uniq, a)` for `a` drawn from the sorted `uniq`; by a lookup
+    table when their range is small (as `_int_unique`)."""
+    if a.size == 0 or int(uniq[-1]) - int(uniq[0]) > 4 * a.size + 1024:
+        return np.searchsorted(uniq, a)
+    lut = np.zeros(int(uniq[-1]) - int(uniq[0]) + 1, dtype=np.intp)
+    lut[uniq - uniq[0]] = np.arange(uniq.size)
+    return lut[a - uniq[0]]
+
+
 def _dense(records: Records, g: _Grid, col: str, dtype: type = np.int64) -> np.ndarray:
     """Column `col` of the site as a (complete steps x rank) array."""
     a = np.zeros(g.steps_all.size * g.ranks.size, dtype)
-    a[g.flat] = records.columns[col][g.sel]
-    return a.reshape(g.steps_all.size, g.ranks.size)[g.complete]
+    column = records.columns[col]
+    a[g.flat] = column if g.sel.all() else column[g.sel]  # (one site: no copy)
+    a = a.reshape(g.steps_all.size, g.ranks.size)
+    return a if g.complete.all() else a[g.complete]
 
 
 def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
