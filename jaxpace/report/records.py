@@ -147,17 +147,30 @@ class Records:
         ]
 
 
+# The step columns of `Records`, in the order `build` makes them.
+_COLUMN_DTYPES: dict[str, Any] = {
+    **{k: np.int64 for k in INT_STEP_FIELDS},
+    "site": np.int64,
+    "engaged": bool,
+    "device": np.int64,
+}
+
+
 class _Builder:
     """Accumulates parsed lines, then validates and freezes them into `Records`."""
 
     def __init__(self) -> None:
         self.headers: list[tuple[dict[str, Any], str]] = []  # (header, where)
         self.site_index: dict[str, int] = {}
-        # Step columns in file order, as parts: lists filled a record at a time by
-        # `add_step`, or arrays of many records at once from `add_columns` (the fast
-        # reader). `build` joins them in order.
-        self.parts: list[dict[str, Any]] = []
+        # Step columns in file order. The fast reader writes its rows straight into
+        # `store` (arrays grown by doubling; `expected_rows` sizes them once); rows
+        # read a line at a time by `add_step` stay Python lists (`segments`: their
+        # first row and lists) until `build` converts them, as before the fast
+        # reader existed (so an integer too large for int64 fails there).
+        self.store: dict[str, np.ndarray] = {}
+        self.segments: list[tuple[int, dict[str, list]]] = []
         self.rows = 0
+        self.expected_rows = 0
         self.notes: list[str] = []
         self.partial = False
         self.sources: list[str] = []
@@ -218,25 +231,46 @@ class _Builder:
         self.rows += 1
 
     def _list_part(self) -> dict[str, list]:
-        last = self.parts[-1] if self.parts else None
-        if last is None or not isinstance(last["step"], list):
-            last = {k: [] for k in (*INT_STEP_FIELDS, "site", "engaged", "device")}
-            self.parts.append(last)
-        return last
+        if self.segments:
+            first, lists = self.segments[-1]
+            if first + len(lists["step"]) == self.rows:
+                return lists
+        lists = {k: [] for k in _COLUMN_DTYPES}
+        self.segments.append((self.rows, lists))
+        return lists
 
     def add_columns(self, cols: dict[str, np.ndarray]) -> None:
         """Appends step records already parsed and checked, as arrays (`site`: index
         into `site_index`; negative durations already dropped)."""
         n = int(cols["step"].shape[0])
-        if n:
-            self.parts.append(cols)
-            self.rows += n
+        if not n:
+            return
+        self._reserve(self.rows + n)
+        for k, a in self.store.items():
+            a[self.rows : self.rows + n] = cols[k]
+        self.rows += n
 
-    def _column(self, key: str, dtype: Any) -> np.ndarray:
-        arrays = [np.asarray(p.pop(key), dtype=dtype) for p in self.parts]
-        if not arrays:
-            return np.zeros(0, dtype=dtype)
-        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    def _reserve(self, rows: int) -> None:
+        cap = self.store["step"].shape[0] if self.store else 0
+        if rows <= cap:
+            return
+        new_cap = max(rows, 2 * cap, self.expected_rows)
+        old, self.store = self.store, {}
+        for k, dtype in _COLUMN_DTYPES.items():
+            self.store[k] = np.empty(new_cap, dtype=dtype)  # pages are touched as filled
+            if k in old:
+                self.store[k][: self.rows] = old[k][: self.rows]
+
+    def _column(self, key: str) -> np.ndarray:
+        """Column `key` of every row, in order (the line-at-a-time rows converted here)."""
+        dtype = _COLUMN_DTYPES[key]
+        if not self.store and len(self.segments) == 1:
+            return np.asarray(self.segments[0][1][key], dtype=dtype)
+        self._reserve(self.rows)
+        out = self.store[key][: self.rows] if self.store else np.zeros(0, dtype)
+        for first, lists in self.segments:
+            out[first : first + len(lists[key])] = np.asarray(lists[key], dtype=dtype)
+        return out
 
     def add(self, rec: Any, where: str) -> None:
         if not isinstance(rec, Mapping):
@@ -313,10 +347,10 @@ class _Builder:
         order = np.argsort(np.array(sites, dtype=object)) if sites else np.zeros(0, int)
         remap = np.empty(len(sites), dtype=np.int64)
         remap[order] = np.arange(len(sites))
-        columns = {k: self._column(k, np.int64) for k in INT_STEP_FIELDS}
-        columns["site"] = remap[self._column("site", np.int64)]
-        columns["engaged"] = self._column("engaged", bool)
-        columns["device"] = self._column("device", np.int64)
+        columns = {k: self._column(k) for k in INT_STEP_FIELDS}
+        columns["site"] = remap[self._column("site")]
+        columns["engaged"] = self._column("engaged")
+        columns["device"] = self._column("device")
         unknown = sorted(set(np.unique(columns["process"]).tolist()) - set(by_proc))
         if by_proc and unknown:
             notes.append(
@@ -612,7 +646,7 @@ def _fast_lines(
         return np.zeros(n, dtype=bool), {}, np.zeros(n, np.int64), []
     if commas.size % n == 0 and commas.size // n >= nk + 1:
         # Usually every line has as many commas (a line that has not fails below).
-        tail = commas.reshape(n, -1)[:, -nk:].T
+        tail = np.ascontiguousarray(commas.reshape(n, -1)[:, -nk:].T)
     else:
         last = np.searchsorted(commas, ends) - 1
         tail = commas[np.clip(last[None, :] - np.arange(nk - 1, -1, -1)[:, None], 0, None)]
@@ -832,6 +866,18 @@ def _no_records_message(path: Path) -> str:
     )
 
 
+# No step line is shorter (every required field, no spaces): files of N bytes hold
+# at most N / this many records, which sizes the columns once.
+_MIN_STEP_LINE_BYTES = 100
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # reading it says what is wrong
+        return 0
+
+
 def load_records(
     source: str | os.PathLike | Iterable[Mapping[str, Any]] | Records,
 ) -> Records:
@@ -874,6 +920,7 @@ def load_records(
             raise RecordsError(
                 f"records path {path} does not exist; pass a run directory or a JSONL file."
             )
+        builder.expected_rows = sum(_size(f) for f in files) // _MIN_STEP_LINE_BYTES + 1
         for f in files:
             _read_file(builder, f)
         return builder.build(require_headers=True)
