@@ -341,7 +341,7 @@ class AdaptiveState(NamedTuple):
       slept_s: `(num_ranks,)` each rank's `delays` summed over the window, kept
         as a running sum (summed afresh every `_RESUM_STEPS` updates): it only
         tells when the budget cannot bind, so that the exact budget sum can be
-        skipped. None (a state built by hand): the budget is always summed.
+        skipped. Empty or None with `order`: the budget is always summed.
     """
 
     step: int
@@ -481,7 +481,7 @@ def _adaptive_init(c: AdaptiveConfig, num_ranks: int) -> AdaptiveState:
         # All NaN: any order is the window's order. Empty: not kept.
         order=np.repeat(np.arange(w, dtype=_order_dtype(c.window))[:, None], n, axis=1),
         odd=np.zeros(w, dtype=np.int64),
-        slept_s=np.zeros(n),
+        slept_s=np.zeros(n if w else 0),
     )
 
 
@@ -546,16 +546,20 @@ def _adaptive_update(
     every = bool(active.all())
     ia = np.flatnonzero(active)
     row = (step - c.warmup_steps - 1) % c.window
-    history, delay_hist, slept = st.history, st.delays, st.slept_s
-    # `order` is kept from `_ORDER_MIN_RANKS` ranks on; below, the window is sorted.
-    kept = st.order is not None and st.odd is not None and st.order.shape[1] > 0
+    history, delay_hist = st.history, st.delays
+    # `order`, `odd` and `slept_s` are kept from `_ORDER_MIN_RANKS` ranks on; below,
+    # each update sorts the window and sums the budget (fewer NumPy calls).
+    kept = st.order is not None and st.order.shape[1] > 0 and st.odd is not None
     order, odd = (st.order, st.odd) if kept else (None, None)
+    slept = st.slept_s if kept and st.slept_s is not None else None
     if not owned:
         history = history.copy()
         if order is not None:
             order, odd = order.copy(), odd.copy()
     filled = np.where(active, np.minimum(st.filled + 1, c.window), st.filled)
-    _insert(history, order, odd, ia, row, e, every)
+    # Sites in step (the simulator's): one row for all, written through slices.
+    r0 = int(row[0]) if kept and every and (row == row[0]).all() else None
+    _insert(history, order, odd, ia, row, e, every, r0)
     expected = np.full((B, n), np.nan)
     fa = filled[ia]
     groups = fa[:1] if (fa == fa[0]).all() else np.unique(fa)  # sites with as many rows
@@ -563,7 +567,10 @@ def _adaptive_update(
         idx = ia[fa == f]
         expected[idx] = _window_quantile(history, order, odd, idx, int(f), c.quantile, B)
     fin = np.isfinite(expected)
-    spread = np.where(fin.any(axis=1), np.where(fin, expected, -np.inf).max(axis=1), 0.0)
+    if fin.all():
+        spread = expected.max(axis=1)
+    else:
+        spread = np.where(fin.any(axis=1), np.where(fin, expected, -np.inf).max(axis=1), 0.0)
     gate = _gate(c, st, spread)
     if c.ab_test:
         abs_ = [
@@ -580,20 +587,27 @@ def _adaptive_update(
     else:
         ab = _AB(st.ab_arm, st.ab_sum_s, st.ab_count, st.ab_rejected)
     pacing_now = gate.engaged & ~(c.ab_test & (ab.rejected | (ab.arm == 0))) & active
-    delays = np.zeros((B, n))
     ip = np.flatnonzero(pacing_now)
     if ip.size == B:
-        delays[:] = _budgeted_delays(c, delay_hist, row, expected, e, slept)
-    elif ip.size:
+        delays = _budgeted_delays(c, delay_hist, row, expected, e, slept)
+    else:
+        delays = np.zeros((B, n))
+    if 0 < ip.size < B:
         bound = None if slept is None else slept[ip]
         delays[ip] = _budgeted_delays(c, delay_hist[ip], row[ip], expected[ip], e[ip], bound)
     if not owned:
         delay_hist = delay_hist.copy()
         slept = None if slept is None else slept.copy()
-    if slept is not None:  # the running sum: minus the row that leaves, plus the new one
-        slept[ia] -= delay_hist[ia, row[ia]]
-        slept[ia] += delays[ia]
-    delay_hist[ia, row[ia]] = delays[ia]
+    if r0 is not None:
+        if slept is not None:  # the running sum: minus the row that leaves, plus the new one
+            slept -= delay_hist[:, r0]
+            slept += delays
+        delay_hist[:, r0] = delays
+    else:
+        if slept is not None:
+            slept[ia] -= delay_hist[ia, row[ia]]
+            slept[ia] += delays[ia]
+        delay_hist[ia, row[ia]] = delays[ia]
     if slept is not None:
         again = ia[step[ia] % _RESUM_STEPS == 0]
         if again.size:
@@ -613,10 +627,10 @@ def _adaptive_update(
         ab_sum_s=ab.sum_s,
         ab_count=ab.count,
         ab_rejected=ab.rejected,
-        steps_paced=st.steps_paced + (delays > 0).any(axis=1),
+        steps_paced=st.steps_paced + (delays.max(axis=1) > 0),  # delays are >= 0
         order=order if kept else st.order,
         odd=odd if kept else st.odd,
-        slept_s=slept,
+        slept_s=slept if slept is not None else st.slept_s,
     )
     if not every:  # sites still in warm-up only count the step (their rings were not written)
         keep = ~active
@@ -639,8 +653,11 @@ def _insert(
     row: np.ndarray,
     e: np.ndarray,
     every: bool,
+    r0: int | None = None,
 ) -> None:
     """Writes `e` into row `row` of sites `ia`'s windows, in place, keeping `order` and `odd`.
+
+    `r0`: every site is active and writes this one row.
 
     The entry leaving the window drops out of its rank's order (every entry
     above it moves down one); the new one goes above every entry `<=` it
@@ -651,10 +668,10 @@ def _insert(
     else:
         h, r, x = history[ia], row[ia], e[ia]
         o = None if order is None else order[ia]
-    sa = np.arange(len(r))
+    at = (slice(None), r0) if r0 is not None else (np.arange(len(r)), r)
     if o is not None:
-        o -= o > o[sa, r][:, None, :]
-    h[sa, r] = x
+        o -= o > o[at][:, None, :]
+    h[at] = x
     if o is not None:
         le = h <= x[:, None, :]
         # `e` is sanitized: NaN is the canonical quiet NaN, nothing is negative but
@@ -668,7 +685,7 @@ def _insert(
             odd[ia, r] = 0
         below = le.sum(axis=1, dtype=o.dtype)
         o += ~le
-        o[sa, r] = below - 1
+        o[at] = below - 1
     if not every:
         history[ia] = h
         if o is not None:
