@@ -20,7 +20,8 @@ from jaxpace.report import records as reader
 from jaxpace.report import synthetic_records
 from jaxpace.report.records import Records, load_records
 
-CHUNKS = (None, 97, 1000, 4096)  # None: the module's default
+# (chunk bytes, lines per block); None: the module's default.
+CHUNKS = ((None, None), (97, None), (1000, 3), (4096, 2), (4096, None))
 
 
 def _header(p=0, count=1, run_id="r", **extra):
@@ -56,12 +57,15 @@ def _write(path: Path, *lines: bytes | dict) -> Path:
     return path
 
 
-def _load(source, monkeypatch, *, fast: bool, chunk: int | None = None):
+def _load(source, monkeypatch, *, fast: bool, chunk=(None, None)):
     """(Records or None, (exception type, message) or None) of one reader."""
+    chunk_bytes, block_lines = chunk if isinstance(chunk, tuple) else (chunk, None)
     with monkeypatch.context() as m:
         m.setattr(reader, "_FAST_READ", fast)
-        if chunk is not None:
-            m.setattr(reader, "_CHUNK_BYTES", chunk)
+        if chunk_bytes is not None:
+            m.setattr(reader, "_CHUNK_BYTES", chunk_bytes)
+        if block_lines is not None:
+            m.setattr(reader, "_BLOCK_LINES", block_lines)
         try:
             return load_records(source), None
         except Exception as e:  # the same exception, whatever it is, from both
@@ -286,7 +290,7 @@ def test_a_hostile_line_among_writer_lines(name, where, tmp_path, monkeypatch):
     at = {"first": 0, "middle": 3, "last": 6}[where]
     lines.insert(at, bad)
     path = _write(tmp_path / "records-p0.jsonl", _header(0, 2), *lines)
-    _check(path, monkeypatch, chunks=(None, 97, 400))
+    _check(path, monkeypatch, chunks=(None, 97, 400, (400, 2)))
 
 
 def test_many_hostile_lines_in_one_file(tmp_path, monkeypatch):
@@ -414,7 +418,7 @@ def test_random_corruptions_of_writer_lines(tmp_path, monkeypatch):
             del line[at]
         path = _write(tmp_path / f"c{case}.jsonl", _header(), GOOD, bytes(line), GOOD2)
         counter = _Counter(monkeypatch)
-        _check(path, monkeypatch, chunks=(None,))
+        _check(path, monkeypatch, chunks=(None, (None, 1)))
         fast_taken += counter.fast
         monkeypatch.undo()
     assert fast_taken > 800  # the good lines around each corruption, at least

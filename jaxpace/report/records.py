@@ -511,7 +511,8 @@ def _read_lines_per_line(builder: _Builder, path: Path, f: Any) -> None:
 # "-"), `null` for the device; `true}` or `false}` up to the "\n". These pieces
 # cover the line end to end, so a line that passes is the layout exactly.
 
-_CHUNK_BYTES = 256 * 1024  # (larger blocks: more page faults in the temporaries)
+_CHUNK_BYTES = 2 * 1024 * 1024
+_BLOCK_LINES = 2048
 _MAX_SITE_BYTES = 256
 _MAX_DIGITS = 18
 _PAD = _MAX_SITE_BYTES + 64  # spare bytes after a chunk: every gather stays inside
@@ -629,10 +630,10 @@ def _parse_ints(
 
 
 def _fast_lines(
-    buf: bytearray, size: int, starts: np.ndarray, ends: np.ndarray
+    buf: bytearray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, list[str]]:
-    """Which lines `[starts, ends)` of `buf[:size]` (`ends` at each "\\n") have the
-    writer's step layout.
+    """Which lines `[starts, ends)` of `buf` (`ends` at each "\\n", the lines one
+    after the other) have the writer's step layout.
 
     Returns:
       (fast, cols, site_code, sites): `fast` per line; `cols` the integer fields and
@@ -641,7 +642,8 @@ def _fast_lines(
     n, nk = starts.shape[0], len(_TAIL_KEYS)
     arr = np.frombuffer(buf, dtype=np.uint8)
     words = _words(buf)
-    commas = np.flatnonzero(arr[:size] == 44)
+    lo = int(starts[0])
+    commas = np.flatnonzero(arr[lo : ends[-1] + 1] == 44) + lo
     if commas.size < nk:
         return np.zeros(n, dtype=bool), {}, np.zeros(n, np.int64), []
     if commas.size % n == 0 and commas.size // n >= nk + 1:
@@ -774,10 +776,25 @@ def _readinto(f: Any, path: Path, view: memoryview) -> int:
 
 
 def _read_block(builder: _Builder, path: Path, buf: bytearray, size: int, i: int) -> int:
-    """Reads the complete lines `buf[:size]` (lines `i + 1`, ...); returns the last number."""
+    """Reads the complete lines `buf[:size]` (lines `i + 1`, ...); returns the last number.
+
+    The lines go to `_fast_lines` `_BLOCK_LINES` at a time: its per-line arrays stay
+    small enough to be reused by the allocator (larger ones cost page faults).
+    """
     ends = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8, count=size) == 10)
     starts = np.concatenate([[0], ends[:-1] + 1])
-    fast, cols, site_code, sites = _fast_lines(buf, size, starts, ends)
+    for a in range(0, ends.size, _BLOCK_LINES):
+        b = min(a + _BLOCK_LINES, ends.size)
+        _read_some(builder, path, buf, starts[a:b], ends[a:b], i + a)
+    return i + ends.size
+
+
+def _read_some(
+    builder: _Builder, path: Path, buf: bytearray, starts: np.ndarray, ends: np.ndarray, i: int
+) -> None:
+    """Lines `[starts, ends]` of `buf` (numbers `i + 1`, ...): fast ones at once, the
+    others one at a time, in file order."""
+    fast, cols, site_code, sites = _fast_lines(buf, starts, ends)
     slow = np.flatnonzero(~fast)
     if slow.size > 32 and slow.size * 8 > ends.size:  # mostly other lines: one at a time
         slow = np.arange(ends.size)
@@ -788,7 +805,6 @@ def _read_block(builder: _Builder, path: Path, buf: bytearray, size: int, i: int
         if j < ends.size:
             _one_line(builder, path, i + j + 1, bytes(buf[starts[j] : ends[j] + 1]), True)
         done = j + 1
-    return i + ends.size
 
 
 def _add_fast(
