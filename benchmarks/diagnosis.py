@@ -295,13 +295,23 @@ def scale(out: Path, ranks: int = 8192, steps: int = 1000) -> dict:
 
 
 def sim_speed(nodes: int = 128, steps: int = 10_000) -> dict:
+    """`paper` at `nodes` x 8 ranks: wall and CPU seconds per policy, with the load average."""
+    import os
+
     from jaxpace.sim import simulate
 
     out = {}
     for policy in (None, "adaptive"):
-        t = time.perf_counter()
+        load = os.getloadavg()[0]
+        c, t = time.process_time(), time.perf_counter()
         r = simulate("paper", nodes=nodes, steps=steps, policy=policy, seed=0)
-        out[r.policy.split("(")[0]] = time.perf_counter() - t
+        out[r.policy.split("(")[0]] = {
+            "wall_s": time.perf_counter() - t,
+            "cpu_s": time.process_time() - c,
+            "load_1min": load,
+            "ranks": r.ranks,
+            "steps": steps,
+        }
     return out
 
 
