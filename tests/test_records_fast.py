@@ -516,3 +516,14 @@ def test_grid_index_by_lookup_equals_searchsorted():
         a = lo + rng.integers(0, span, n)
         uniq = np.unique(a)
         np.testing.assert_array_equal(_index_in(uniq, a), np.searchsorted(uniq, a))
+
+
+def test_a_cap_below_the_writer_lines_is_kept(tmp_path, monkeypatch):
+    """With a line cap shorter than a writer line, both readers refuse the same line."""
+    long_site = _line(_step(step=7, site="s" * 250))  # still the fast layout
+    header = _line(_header())
+    assert len(header) < 300 < len(long_site)
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 300)
+    path = _write(tmp_path / "r.jsonl", header, b"\n", GOOD2, long_site, GOOD2)
+    _, err = _check(path, monkeypatch)
+    assert err is not None and "r.jsonl:4: line is longer than" in err[1]

@@ -795,6 +795,7 @@ def _read_some(
     """Lines `[starts, ends]` of `buf` (numbers `i + 1`, ...): fast ones at once, the
     others one at a time, in file order."""
     fast, cols, site_code, sites = _fast_lines(buf, starts, ends)
+    fast &= ends - starts < MAX_LINE_BYTES  # (fast lines are short; for a lower cap)
     slow = np.flatnonzero(~fast)
     if slow.size > 32 and slow.size * 8 > ends.size:  # mostly other lines: one at a time
         slow = np.arange(ends.size)
