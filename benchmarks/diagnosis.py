@@ -261,8 +261,9 @@ def _rss_gib() -> float:
 
 
 def scale(out: Path, ranks: int = 8192, steps: int = 1000) -> dict:
-    """Times simulate_records, analyze (in memory), write_records and analyze(dir) at scale."""
-    from jaxpace.report import write_html
+    """Times simulate_records, analyze (in memory), write_records, then reading the
+    files back (load_records) and the rest of `jaxpace report` on them, at scale."""
+    from jaxpace.report import load_records, write_html, write_json, write_trace
     from jaxpace.sim import write_records
 
     sc = _scenario(0.02)
@@ -290,6 +291,17 @@ def scale(out: Path, ranks: int = 8192, steps: int = 1000) -> dict:
     write_records(run, d)
     res["write_records_s"] = time.perf_counter() - t
     res["records_bytes"] = sum(p.stat().st_size for p in d.glob("*.jsonl"))
+    del run, rep
+    t = time.perf_counter()
+    recs = load_records(d)
+    res["load_records_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    rep = analyze(recs)
+    write_html(rep, out / "scale-files.html")
+    write_trace(rep, out / "scale-files-trace.json")
+    write_json(rep, out / "scale-files.json")
+    res["analyze_and_outputs_from_files_s"] = time.perf_counter() - t
+    res["culprit_from_files"] = rep.culprit
     res["peak_rss_gib"] = _rss_gib()
     return res  # fmt: skip
 
