@@ -708,7 +708,11 @@ def _window_quantile(
 
     A window with no NaN and no -0.0 has one sorted order of its values, which
     `order` gives: the quantile is `_sorted_quantile`'s arithmetic on the
-    entries of the two ranks it needs. The others go the general way.
+    entries of the two ranks it needs. With NaN (ranked last) but no -0.0, each
+    rank's finite entries are the first ranks of its window, and the quantile
+    is `np.nanquantile`'s: the same arithmetic on as many entries as are finite.
+    A window holding -0.0 (whose order against 0.0 NumPy's sort leaves open)
+    goes the general way.
     """
     if order is None:
         return _expected_batch(history[idx], filled, quantile)
@@ -722,12 +726,47 @@ def _window_quantile(
     ic = idx[clean]
     if ic.size:
         out[clean] = _order_quantile(history[ic], order[ic], filled, quantile)
-    slow = idx[~clean]
-    if np.isfinite(history[idx, :filled]).all():  # what `_expected_batch` does for the group
-        v = np.sort(np.swapaxes(history[slow, :filled], 1, 2), axis=-1)
-        out[~clean] = _sorted_quantile(v, quantile)
-    else:
-        out[~clean] = np.stack([_expected_earliness(h, filled, quantile) for h in history[slow]])
+    slow = np.flatnonzero(~clean)
+    rows = history[idx[slow], :filled]
+    # Sanitized NaN has no sign bit: -0.0 is the only entry that has one.
+    nan_only = ~np.signbit(rows).any(axis=(1, 2))
+    if nan_only.any():
+        i = idx[slow[nan_only]]
+        finite = filled - np.isnan(rows[nan_only]).sum(axis=1)
+        out[slow[nan_only]] = _order_nanquantile(history[i], order[i], finite, quantile)
+    if not nan_only.all():
+        signed = slow[~nan_only]
+        if np.isfinite(history[idx, :filled]).all():  # what `_expected_batch` does for the group
+            v = np.sort(np.swapaxes(history[idx[signed], :filled], 1, 2), axis=-1)
+            out[signed] = _sorted_quantile(v, quantile)
+        else:
+            hs = history[idx[signed]]
+            out[signed] = np.stack([_expected_earliness(h, filled, quantile) for h in hs])
+    return out
+
+
+def _order_nanquantile(
+    h: np.ndarray, o: np.ndarray, finite: np.ndarray, quantile: float
+) -> np.ndarray:
+    """`np.nanquantile` of each (site, rank) window, from `o`: `finite` `(sites, ranks)` entries.
+
+    NumPy's per-column arithmetic (method "linear"): virtual index
+    `(finite - 1) q`, the entries at its floor and the next one (both the last
+    when it reaches the end), and `a + (b - a) t`, `b - (b - a)(1 - t)` for
+    `t >= 0.5`; NaN where nothing is finite.
+    """
+    n = finite.astype(np.float64)
+    virtual = (n - 1) * np.float64(quantile)
+    last = np.maximum(finite - 1, 0)
+    prev = np.floor(virtual)
+    t = virtual - prev
+    at_end = virtual >= n - 1
+    k0 = np.where(at_end, last, np.maximum(prev, 0)).astype(o.dtype)
+    k1 = np.where(at_end, last, k0 + 1).astype(o.dtype)
+    a, b = _at_rank(h, o, k0), _at_rank(h, o, k1)
+    diff = b - a
+    out = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+    out[finite == 0] = np.nan
     return out
 
 
@@ -761,11 +800,13 @@ def _gather_index(
     return slots, base
 
 
-def _at_rank(h: np.ndarray, o: np.ndarray, k: int) -> np.ndarray:
-    """`(sites, ranks)`: the entry of rank `k` in each window of `h` `(sites, window, ranks)`."""
+def _at_rank(h: np.ndarray, o: np.ndarray, k: int | np.ndarray) -> np.ndarray:
+    """`(sites, ranks)`: the entry of rank `k` (one, or one per (site, rank)) in each
+    window of `h` `(sites, window, ranks)`."""
     S, W, R = h.shape
     slots, base = _gather_index(S, W, R, o.dtype.type)
-    slot = ((o == k) * slots).sum(axis=1, dtype=o.dtype).astype(np.intp)
+    hit = o == (k if np.ndim(k) == 0 else k[:, None, :])
+    slot = (hit * slots).sum(axis=1, dtype=o.dtype).astype(np.intp)
     slot *= R
     slot += base
     return np.take(h.reshape(-1), slot)

@@ -357,3 +357,33 @@ def test_scenario_dataclass_replace_still_runs():
     sc = dataclasses.replace(sc, pacing=dataclasses.replace(sc.pacing, lag_steps=1))
     r = E.simulate(sc, nodes=2, steps=50, policy="adaptive", seed=1)
     assert r.steps == 50 and np.isfinite(r.mean_step_s)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.1, 1 / 3, 0.5, 0.9, 1.0])
+def test_nan_windows_take_nanquantile_from_the_kept_order(q):
+    """A missing rank (NaN) no longer sends the window to `np.nanquantile`; same values."""
+    R, W = P._ORDER_MIN_RANKS, 6
+    pol = P.adaptive(window=W, quantile=q, warmup_steps=0)
+    st = pol.init(R)
+    rng = np.random.default_rng(int(q * 100))
+    calls = []
+    real = P._order_nanquantile
+    try:
+        P._order_nanquantile = lambda *a: calls.append(1) or real(*a)
+        for k in range(3 * W):
+            e = np.round(rng.exponential(0.002, R), 4)  # ties
+            e[rng.random(R) < 0.3] = np.nan
+            e[:5] = np.nan  # never measured: an all-NaN window
+            e[5] = np.nan if k % W else 0.001  # one finite entry
+            _, st = pol.update(P.Observation(e), st)
+            rows = st.history[: st.filled]
+            have = np.isfinite(rows).any(axis=0)
+            want = np.full(R, np.nan)
+            want[have] = np.nanquantile(rows[:, have], q, axis=0)
+            got = P._window_quantile(
+                st.history[None], st.order[None], st.odd[None], np.array([0]), st.filled, q, 1
+            )[0]
+            assert np.array_equal(got, want, equal_nan=True), k
+    finally:
+        P._order_nanquantile = real
+    assert calls
