@@ -387,3 +387,14 @@ def test_nan_windows_take_nanquantile_from_the_kept_order(q):
     finally:
         P._order_nanquantile = real
     assert calls
+
+
+def test_engine_earliness_is_the_runtime_earliness():
+    rng = np.random.default_rng(0)
+    for case in range(40):
+        w = rng.exponential(1e-3, (3, 2, 50))
+        w[rng.random(w.shape) < 0.05] = 0.0
+        bad = [None, np.nan, np.inf, -1e-9][case % 4]
+        if bad is not None:
+            w[case % 3, case % 2, case % 50] = bad
+        assert np.array_equal(E._earliness(w), earliness(w, axis=-1), equal_nan=True)
