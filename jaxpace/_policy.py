@@ -790,11 +790,9 @@ def _order_quantile(h: np.ndarray, o: np.ndarray, filled: int, quantile: float) 
 
 
 @functools.lru_cache(maxsize=32)
-def _gather_index(
-    sites: int, window: int, ranks: int, dtype: type
-) -> tuple[np.ndarray, np.ndarray]:
+def _gather_index(sites: int, window: int, ranks: int) -> tuple[np.ndarray, np.ndarray]:
     """`_at_rank`'s constants: each window slot's number, and each (site, rank)'s offset."""
-    slots = np.arange(window, dtype=dtype)[:, None]
+    slots = np.arange(window, dtype=np.uint8 if window <= 255 else np.uint16)
     base = (np.arange(sites) * (window * ranks))[:, None] + np.arange(ranks)
     slots.flags.writeable = base.flags.writeable = False
     return slots, base
@@ -804,9 +802,10 @@ def _at_rank(h: np.ndarray, o: np.ndarray, k: int | np.ndarray) -> np.ndarray:
     """`(sites, ranks)`: the entry of rank `k` (one, or one per (site, rank)) in each
     window of `h` `(sites, window, ranks)`."""
     S, W, R = h.shape
-    slots, base = _gather_index(S, W, R, o.dtype.type)
+    slots, base = _gather_index(S, W, R)
     hit = o == (k if np.ndim(k) == 0 else k[:, None, :])
-    slot = (hit * slots).sum(axis=1, dtype=o.dtype).astype(np.intp)
+    # The one slot holding rank `k`: sum over the window of slot number x hit.
+    slot = np.einsum("swr,w->sr", hit.view(np.uint8), slots).astype(np.intp)
     slot *= R
     slot += base
     return np.take(h.reshape(-1), slot)
