@@ -560,32 +560,9 @@ def _adaptive_update(
     # Sites in step (the simulator's): one row for all, written through slices.
     r0 = int(row[0]) if kept and every and (row == row[0]).all() else None
     _insert(history, order, odd, ia, row, e, every, r0)
-    expected = np.full((B, n), np.nan)
-    fa = filled[ia]
-    groups = fa[:1] if (fa == fa[0]).all() else np.unique(fa)  # sites with as many rows
-    for f in groups:
-        idx = ia[fa == f]
-        expected[idx] = _window_quantile(history, order, odd, idx, int(f), c.quantile, B)
-    fin = np.isfinite(expected)
-    if fin.all():
-        spread = expected.max(axis=1)
-    else:
-        spread = np.where(fin.any(axis=1), np.where(fin, expected, -np.inf).max(axis=1), 0.0)
+    expected, spread = _estimate_all(c, history, order, odd, ia, filled, (B, n))
     gate = _gate(c, st, spread)
-    if c.ab_test:
-        abs_ = [
-            _ab_guard(c, _ABView(*(x[b] for x in (st.ab_arm, st.ab_sum_s, st.ab_count,
-                      st.ab_rejected))), bool(gate.engaged[b]), float(step_time_s[b]))
-            for b in range(B)
-        ]  # fmt: skip
-        ab = _AB(
-            np.array([x.arm for x in abs_]),
-            np.array([x.sum_s for x in abs_]),
-            np.array([x.count for x in abs_]),
-            np.array([x.rejected for x in abs_]),
-        )
-    else:
-        ab = _AB(st.ab_arm, st.ab_sum_s, st.ab_count, st.ab_rejected)
+    ab = _ab_all(c, st, gate, step_time_s)
     pacing_now = gate.engaged & ~(c.ab_test & (ab.rejected | (ab.arm == 0))) & active
     ip = np.flatnonzero(pacing_now)
     if ip.size == B:
@@ -595,23 +572,7 @@ def _adaptive_update(
     if 0 < ip.size < B:
         bound = None if slept is None else slept[ip]
         delays[ip] = _budgeted_delays(c, delay_hist[ip], row[ip], expected[ip], e[ip], bound)
-    if not owned:
-        delay_hist = delay_hist.copy()
-        slept = None if slept is None else slept.copy()
-    if r0 is not None:
-        if slept is not None:  # the running sum: minus the row that leaves, plus the new one
-            slept -= delay_hist[:, r0]
-            slept += delays
-        delay_hist[:, r0] = delays
-    else:
-        if slept is not None:
-            slept[ia] -= delay_hist[ia, row[ia]]
-            slept[ia] += delays[ia]
-        delay_hist[ia, row[ia]] = delays[ia]
-    if slept is not None:
-        again = ia[step[ia] % _RESUM_STEPS == 0]
-        if again.size:
-            slept[again] = delay_hist[again].sum(axis=1)
+    delay_hist, slept = _record_delays(delay_hist, slept, delays, ia, row, r0, step, owned)
     new = AdaptiveState(
         step=step,
         history=history,
@@ -633,16 +594,76 @@ def _adaptive_update(
         slept_s=slept if slept is not None else st.slept_s,
     )
     if not every:  # sites still in warm-up only count the step (their rings were not written)
-        keep = ~active
-        rings = ("history", "delays", "order", "odd", "slept_s")
-        fields = {}
-        for name, old, cur in zip(AdaptiveState._fields, st, new, strict=True):
-            if name not in rings:
-                cur = np.array(cur, copy=True)
-                cur[keep] = np.asarray(old)[keep]
-            fields[name] = cur
-        new = AdaptiveState(**fields)._replace(step=step)
+        new = _keep_warming_up(st, new, ~active, step)
     return delays, new
+
+
+def _estimate_all(c, history, order, odd, ia, filled, shape) -> tuple[np.ndarray, np.ndarray]:
+    """Estimate stage for active sites `ia`: each rank's windowed quantile, each site's spread."""
+    B, n = shape
+    expected = np.full((B, n), np.nan)
+    fa = filled[ia]
+    groups = fa[:1] if (fa == fa[0]).all() else np.unique(fa)  # sites with as many rows
+    for f in groups:
+        idx = ia[fa == f]
+        expected[idx] = _window_quantile(history, order, odd, idx, int(f), c.quantile, B)
+    fin = np.isfinite(expected)
+    if fin.all():
+        spread = expected.max(axis=1)
+    else:
+        spread = np.where(fin.any(axis=1), np.where(fin, expected, -np.inf).max(axis=1), 0.0)
+    return expected, spread
+
+
+def _ab_all(c, st, gate, step_time_s) -> _AB:
+    """A/B guard stage for every site (unchanged state when the guard is off)."""
+    if not c.ab_test:
+        return _AB(st.ab_arm, st.ab_sum_s, st.ab_count, st.ab_rejected)
+    abs_ = [
+        _ab_guard(c, _ABView(*(x[b] for x in (st.ab_arm, st.ab_sum_s, st.ab_count,
+                  st.ab_rejected))), bool(gate.engaged[b]), float(step_time_s[b]))
+        for b in range(len(gate.engaged))
+    ]  # fmt: skip
+    return _AB(
+        np.array([x.arm for x in abs_]),
+        np.array([x.sum_s for x in abs_]),
+        np.array([x.count for x in abs_]),
+        np.array([x.rejected for x in abs_]),
+    )
+
+
+def _record_delays(delay_hist, slept, delays, ia, row, r0, step, owned):
+    """Writes this step's delays into the budget rings (and their running sums)."""
+    if not owned:
+        delay_hist = delay_hist.copy()
+        slept = None if slept is None else slept.copy()
+    if r0 is not None:
+        if slept is not None:  # the running sum: minus the row that leaves, plus the new one
+            slept -= delay_hist[:, r0]
+            slept += delays
+        delay_hist[:, r0] = delays
+    else:
+        if slept is not None:
+            slept[ia] -= delay_hist[ia, row[ia]]
+            slept[ia] += delays[ia]
+        delay_hist[ia, row[ia]] = delays[ia]
+    if slept is not None:
+        again = ia[step[ia] % _RESUM_STEPS == 0]
+        if again.size:
+            slept[again] = delay_hist[again].sum(axis=1)
+    return delay_hist, slept
+
+
+def _keep_warming_up(st, new, keep, step) -> AdaptiveState:
+    """Sites `keep` (still in warm-up) keep their old state except the step count."""
+    rings = ("history", "delays", "order", "odd", "slept_s")
+    fields = {}
+    for name, old, cur in zip(AdaptiveState._fields, st, new, strict=True):
+        if name not in rings:
+            cur = np.array(cur, copy=True)
+            cur[keep] = np.asarray(old)[keep]
+        fields[name] = cur
+    return AdaptiveState(**fields)._replace(step=step)
 
 
 def _insert(
