@@ -206,17 +206,19 @@ def train_step(reps=40) -> dict:
     # Device granularity: every shard is a rank, so the adaptive policy has ranks to pace
     # (with one process at process granularity it would have one rank and nothing to do).
     pd, pa = jp.Pacer(granularity="device"), jp.Pacer(policy=jp.adaptive(), granularity="device")
+    pg = jp.Pacer(policy=jp.adaptive(ab_test=True), granularity="device")
     fns = {
         "lax": make(lambda g: lax.pmean(g, "data")),
         "measure": make(lambda g: pm.pmean(g, "data", site="t")),
         "measure/sample_every=10": make(lambda g: ps.pmean(g, "data", site="t")),
         "measure/device": make(lambda g: pd.pmean(g, "data", site="t")),
         "adaptive/device (balanced)": make(lambda g: pa.pmean(g, "data", site="t")),
+        "adaptive/device, A/B guard on": make(lambda g: pg.pmean(g, "data", site="t")),
     }
     res = _interleaved(fns, (params, opt, x, y), reps)
     base = res["lax"]["median_s"]
     n_params = sum(v.size for v in jax.tree.leaves(params))
-    st = pa.stats().get("t")
+    st, sg = pa.stats().get("t"), pg.stats().get("t")
     out = {
         "params": int(n_params),
         "lax_median_s": base,
@@ -227,7 +229,11 @@ def train_step(reps=40) -> dict:
         * 100,
         "adaptive_steps_paced": int(st.steps_paced) if st is not None else None,
         "adaptive_steps": int(st.steps) if st is not None else None,
-        "adaptive_ab_effect": (st.ab_effect if st is not None else None),
+        "guarded_ab_effect": (sg.ab_effect if sg is not None else None),
+        "guarded_vs_measure_pct": (
+            res["adaptive/device, A/B guard on"]["median_s"] / res["measure/device"]["median_s"] - 1
+        )
+        * 100,
     }
     print(
         f"  train step ({n_params:,} params): lax {base * 1e3:.2f} ms | "
@@ -401,8 +407,11 @@ def _generated_lines(results: dict) -> list[str]:
             f"Adaptive pacing on this balanced step vs measure-only (both device granularity): "
             f"{t['adaptive_vs_measure_pct']:+.2f}%; it paced {t['adaptive_steps_paced']} of "
             f"{t['adaptive_steps']} rank-steps (8 CPU devices share 2 cores, so their "
-            f"arrivals spread by more than its 1 ms threshold); its A/B guard's reading: "
-            f"{_ab_text(t.get('adaptive_ab_effect'))}.",
+            f"arrivals spread by more than its 1 ms threshold). With its A/B guard on "
+            f"(`adaptive(ab_test=True)`, off by default): "
+            f"{t.get('guarded_vs_measure_pct', float('nan')):+.2f}% vs measure-only; the "
+            f"guard's reading: {_ab_text(t.get('guarded_ab_effect'))} (its step is one "
+            f"site exit to the next, so here it spans the other variants' interleaved calls).",
         ]
     lines += [
         "",
@@ -471,7 +480,7 @@ def main(argv=None) -> int:
     print("single process:", flush=True)
     results["single_process"] = single_process(sizes, [1, 200] if not args.quick else [1], reps)
     results["callback"] = callback_cost()
-    results["train_step"] = train_step(40 if args.quick else 80)
+    results["train_step"] = train_step(100 if args.quick else 200)
     if not args.gpu:
         print("multi process:", flush=True)
         results["multi_process"] = multi_process(out, 10 if args.quick else 20)
