@@ -448,41 +448,32 @@ def _readline(f: Any, path: Path, size: int = MAX_LINE_BYTES + 1) -> bytes:
 
 
 # The fast reader (`_read_chunks`) is used after a file's header; False reads every
-# line the per-line way (`_read_lines_per_line`), the reference the fast one matches.
+# line the per-line way (`_read_per_line`), the reference the fast one matches.
 _FAST_READ = True
 
 
 def _read_lines(builder: _Builder, path: Path, f: Any) -> None:
-    if not (_FAST_READ and _FAST_LAYOUT):
-        _read_lines_per_line(builder, path, f)
+    fast = _FAST_READ and _FAST_LAYOUT
+    i, first_seen = _read_per_line(builder, path, f, until_header=fast)
+    if not first_seen:
+        builder.partial = True
+        builder.notes.append(f"PARTIAL: {path} is empty (the process wrote nothing).")
         return
+    if fast:
+        _read_chunks(builder, path, f, i)
+
+
+def _read_per_line(builder: _Builder, path: Path, f: Any, *, until_header: bool):
+    """Lines one at a time, to the end (or only up to the header); `(lines read, header seen)`."""
     first_seen = False
     i = 0
-    while not first_seen:  # up to the header, line by line
+    while not (until_header and first_seen):
         raw = _readline(f, path)
         if not raw:
             break
         i += 1
         first_seen = _one_line(builder, path, i, raw, first_seen)
-    if not first_seen:
-        builder.partial = True
-        builder.notes.append(f"PARTIAL: {path} is empty (the process wrote nothing).")
-        return
-    _read_chunks(builder, path, f, i)
-
-
-def _read_lines_per_line(builder: _Builder, path: Path, f: Any) -> None:
-    first_seen = False
-    i = 0
-    while True:
-        raw = _readline(f, path)
-        if not raw:
-            break
-        i += 1
-        first_seen = _one_line(builder, path, i, raw, first_seen)
-    if not first_seen:
-        builder.partial = True
-        builder.notes.append(f"PARTIAL: {path} is empty (the process wrote nothing).")
+    return i, first_seen
 
 
 # ---------------------------------------------------------------- fast step lines
