@@ -8,13 +8,11 @@ probes (when the extension is built) and the io_callback fallback.
 """
 
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SCRIPTS
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -256,38 +254,19 @@ def test_unbound_axis_matches_shard_map_test_regex():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("native", [True, False], ids=["native", "io_callback"])
-def test_checks_on_multiprocess_names_late_process(launch, tmp_path, native):
+def test_checks_on_multiprocess_names_late_process(tmp_path, native):
     """4 processes x 2 devices, jax_enable_checks=True, process 1 late by 20 ms."""
     if native and not NATIVE_OK:
         pytest.skip(f"native probes unavailable: {NATIVE_WHY}")
     out = tmp_path / "mp"
-    proc = launch(
-        [
-            "-n",
-            4,
-            "--local-devices",
-            2,
-            "--timeout",
-            300,
-            "--",
-            sys.executable,
-            SCRIPTS / "mp_collective.py",
-            "--enable-checks",
-            "--lag-s",
-            0.02,
-            "--lag-process",
-            1,
-            "--steps",
-            40,
-            "--phases",
-            "measure",
-            "--out",
-            out,
-        ],
+    __import__("conftest").run_4x2(
+        "mp_collective.py",
+        *("--enable-checks", "--lag-s", 0.02, "--lag-process", 1, "--steps", 40),
+        *("--phases", "measure", "--out", out),
         timeout_s=380,
+        job_timeout_s=300,
         env={} if native else {"JAXPACE_NATIVE": "0"},
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     results = [json.loads((out / f"result-p{i}.json").read_text()) for i in range(4)]
     for r in results:
         m = r["measure"]
