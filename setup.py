@@ -27,9 +27,10 @@ class OptionalBuildExt(build_ext):
 
     def build_extension(self, ext):
         try:
-            import jax.ffi
+            if ext.name.endswith("_jaxpace_probe"):  # the kernels need no JAX headers
+                import jax.ffi
 
-            ext.include_dirs.append(jax.ffi.include_dir())
+                ext.include_dirs.append(jax.ffi.include_dir())
             super().build_extension(ext)
         except Exception as e:  # noqa: BLE001
             self._skip(e)
@@ -40,9 +41,9 @@ class OptionalBuildExt(build_ext):
     @staticmethod
     def _skip(e):
         sys.stderr.write(
-            f"\nWARNING: jaxpace's native probes were not built ({type(e).__name__}: {e}).\n"
-            "jaxpace will use its io_callback probes instead. To build them, install a C++17\n"
-            "compiler and reinstall.\n\n"
+            f"\nWARNING: a jaxpace native library was not built ({type(e).__name__}: {e}).\n"
+            "jaxpace will use its fallbacks instead (io_callback probes; the NumPy simulator\n"
+            "and policy kernels, slower). To build them, install a C++17 compiler and reinstall.\n\n"
         )
 
 
@@ -55,6 +56,16 @@ if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
             language="c++",
             extra_compile_args=["-std=c++17", "-O2"],
             libraries=["dl"],
+        )
+    )
+    # The simulator's and `adaptive`'s compiled kernels (same bits as their NumPy fallback;
+    # -ffp-contract=off keeps the compiler from fusing a multiply and an add).
+    ext_modules.append(
+        Extension(
+            "jaxpace._native._jaxpace_kernels",
+            sources=["jaxpace/_native/kernels.cc"],
+            language="c++",
+            extra_compile_args=["-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math"],
         )
     )
 

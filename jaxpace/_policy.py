@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from jaxpace._exchange import sanitize_seconds
+from jaxpace._native import kernels
 from jaxpace._validate import check_bool, check_number
 from jaxpace.errors import ConfigError
 
@@ -684,6 +685,8 @@ def _insert(
     above it moves down one); the new one goes above every entry `<=` it
     (above all of them if it is NaN), and every entry above it moves up one.
     """
+    if every and r0 is not None and _insert_kernel(history, order, odd, ia, r0, e):
+        return
     if every:
         h, o, r, x = history, order, row, e
     else:
@@ -714,6 +717,15 @@ def _insert(
 
 
 _POS_INF_BITS = np.float64(np.inf).view(np.uint64)
+
+
+def _insert_kernel(history, order, odd, ia, r0, e) -> bool:
+    """`_insert` for every site at row `r0` through the compiled kernel; False if it cannot."""
+    if order is None or not kernels.order_insert(history, order, r0, e):
+        return False
+    bad = e.view(np.uint64) > _POS_INF_BITS  # what `_insert` counts for `odd`
+    odd[ia, r0] = np.count_nonzero(bad, axis=1) if bad.any() else 0
+    return True
 
 
 def _window_quantile(
@@ -805,7 +817,8 @@ def _order_quantile(h: np.ndarray, o: np.ndarray, filled: int, quantile: float) 
         return _at_rank(h, o, 0)
     prev = math.floor(virtual)
     t = virtual - prev
-    a, b = _at_rank(h, o, prev), _at_rank(h, o, prev + 1)
+    picked = kernels.order_pick(h, o, prev, prev + 1)
+    a, b = picked if picked is not None else (_at_rank(h, o, prev), _at_rank(h, o, prev + 1))
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 

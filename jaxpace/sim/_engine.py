@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 import jaxpace.sim._collectives as coll
 from jaxpace._exchange import earliness
+from jaxpace._native import kernels
 from jaxpace._policy import Observation, PacingPolicy, adaptive, batched, fixed, no_pacing
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, ScenarioError
@@ -406,7 +408,9 @@ class _Draws:
         if sig <= 0:
             return None
         shape = (n, self.s.collective.buckets, self.ranks)
-        return np.exp(sig * self.r_bucket.standard_normal(shape))
+        z = self.r_bucket.standard_normal(shape)
+        z *= sig  # in place: the same products as `sig * z`, without a second array
+        return np.exp(z, out=z)
 
     def block(self, k0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Returns `(compute_s (n, ranks), t_coll_s (n,))` for steps `k0 .. k0+n-1`.
@@ -550,6 +554,13 @@ def _run_buckets(
     L, R = a.shape
     N = L * R
     B, S = su.buckets, su.n_sites
+    got = kernels.run_buckets(
+        a, D, jit, tc, buckets=B, sites=S, fwd_frac=su.fwd_frac, bwd_frac=su.bwd_frac,
+        spin=su.spin_coupled, slow=su.slow,
+    )  # fmt: skip
+    if got is not None:  # the compiled loop: the same arithmetic, the same bits
+        end_prev, arrive, ends, starts = got
+        return end_prev, ends[:S, :, None] - arrive, ends, _spin_sums(ends, starts)
     a = a.reshape(N)
     bucket_work = a * su.bwd_frac
     x = a * su.fwd_frac  # compute clock: when the rank's compute reached its position
@@ -591,8 +602,12 @@ def _run_buckets(
         end_prev = last + tc
         launch_prev = launch
     waits = ends[:S, :, None] - np.stack(arrive)
-    spins = (ends[:, :, None] - starts).sum(axis=2).T  # spin rank-seconds per step and bucket
-    return end_prev, waits, ends, spins
+    return end_prev, waits, ends, _spin_sums(ends, starts)
+
+
+def _spin_sums(ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """`(L, buckets)` spin rank-seconds per step and bucket: each kernel's wait for the last."""
+    return (ends[:, :, None] - starts).sum(axis=2).T
 
 
 # Steps run side by side when the policy's delays do not depend on the
@@ -749,6 +764,7 @@ def estimate_peak_bytes(
     per_rank_state = max(0, _nbytes(pol.init(2)) - _nbytes(pol.init(1)))
     total = f8 * steps  # step times
     total += f8 * n * R * 7  # one block of draws, with temporaries
+    total += f8 * n * R * B * 3  # its bucket jitter: this block's, the next, one being drawn
     # One chunk of steps: bucket jitter, work, kernel starts and spin intervals per
     # bucket, waits and earliness per site, node-coupling temporaries, per-rank vectors.
     total += f8 * chunk * R * (6 * B + 6 * S + 3 * (g if g > 1 else 0) + 24)
@@ -805,10 +821,7 @@ def _run(
     pending = np.zeros((lag, S, R))
     step_times = np.empty(steps)
     total_delay, engaged, spin_sum = 0.0, 0, 0.0
-    k = 0
-    while k < steps:
-        n = min(_BLOCK_STEPS, steps - k)
-        comp, t_coll = draws.block(k, n)
+    for k, n, comp, t_coll, jit_block in _blocks(draws, steps):
         if block_hook is not None:
             comp, t_coll = block_hook(k, n, comp, t_coll)
         t = 0
@@ -825,7 +838,7 @@ def _run(
             a = comp[t : t + L]
             if su.node_coupled:
                 a = _node_coupled_compute(a.reshape(-1), D[:, 0].reshape(-1), su).reshape(L, R)
-            jit = draws.bucket_jitter(L)
+            jit = None if jit_block is None else jit_block[t : t + L]
             ends, waits, bucket_ends, spins = _run_buckets(a, D, jit, t_coll[t : t + L], su)
             flat = D.reshape(L, -1)
             any_delay = flat.any(axis=1).tolist()
@@ -847,8 +860,34 @@ def _run(
                 if progress is not None:
                     progress(s + 1)
             t += L
-        k += n
     return step_times, total_delay, engaged, spin_sum
+
+
+def _blocks(draws: _Draws, steps: int) -> Iterator[tuple]:
+    """`(k, n, compute, transfer, bucket jitter)` for each block of `_BLOCK_STEPS` steps.
+
+    The next block is drawn on a second thread while the caller runs this one
+    (NumPy's generators and `exp` release the GIL). Each stream is still drawn
+    by one thread, block after block, so the numbers are those of drawing in
+    the loop; nothing of the run's state is shared with the thread.
+    """
+
+    def draw(k: int) -> tuple:
+        n = min(_BLOCK_STEPS, steps - k)
+        comp, t_coll = draws.block(k, n)
+        return k, n, comp, t_coll, draws.bucket_jitter(n)
+
+    if steps <= _BLOCK_STEPS:  # one block: nothing to overlap
+        yield draw(0)
+        return
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxpace-sim-draws") as ex:
+        nxt = ex.submit(draw, 0)
+        for k in range(0, steps, _BLOCK_STEPS):
+            cur = nxt.result()
+            if k + _BLOCK_STEPS < steps:
+                nxt = ex.submit(draw, k + _BLOCK_STEPS)
+            yield cur
+            del cur
 
 
 def _result(

@@ -1,0 +1,175 @@
+"""The compiled kernels (`jaxpace._native.kernels`) give the NumPy fallback's bits, and the
+fallback runs when the library is absent or disabled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jaxpace._policy as P
+import jaxpace.sim._engine as E
+from jaxpace._native import kernels
+from jaxpace.sim import load_scenario, simulate
+from jaxpace.sim._scenario import Scenario
+
+
+@pytest.fixture
+def numpy_only(monkeypatch):
+    """Runs the test body with the kernels switched off (as if the library were absent)."""
+
+    def off():
+        monkeypatch.setitem(kernels._state, "lib", None)
+        monkeypatch.setitem(kernels._state, "reason", "switched off by the test")
+
+    return off
+
+
+def test_the_library_is_built_here():
+    """CI installs with a C++ compiler: the kernels must be there, or this says why not."""
+    if os.environ.get("JAXPACE_KERNELS", "1") == "0":
+        pytest.skip("JAXPACE_KERNELS=0 in this environment: the NumPy paths are under test")
+    ok, why = kernels.available()
+    assert ok, why
+
+
+def _variant(**over) -> Scenario:
+    d = load_scenario("paper").to_dict()
+    for key, value in over.items():
+        section, field = key.split("__")
+        d[section][field] = value
+    return Scenario.from_dict(d)
+
+
+ENGINE_CASES = {
+    "paper": lambda: load_scenario("paper"),
+    "strong-spin": lambda: _variant(coupling__spin_compute=1.0, stragglers__onset_prob=0.05),
+    "no-jitter": lambda: _variant(compute__bucket_jitter_sigma=0.0),
+    "first-bucket": lambda: _variant(pacing__sites="first_bucket"),
+    "no-spin": lambda: _variant(coupling__spin_compute=0.0),
+    "one-bucket": lambda: _variant(collective__buckets=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENGINE_CASES))
+@pytest.mark.parametrize("L", [1, 2, 7, 32])
+def test_run_buckets_kernel_is_the_numpy_loop(case, L, numpy_only):
+    sc = ENGINE_CASES[case]()
+    draws = E._Draws(sc, 4, L)
+    su = E._Setup.of(sc, draws.ranks)
+    comp, tc = draws.block(0, L)
+    jit = draws.bucket_jitter(L)
+    rng = np.random.default_rng(L)
+    # Delays from none to far beyond a bucket: ranks run into many spin intervals.
+    D = rng.uniform(0.0, 0.05, (L, su.n_sites, su.ranks)) * (rng.random((L, 1, su.ranks)) < 0.5)
+    D[:, :, :3] = 0.0
+    fast = E._run_buckets(comp, D, jit, tc, su)
+    assert kernels.available()[0]
+    numpy_only()
+    slow = E._run_buckets(comp, D, jit, tc, su)
+    for f, s in zip(fast, slow, strict=True):
+        assert f.shape == s.shape and np.array_equal(f, s)
+
+
+def test_kernel_declines_arrays_it_cannot_take():
+    a = np.ones((2, 8), dtype=np.float32)
+    assert kernels.run_buckets(
+        a, np.zeros((2, 1, 8)), None, np.ones(2), buckets=2, sites=1, fwd_frac=0.3,
+        bwd_frac=0.35, spin=True, slow=1.3,
+    ) is None  # fmt: skip
+    h = np.zeros((1, 200, 4))
+    o = np.zeros((1, 200, 4), dtype=np.int16)  # windows over 127: int16 order, NumPy's path
+    assert kernels.order_pick(h, o, 0, 1) is None
+    assert kernels.order_insert(h, o, 0, np.zeros((1, 4))) is False
+
+
+@pytest.mark.parametrize("W", [1, 2, 16, 127])
+def test_window_kernels_are_the_numpy_upkeep(W, numpy_only):
+    """Ties, NaN, inf, -0.0 and 0.0, partial windows: the same orders and the same picks."""
+    S, R = 3, 64
+    rng = np.random.default_rng(W)
+    h = np.full((S, W, R), np.nan)
+    o = np.repeat(np.arange(W, dtype=np.int8)[None, :, None], S, axis=0).repeat(R, axis=2)
+    odd = np.zeros((S, W), dtype=np.int64)
+    ia = np.arange(S)
+    states = []
+    for k in range(3 * W + 5):
+        x = np.round(rng.exponential(0.002, (S, R)), 4)
+        x[rng.random((S, R)) < 0.05] = np.nan
+        x[rng.random((S, R)) < 0.03] = np.inf
+        x[rng.random((S, R)) < 0.05] = 0.0
+        x[rng.random((S, R)) < 0.05] = -0.0
+        x = P.sanitize_seconds(x).reshape(S, R)
+        r0 = k % W
+        states.append((r0, x))
+    h_k, o_k, odd_k = h.copy(), o.copy(), odd.copy()
+    picks_k = []
+    for r0, x in states:
+        P._insert(h_k, o_k, odd_k, ia, np.full(S, r0), x, True, r0)
+        picks_k.append(kernels.order_pick(h_k, o_k, 0, min(1, W - 1)))
+    numpy_only()
+    for r0, x in states:
+        P._insert(h, o, odd, ia, np.full(S, r0), x, True, r0)
+        want = (P._at_rank(h, o, 0), P._at_rank(h, o, min(1, W - 1)))
+        got = picks_k.pop(0)
+        assert np.array_equal(got[0], want[0], equal_nan=True)
+        assert np.array_equal(got[1], want[1], equal_nan=True)
+    assert np.array_equal(h_k, h, equal_nan=True)
+    assert np.array_equal(o_k, o) and np.array_equal(odd_k, odd)
+
+
+@pytest.mark.parametrize(
+    "scenario,policy,nodes,steps",
+    [("paper", "adaptive", 64, 300), ("paper", "none", 16, 600), ("paper", "fixed:0.002", 8, 300)],
+)
+def test_whole_runs_are_the_same_with_and_without_kernels(scenario, policy, nodes, steps,
+                                                          numpy_only):  # fmt: skip
+    """512 ranks: `adaptive` keeps each window's order (the window kernels); more than one
+    block of draws: the draw thread hands blocks over."""
+    fast = simulate(scenario, nodes=nodes, steps=steps, policy=policy, seed=3)
+    numpy_only()
+    slow = simulate(scenario, nodes=nodes, steps=steps, policy=policy, seed=3)
+    assert np.array_equal(fast.step_times_s, slow.step_times_s)
+    assert fast.summary() == slow.summary()
+
+
+def test_disabled_by_environment_runs_numpy():
+    code = (
+        "from jaxpace._native import kernels; from jaxpace.sim import simulate;"
+        "print(kernels.available());"
+        "r = simulate('paper', nodes=2, steps=20, policy='adaptive', seed=1);"
+        "print(r.steps)"
+    )
+    env = dict(os.environ, JAXPACE_KERNELS="0")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "(False, 'disabled by JAXPACE_KERNELS=0')" in out.stdout and "20" in out.stdout
+
+
+def test_missing_library_is_reported_not_fatal(monkeypatch):
+    monkeypatch.setattr(kernels, "_path", lambda: None)
+    monkeypatch.setitem(kernels._state, "lib", None)
+    monkeypatch.setitem(kernels._state, "reason", None)
+    ok, why = kernels.available()
+    assert not ok and "not built" in why
+    r = simulate("paper", nodes=2, steps=10, policy="adaptive", seed=0)
+    assert r.steps == 10
+
+
+def test_draw_thread_matches_drawing_in_the_loop():
+    """`_blocks` (the next block drawn on a second thread) yields the blocks in order, with the
+    numbers a single-threaded loop draws."""
+    sc = _variant(stragglers__onset_prob=0.02)
+    steps = 3 * E._BLOCK_STEPS + 17
+    one = E._Draws(sc, 2, 9)
+    got = list(E._blocks(E._Draws(sc, 2, 9), steps))
+    assert [b[0] for b in got] == list(range(0, steps, E._BLOCK_STEPS))
+    for k, n, comp, tc, jit in got:
+        c1, t1 = one.block(k, n)
+        j1 = one.bucket_jitter(n)
+        assert np.array_equal(comp, c1) and np.array_equal(tc, t1) and np.array_equal(jit, j1)
