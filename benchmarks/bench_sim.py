@@ -14,6 +14,7 @@ import argparse
 import os
 import time
 
+from jaxpace._native import kernels
 from jaxpace.sim import simulate
 
 
@@ -36,6 +37,7 @@ def run(
         "rank_steps_per_s": r.ranks * steps / dt,
         "mean_step_s": r.mean_step_s,
         "total_delay_s": r.total_delay_s,
+        "kernels": kernels.available()[1],  # compiled, or why NumPy ran
     }
 
 
@@ -60,7 +62,7 @@ def main() -> None:
             f"{res['seconds']:.2f} s wall, {res['cpu_seconds']:.2f} s CPU "
             f"(load {res['load_1min']:.2f}) = {res['rank_steps_per_s']:,.0f} rank-steps/s; "
             f"mean step {res['mean_step_s'] * 1e3:.2f} ms, total delay "
-            f"{res['total_delay_s']:,.1f} rank-s",
+            f"{res['total_delay_s']:,.1f} rank-s [{res['kernels']}]",
             flush=True,
         )
 
