@@ -200,12 +200,12 @@ class Hooks:
             st.wd_out = step  # for the stall watchdog: left the collective
             if reduced is None:
                 # No exchange: only this rank's own view (fixed / measure-only).
-                self._decide(st, rank, np.full(site.num_slots, np.nan), st.prev_step_s)
+                self._decide(site, st, rank, np.full(site.num_slots, np.nan), st.prev_step_s)
             else:
-                view = _exchange.decode(reduced, site.num_slots, scale)
+                view = site.memo.decode(reduced, scale)
                 if view is not None:
-                    self._decide(st, rank, view.earliness_s, view.step_time_s)
-                    self._note_backoff(site, st)
+                    status = self._decide(site, st, rank, view.earliness_s, view.step_time_s)
+                    self._note_backoff(site, st, status)
                     st.early_hist[st.early_n % len(st.early_hist)] = view.earliness_s
                     st.early_n += 1
                     early = view.earliness_s
@@ -288,21 +288,28 @@ class Hooks:
                 st.total_delay_ns += delay_ns
         return wait_ns, delay_ns
 
-    def _decide(self, st: RankState, rank: int, earliness: np.ndarray, step_time_s: float) -> None:
-        """Runs the policy on one observation and stores this rank's next delay (lock held)."""
+    def _decide(
+        self, site: Site, st: RankState, rank: int, earliness: np.ndarray, step_time_s: float
+    ) -> _policy.PolicyStatus:
+        """Runs the policy on one observation and stores this rank's next delay (lock held).
+
+        The ranks of one process see the same exchanged observation each step; those whose
+        policy state is the same object take the update another rank already ran on it
+        (`SiteMemo.update`: policies are pure, so it is the update they would run).
+        """
         policy = self._p.policy
-        obs = _policy.Observation(earliness_s=earliness, step_time_s=step_time_s)
-        delays, st.policy_state = policy.update(obs, st.policy_state)
-        delays = np.asarray(delays, dtype=np.float64).reshape(-1)
+        delays, st.policy_state, status = site.memo.update(
+            policy, st.policy_state, earliness, step_time_s
+        )
         st.pending_delay_s = clamp_delay(
             delays[rank] if rank < len(delays) else 0.0, policy.max_delay_s
         )
-        st.engaged = bool(policy.status(st.policy_state).engaged)
+        st.engaged = bool(status.engaged)
+        return status
 
-    def _note_backoff(self, site: Site, st: RankState) -> None:
+    def _note_backoff(self, site: Site, st: RankState, status: _policy.PolicyStatus) -> None:
         """Logs (once per episode) that the policy refused to chase a skew."""
         policy = self._p.policy
-        status = policy.status(st.policy_state)
         if status.backed_off and not st.backed_off:
             log.warning(
                 "jaxpace: at %s the arrival spread (%.3f s) is far beyond max_delay_s=%g; "

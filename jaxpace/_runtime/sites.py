@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 import threading
 import warnings
 from typing import Any
 
 import numpy as np
 
-from jaxpace._policy import PacingPolicy
+from jaxpace import _exchange
+from jaxpace._policy import Observation, PacingPolicy, PolicyStatus
 from jaxpace._probe import Recorder
 
-__all__ = ["RankState", "Site", "SiteStats", "site_stats"]
+__all__ = ["RankState", "Site", "SiteMemo", "SiteStats", "site_stats"]
 
 
 @dataclasses.dataclass
@@ -69,7 +71,9 @@ class SiteStats:
 class RankState:
     """Host state of one (site, rank) on this process. Guarded by `lock`."""
 
-    def __init__(self, capacity: int, policy: PacingPolicy, num_slots: int) -> None:
+    def __init__(
+        self, capacity: int, policy: PacingPolicy, num_slots: int, initial_state: Any = None
+    ) -> None:
         self.lock = threading.Lock()
         self.recorder = Recorder(capacity)
         self.next_step = 0
@@ -81,7 +85,9 @@ class RankState:
         self.wd_in = -1  # last sampled step arrived at (after its pacing sleep); watchdog
         self.wd_out = -1  # last sampled step done; the watchdog reads both, off the hot path
         self.pending_delay_s = 0.0
-        self.policy_state = policy.init(num_slots)
+        # Shared with the site's other ranks until they see different observations (the
+        # states are immutable: policies are pure).
+        self.policy_state = policy.init(num_slots) if initial_state is None else initial_state
         self.engaged = False
         self.backed_off = False
         self.steps = 0
@@ -110,6 +116,8 @@ class Site:
         self.probe: str | None = None  # which probes time it, and why (set at trace time)
         self.native = None  # (native site id, layout key) on the native path
         self.flush = _no_flush  # brings host state up to date (the native drain)
+        self.memo = SiteMemo(num_slots)
+        self._initial_state: Any = None
 
     def rank(self, r: int) -> RankState:
         st = self.ranks.get(r)
@@ -117,9 +125,63 @@ class Site:
             with self.lock:
                 st = self.ranks.get(r)
                 if st is None:
-                    st = RankState(self.capacity, self.policy, self.num_slots)
+                    if self._initial_state is None:
+                        self._initial_state = self.policy.init(self.num_slots)
+                    st = RankState(self.capacity, self.policy, self.num_slots, self._initial_state)
                     self.ranks[r] = st
         return st
+
+
+class SiteMemo:
+    """The last payload decoded and the last policy update run at a site, for its other ranks.
+
+    Every rank of a process reads the same all-reduced payload each step and, starting from the
+    same state, makes the same (pure) policy update: with 8 devices per host at device
+    granularity that was 8 decodes and 8 updates per step of identical work. Each entry is one
+    tuple, stored whole, so concurrent readers see an old entry or a new one, never a mix; an
+    entry is only used for the very state object it was computed from.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = int(num_slots)
+        self._decoded: tuple | None = None  # (payload bytes, scale, Decoded | None)
+        # id(state in) -> (state in, earliness bytes, step bits, delays, state out, status):
+        # one entry per state lineage (ranks that missed a step have their own).
+        self._updated: dict[int, tuple] = {}
+
+    def decode(self, reduced: np.ndarray, scale: float) -> _exchange.Decoded | None:
+        """`_exchange.decode(reduced, num_slots, scale)`, once per distinct payload."""
+        key = np.ascontiguousarray(reduced).tobytes()
+        hit = self._decoded
+        if hit is not None and hit[0] == key and hit[1] == scale:
+            return hit[2]
+        view = _exchange.decode(reduced, self.num_slots, scale)
+        self._decoded = (key, scale, view)
+        return view
+
+    def update(
+        self, policy: PacingPolicy, state: Any, earliness: np.ndarray, step_time_s: float
+    ) -> tuple[np.ndarray, Any, PolicyStatus]:
+        """`policy.update` on `state` (and its status), reused when this exact update ran."""
+        e_key = np.ascontiguousarray(earliness, dtype=np.float64).tobytes()
+        t_key = struct.pack("<d", float(step_time_s))  # NaN-safe equality, bit for bit
+        hit = self._updated.get(id(state))
+        if hit is not None and hit[0] is state and hit[1] == e_key and hit[2] == t_key:
+            return hit[3], hit[4], hit[5]
+        obs = Observation(earliness_s=earliness, step_time_s=step_time_s)
+        delays, new = policy.update(obs, state)
+        delays = np.asarray(delays, dtype=np.float64).reshape(-1)
+        status = policy.status(new)
+        memo = self._updated
+        while len(memo) >= _MEMO_LINEAGES:  # the oldest entry goes (insertion order)
+            memo.pop(next(iter(memo)), None)
+        memo[id(state)] = (state, e_key, t_key, delays, new, status)
+        return delays, new, status
+
+
+# Entries `SiteMemo` keeps (held states keep their ids unique); ranks whose histories differ
+# (missed or dropped steps) each need one.
+_MEMO_LINEAGES = 16
 
 
 def _no_flush() -> None:

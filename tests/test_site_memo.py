@@ -1,0 +1,119 @@
+"""The ranks of one process share each step's decode and policy update (`SiteMemo`), and get
+exactly the delays each would get from its own update."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import jaxpace as jp
+from jaxpace import _exchange
+from jaxpace._delay import clamp_delay
+from jaxpace._policy import Observation, PacingPolicy
+from jaxpace._runtime.sites import Site
+
+N = 8
+
+
+def _counting(policy: PacingPolicy, calls: list) -> PacingPolicy:
+    def update(obs, state):
+        calls.append(1)
+        return policy.update(obs, state)
+
+    return PacingPolicy(
+        policy.init, update, name="counting", max_delay_s=policy.max_delay_s, status=policy.status
+    )
+
+
+def _payloads(steps: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(steps):
+        v = np.zeros(3 * N, np.float32)
+        v[:N] = rng.exponential(0.002, N) + np.where(np.arange(N) == 3, 0.0, 0.004)
+        v[N : 2 * N] = 1.0
+        v[2 * N :] = 0.09 + 0.001 * rng.random(N)
+        if k % 17 == 5:
+            v[N + 2] = 0.0  # rank 2 sent nothing this step
+        out.append(v)
+    return out
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_shared_update_gives_every_rank_its_own_delays(skip):
+    calls: list = []
+    base = jp.adaptive(threshold_s=0.001, warmup_steps=2, engage_steps=2)
+    pacer = jp.Pacer(policy=_counting(base, calls), granularity="device")
+    site = Site("t", N, 4096, pacer.policy, None)
+    pays = _payloads(120, 1)
+    missed = {(5, 30), (5, 31), (0, 60)} if skip else set()
+    got = {r: [] for r in range(N)}
+    for k, pay in enumerate(pays):
+        for r in range(N):
+            if (r, k) in missed:
+                continue
+            d = pacer.hooks.native_record(site, r, k, 10**6 * k, 10**6 * k + 5000, 0, pay, 1.0)
+            got[r].append(d)
+    # Reference: each rank alone, its own state, the observations it saw.
+    paced = 0
+    for r in range(N):
+        state, want = base.init(N), []
+        for k, pay in enumerate(pays):
+            if (r, k) in missed:
+                continue
+            view = _exchange.decode(pay, N, 1.0)
+            delays, state = base.update(Observation(view.earliness_s, view.step_time_s), state)
+            want.append(clamp_delay(float(np.asarray(delays)[r]), base.max_delay_s))
+        assert got[r] == want, r
+        paced += sum(d > 0 for d in want)
+    assert paced > 0, "the case should pace"
+    # One update per step and state lineage. With the skips: rank 5 has its own from step 32,
+    # rank 0 from step 61: 30 + 2 + 28 * 2 + 2 + 59 * 3 = 267.
+    assert len(calls) == (267 if skip else 120)
+
+
+def test_ranks_with_their_own_history_do_not_share():
+    calls: list = []
+    base = jp.adaptive(threshold_s=0.001, warmup_steps=0, engage_steps=1)
+    pacer = jp.Pacer(policy=_counting(base, calls), granularity="device")
+    site = Site("t", N, 4096, pacer.policy, None)
+    pays = _payloads(10, 2)
+    for k in range(5):  # rank 0 alone first: its state moves on
+        pacer.hooks.native_record(site, 0, k, k, k + 1, 0, pays[k], 1.0)
+    n0 = len(calls)
+    # Rank 1 at step 0 from the initial state, with rank 0's step-0 payload: rank 0's update.
+    pacer.hooks.native_record(site, 1, 0, 0, 1, 0, pays[0], 1.0)
+    assert len(calls) == n0
+    for r in range(2, N):  # the others see another payload: one new update, shared by them
+        pacer.hooks.native_record(site, r, 0, 0, 1, 0, pays[7], 1.0)
+    assert len(calls) == n0 + 1
+    assert site.rank(2).policy_state is site.rank(7).policy_state
+    assert site.rank(1).policy_state is not site.rank(2).policy_state
+
+
+def test_median_is_nanmedian():
+    rng = np.random.default_rng(0)
+    for k in range(3000):
+        n = int(rng.integers(1, 40))
+        x = rng.exponential(0.1, n)
+        if k % 3 == 0:
+            x = np.round(x, 2)  # ties
+        m = rng.random(n)
+        x[m < 0.2] = np.nan
+        if k % 7 == 0:
+            x[m > 0.95] = np.inf
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want = float(np.nanmedian(x))
+        got = _exchange._median(x)
+        assert got == want or (np.isnan(got) and np.isnan(want)), x
+
+
+def test_decode_ignores_a_step_time_that_is_only_inf():
+    v = np.zeros(3 * 2, np.float32)
+    v[:2] = [0.001, 0.002]
+    v[2:4] = 1.0
+    v[4:] = [np.inf, np.nan]
+    assert np.isnan(_exchange.decode(v, 2, 1.0).step_time_s)
