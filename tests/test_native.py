@@ -288,6 +288,20 @@ def test_exchange_payload_carries_previous_waits(mesh):
     np.testing.assert_array_equal(red1[8:16], np.ones(8, np.float32))
 
 
+def test_pending_counts_undrained_records(mesh):
+    """What the drain thread checks before draining a site (it skips sites with nothing new)."""
+    sid = new_site(num_slots=8)
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    f = jax.jit(jax.shard_map(measured("psum", sid), mesh=mesh, in_specs=P("d"), out_specs=P()))
+    assert nat.pending(sid) == 0
+    f(x).block_until_ready()
+    assert nat.pending(sid) == 8
+    recs, _ = nat.drain(sid)
+    assert len(recs) == 8 and nat.pending(sid) == 0
+    with pytest.raises(ValueError, match="unknown native site"):
+        nat.pending(nat.MAX_SITES + 5)
+
+
 def test_delay_is_applied_bounded_and_released(mesh):
     sid = new_site(num_slots=8)
     x = sharded(mesh, jnp.ones((8, 8), jnp.float32))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import math
 import os
 import sysconfig
 import threading
@@ -31,6 +32,7 @@ __all__ = [
     "drain",
     "library_path",
     "now_ns",
+    "pending",
     "rearm",
     "register_site",
     "release_all",
@@ -44,7 +46,7 @@ __all__ = [
     "wait_records",
 ]
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_SITES = 4096
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -129,6 +131,7 @@ def _declare(lib) -> None:
         "jaxpace_released": (ctypes.c_int, []),
         "jaxpace_drain": (i64, [i64, i64, vp, vp]),
         "jaxpace_site_counters": (ctypes.c_int, [i64, vp]),
+        "jaxpace_site_pending": (i64, [i64]),
         "jaxpace_site_progress": (i64, [i64, vp, i64]),
         "jaxpace_wait_records": (u64, [u64, i64]),
         "jaxpace_cuda_load": (ctypes.c_int, [ctypes.c_char_p]),
@@ -141,6 +144,9 @@ def _declare(lib) -> None:
 
 
 def _lib():
+    lib = _state["lib"]  # loaded once: no lock on the drain thread's per-record calls
+    if lib is not None:
+        return lib
     lib = _load()
     if lib is None:
         raise RuntimeError(f"jaxpace native probes unavailable: {_state['reason']}")
@@ -257,7 +263,7 @@ def set_site_devices(site_id: int, rank_of_ordinal) -> None:
 
 def set_delay(site_id: int, rank: int, delay_s: float) -> None:
     """The delay the next arrival of (site, rank) sleeps (clamped to `set_max_delay`)."""
-    ns = int(delay_s * 1e9) if np.isfinite(delay_s) and delay_s > 0 else 0
+    ns = int(delay_s * 1e9) if math.isfinite(delay_s) and delay_s > 0 else 0
     if _lib().jaxpace_set_delay_ns(int(site_id), int(rank), ns) != 0:
         raise ValueError(f"set_delay: unknown site {site_id} or rank {rank} out of range")
 
@@ -321,6 +327,14 @@ def drain(site_id: int, payload_len: int = 0, max_n: int = 4096, *, out=None):
     if n < 0:
         raise ValueError(f"drain: unknown native site {site_id}")
     return recs[:n], pays[:n]
+
+
+def pending(site_id: int) -> int:
+    """Records a drain of the site would find now (> 0 while it has GPU event pairs to poll)."""
+    n = int(_lib().jaxpace_site_pending(int(site_id)))
+    if n < 0:
+        raise ValueError(f"pending: unknown native site {site_id}")
+    return n
 
 
 def counters(site_id: int) -> dict:

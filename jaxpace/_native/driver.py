@@ -165,6 +165,8 @@ def _drain(e: _Entry) -> None:
         if e.stop is not None and e.stop.is_set() and not e.released:
             nat.release_site(e.native_id)
             e.released = True
+        if nat.pending(e.native_id) == 0:
+            return  # nothing new (one wake drains every eager site: most have nothing)
         if e.bufs is None:
             e.bufs = (
                 np.zeros(_BATCH, nat.NATIVE_RECORD_DTYPE),
