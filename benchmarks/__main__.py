@@ -158,6 +158,9 @@ def _ab_text(ab) -> str:
     )
 
 
+_QUIET_THRESHOLD_S = 0.05  # above the spread of 8 CPU devices on 2 cores (a few ms)
+
+
 def train_step(reps=40) -> dict:
     """The example model's forward+backward+update, lax.pmean vs jaxpace.pmean."""
     import jax
@@ -207,6 +210,9 @@ def train_step(reps=40) -> dict:
     # (with one process at process granularity it would have one rank and nothing to do).
     pd, pa = jp.Pacer(granularity="device"), jp.Pacer(policy=jp.adaptive(), granularity="device")
     pg = jp.Pacer(policy=jp.adaptive(ab_test=True), granularity="device")
+    # Balanced from the policy's view: a threshold above this machine's device spread, so it
+    # measures what a disengaged `adaptive` costs (its update still runs every step).
+    pq = jp.Pacer(policy=jp.adaptive(threshold_s=_QUIET_THRESHOLD_S), granularity="device")
     fns = {
         "lax": make(lambda g: lax.pmean(g, "data")),
         "measure": make(lambda g: pm.pmean(g, "data", site="t")),
@@ -214,11 +220,12 @@ def train_step(reps=40) -> dict:
         "measure/device": make(lambda g: pd.pmean(g, "data", site="t")),
         "adaptive/device (balanced)": make(lambda g: pa.pmean(g, "data", site="t")),
         "adaptive/device, A/B guard on": make(lambda g: pg.pmean(g, "data", site="t")),
+        "adaptive/device, not engaged": make(lambda g: pq.pmean(g, "data", site="t")),
     }
     res = _interleaved(fns, (params, opt, x, y), reps)
     base = res["lax"]["median_s"]
     n_params = sum(v.size for v in jax.tree.leaves(params))
-    st, sg = pa.stats().get("t"), pg.stats().get("t")
+    st, sg, sq = pa.stats().get("t"), pg.stats().get("t"), pq.stats().get("t")
 
     def vs_measure(name):  # percent vs measure-only at the same (device) granularity
         return (res[name]["median_s"] / res["measure/device"]["median_s"] - 1) * 100
@@ -232,6 +239,9 @@ def train_step(reps=40) -> dict:
         "adaptive_steps": int(st.steps) if st is not None else None,
         "guarded_ab_effect": (sg.ab_effect if sg is not None else None),
         "guarded_vs_measure_pct": vs_measure("adaptive/device, A/B guard on"),
+        "quiet_vs_measure_pct": vs_measure("adaptive/device, not engaged"),
+        "quiet_steps_paced": int(sq.steps_paced) if sq is not None else None,
+        "quiet_threshold_s": _QUIET_THRESHOLD_S,
     }
     print(
         f"  train step ({n_params:,} params): lax {base * 1e3:.2f} ms | "
