@@ -401,6 +401,46 @@ def test_measure_only_records_do_not_wake_the_drain(mesh):
     assert nat.wait_records(seen, 0.0) == seen  # ...but not counted as a wake-up
 
 
+def test_idle_site_records_do_not_wake_the_drain(mesh):
+    """A site that may delay but whose policy is idle (`set_site_wake(False)`) waits for the
+    drain thread's timer; switched back on, its records wake it again."""
+    sid = new_site()
+    nat.set_site_max_delay(sid, 0.01)
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    f = jax.jit(jax.shard_map(measured("psum", sid), mesh=mesh, in_specs=P("d"), out_specs=P()))
+    nat.set_site_wake(sid, False)
+    seen = nat.wait_records(0, 0.0)
+    f(x).block_until_ready()
+    assert nat.pending(sid) == 8 and nat.wait_records(seen, 0.0) == seen
+    nat.set_site_wake(sid, True)
+    f(x).block_until_ready()
+    assert nat.wait_records(seen, 0.0) == seen + 8
+    with pytest.raises(ValueError, match="unknown native site"):
+        nat.set_site_wake(nat.MAX_SITES + 5, True)
+
+
+def test_pacer_native_idle_adaptive_is_drained_on_the_timer_and_wakes_once_engaged(mesh):
+    from jaxpace._native import driver
+
+    x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
+    idle = jp.Pacer(policy=jp.adaptive(threshold_s=1.0), granularity="device")
+    busy = jp.Pacer(
+        policy=jp.adaptive(threshold_s=0.0, warmup_steps=0, engage_steps=1, max_delay_s=0.001),
+        granularity="device",
+    )
+    f = smap(mesh, lambda v: idle.psum(v, "d", site="idle"))
+    g = smap(mesh, lambda v: busy.psum(v, "d", site="busy"))
+    for _ in range(6):
+        jax.block_until_ready(f(x))
+        jax.block_until_ready(g(x))
+        idle.stats(), busy.stats()
+    e_idle = driver._entries[idle._sites["idle"].native[0]]
+    e_busy = driver._entries[busy._sites["busy"].native[0]]
+    assert e_idle.can_delay and not e_idle.eager  # never engaged: timer-drained
+    assert e_busy.eager and busy.stats()["busy"].steps_paced > 0
+    assert idle.stats()["idle"].steps == 6 * 8  # every record still arrives
+
+
 def test_bad_site_arguments_name_the_field():
     with pytest.raises(ValueError, match="num_slots"):
         nat.register_site(1, 0)

@@ -117,3 +117,32 @@ def test_decode_ignores_a_step_time_that_is_only_inf():
     v[2:4] = 1.0
     v[4:] = [np.inf, np.nan]
     assert np.isnan(_exchange.decode(v, 2, 1.0).step_time_s)
+
+
+def _status_policy(status):
+    base = jp.fixed(0.001)
+    return PacingPolicy(
+        base.init, base.update, name="st", max_delay_s=0.001, needs_exchange=True, status=status
+    )
+
+
+def test_drain_wake_follows_the_policy_status():
+    from jaxpace._policy import PolicyStatus
+
+    pay = _payloads(1, 3)[0]
+    cases = {
+        "engaged": (PolicyStatus(engaged=True), True),
+        "idle": (PolicyStatus(engaged=False), False),
+        "rejected": (PolicyStatus(engaged=True, ab_effect={"rejected": True}), False),
+        "kept": (PolicyStatus(engaged=True, ab_effect={"rejected": False}), True),
+    }
+    for name, (status, want) in cases.items():
+        pacer = jp.Pacer(policy=_status_policy(lambda s, st=status: st), granularity="device")
+        site = Site("t", N, 64, pacer.policy, None)
+        pacer.hooks.native_record(site, 0, 0, 0, 1, 0, pay, 1.0)
+        assert pacer.hooks.native_wants_wake(site) is want, name
+    # The default status says nothing about pacing (`fixed`): always wake.
+    pacer = jp.Pacer(policy=jp.fixed(0.001), granularity="device")
+    site = Site("t", N, 64, pacer.policy, None)
+    pacer.hooks.native_record(site, 0, 0, 0, 1, 0, pay, 1.0)
+    assert pacer.hooks.native_wants_wake(site) is True

@@ -41,6 +41,7 @@ __all__ = [
     "set_delay",
     "set_max_delay",
     "set_site_max_delay",
+    "set_site_wake",
     "set_site_devices",
     "site_progress",
     "wait_records",
@@ -132,6 +133,7 @@ def _declare(lib) -> None:
         "jaxpace_drain": (i64, [i64, i64, vp, vp]),
         "jaxpace_site_counters": (ctypes.c_int, [i64, vp]),
         "jaxpace_site_pending": (i64, [i64]),
+        "jaxpace_set_site_wake": (ctypes.c_int, [i64, i32]),
         "jaxpace_site_progress": (i64, [i64, vp, i64]),
         "jaxpace_wait_records": (u64, [u64, i64]),
         "jaxpace_cuda_load": (ctypes.c_int, [ctypes.c_char_p]),
@@ -327,6 +329,13 @@ def drain(site_id: int, payload_len: int = 0, max_n: int = 4096, *, out=None):
     if n < 0:
         raise ValueError(f"drain: unknown native site {site_id}")
     return recs[:n], pays[:n]
+
+
+def set_site_wake(site_id: int, on: bool) -> None:
+    """Whether the site's records wake the drain thread (its policy may delay now) or wait for
+    the thread's timer."""
+    if _lib().jaxpace_set_site_wake(int(site_id), int(bool(on))) != 0:
+        raise ValueError(f"set_site_wake: unknown native site {site_id}")
 
 
 def pending(site_id: int) -> int:

@@ -1,8 +1,9 @@
 """Runs the policy on native records, off the hot path: one background thread per process.
 
 The native handlers push one finished record per (site, rank, step) into their site's ring.
-This thread blocks in `wait_records` (without the GIL) until a site whose policy can delay
-pushes something, drains those sites (measure-only ones every 50 ms, in batches), hands each
+This thread blocks in `wait_records` (without the GIL) until a site whose policy may delay now
+pushes something, drains those sites (measure-only ones, and those whose policy is not
+engaged, every 50 ms, in batches), hands each
 record to its runtime (`Runtime.native_record`: the same bookkeeping and policy step as the
 io_callback path's `done`), and stores the resulting
 delay natively, where the rank's next arrival sleeps it. `sync()` drains on the caller's thread
@@ -10,7 +11,12 @@ delay natively, where the rank's next arrival sleeps it. `sync()` drains on the 
 
 Lag: the io_callback path decides step k's delay inside step k's post-callback, before step
 k+1 can arrive. Here the decision is made when this thread has drained step k; when it has not
-yet done so by step k+1's arrival (host load), the delay lands one step later.
+yet done so by step k+1's arrival (host load), the delay lands one step later. While a site's
+policy reports that it is not engaged (`PolicyStatus.engaged`, or its A/B guard rejected
+pacing), its records are drained on the 50 ms timer instead of waking this thread: the
+decision that engages it then lands up to 50 ms later, and a disengaged policy costs a
+training step what measure-only costs. Policies without a status of their own (`fixed`,
+custom ones on the default status) always wake it.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ class _Entry:
     lock: threading.Lock
     released: bool = False
     bufs: tuple | None = None  # reused drain buffers
-    eager: bool = True  # its policy can delay: drain as soon as records arrive
+    eager: bool = True  # its policy may delay now: drain as soon as records arrive
+    can_delay: bool = True  # its policy has a bound > 0 (it may ever delay)
     probe: str = ""  # what stats() says about the path (plus drops, if any)
     dropped: int = 0
     overlaps: int = 0
@@ -110,6 +117,7 @@ def attach(
             stop,
             threading.Lock(),
             eager=max_delay_s > 0,
+            can_delay=max_delay_s > 0,
             fixed_rank=fixed_rank,
         )
         site.native = (sid, key)
@@ -153,6 +161,15 @@ def _loop() -> None:
             log.warning("jaxpace: native drain thread error %r (continuing)", ex)
 
 
+def _set_eager(e: _Entry, eager: bool) -> None:
+    """An idle policy (not engaged) is drained on the timer: its records stop waking the
+    thread, and its engagement lands up to `_LAZY_S` later; once engaged, every record wakes
+    the thread again."""
+    if eager != e.eager:
+        e.eager = eager
+        nat.set_site_wake(e.native_id, eager)
+
+
 def sync(native_id: int | None = None) -> None:
     """Drains one site (or all) now, on the calling thread."""
     entries = [_entries[native_id]] if native_id in _entries else list(_entries.values())
@@ -172,8 +189,10 @@ def _drain(e: _Entry) -> None:
                 np.zeros(_BATCH, nat.NATIVE_RECORD_DTYPE),
                 np.zeros((_BATCH, e.payload_len), np.float32),
             )
+        drained = 0
         while True:
             recs, pays = nat.drain(e.native_id, e.payload_len, out=e.bufs)
+            drained += len(recs)
             for i, r in enumerate(recs):
                 reduced = pays[i] if e.payload_len > 0 else None
                 rank = int(r["rank"])
@@ -191,6 +210,8 @@ def _drain(e: _Entry) -> None:
                     nat.set_delay(e.native_id, rank, delay_s)
             if len(recs) < _BATCH:
                 break
+        if drained and e.can_delay:
+            _set_eager(e, bool(e.rt.native_wants_wake(e.site)))
         c = nat.counters(e.native_id)
         if c["overlaps"] > e.overlaps:
             if e.overlaps == 0:  # the io_callback path's warning, once per site

@@ -38,7 +38,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kAbiVersion = 3;  // 2: jaxpace_site_progress; 3: jaxpace_site_pending
+constexpr int kAbiVersion = 3;  // 2: jaxpace_site_progress; 3: site_pending, site_wake
 constexpr int kMaxSites = 4096;
 
 inline int64_t now_ns() {
@@ -131,6 +131,9 @@ struct Site {
   std::vector<Slot> slots;
   std::vector<std::atomic<float>> payloads;  // capacity * payload_len
   std::atomic<uint64_t> head{0};
+  // 0: the site's policy cannot delay now (not engaged): its records do not wake the drain
+  // thread, which then drains the site on its timer. Set by jaxpace_set_site_wake.
+  std::atomic<int> wake{1};
   uint64_t tail = 0;  // consumer side, under drain_mu
   std::mutex drain_mu;
   std::atomic<int64_t> dropped{0};
@@ -181,6 +184,7 @@ void push_record(Site* s, const RecordOut& r, const float* payload, int32_t plen
   int64_t mx = s->max_delay_ns.load(std::memory_order_relaxed);
   if (mx < 0) mx = g_max_delay_ns.load(std::memory_order_relaxed);
   if (mx <= 0) return;  // measure only: nothing waits on this record
+  if (s->wake.load(std::memory_order_relaxed) == 0) return;  // policy idle: drained on a timer
   g_pushed_eager.fetch_add(1, std::memory_order_release);
   if (g_waiters.load(std::memory_order_acquire) > 0) {
     { std::lock_guard<std::mutex> lk(g_wait_mu); }
@@ -626,6 +630,14 @@ int64_t jaxpace_drain(int64_t id, int64_t max_n, RecordOut* out, float* payload_
 }
 
 // counters[0..4] = records pushed, dropped, unsampled arrivals, overlapping arrivals, capacity.
+// Whether records of site `id` wake the drain thread (1) or wait for its timer (0).
+int jaxpace_set_site_wake(int64_t id, int32_t on) {
+  Site* s = site_of(id);
+  if (s == nullptr) return -1;
+  s->wake.store(on != 0 ? 1 : 0, std::memory_order_relaxed);
+  return 0;
+}
+
 // What a drain would find: the records pushed and not yet drained, plus 1 while the site has
 // GPU event pairs (their records are pushed by the drain's own poll). -1: unknown site.
 // Lets the drain thread skip sites with nothing new at a few ns each.

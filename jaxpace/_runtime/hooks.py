@@ -305,7 +305,16 @@ class Hooks:
             delays[rank] if rank < len(delays) else 0.0, policy.max_delay_s
         )
         st.engaged = bool(status.engaged)
+        ab = status.ab_effect
+        st.can_pace = st.engaged and not (ab is not None and bool(ab.get("rejected")))
         return status
+
+    def native_wants_wake(self, site: Site) -> bool:
+        """Whether the drain thread should react to each record of `site` at once: its policy
+        may delay now. A policy on the default status (`fixed`, custom ones) always may."""
+        if self._p.policy.status is _policy._idle_status:
+            return True
+        return any(st.can_pace for st in list(site.ranks.values()))
 
     def _note_backoff(self, site: Site, st: RankState, status: _policy.PolicyStatus) -> None:
         """Logs (once per episode) that the policy refused to chase a skew."""

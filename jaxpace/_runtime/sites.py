@@ -89,6 +89,7 @@ class RankState:
         # states are immutable: policies are pure).
         self.policy_state = policy.init(num_slots) if initial_state is None else initial_state
         self.engaged = False
+        self.can_pace = False  # engaged and not rejected by an A/B guard: may delay now
         self.backed_off = False
         self.steps = 0
         self.steps_paced = 0
