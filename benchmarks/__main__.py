@@ -60,8 +60,17 @@ def _interleaved(fns: dict, args, reps: int) -> dict:
             "median_s": float(np.median(a)),
             "p25_s": float(np.percentile(a, 25)),
             "p75_s": float(np.percentile(a, 75)),
+            "times_s": ts,  # per round, in round order (paired comparisons)
         }
     return out
+
+
+def _paired_pct(res: dict, name: str, base: str) -> float:
+    """Median over rounds of `name`'s time / `base`'s time in the same round, as a percent."""
+    import numpy as np
+
+    a, b = np.array(res[name]["times_s"]), np.array(res[base]["times_s"])
+    return float((np.median(a / b) - 1) * 100)
 
 
 def single_process(sizes, leaves_list, reps) -> list[dict]:
@@ -209,6 +218,7 @@ def train_step(reps=40) -> dict:
     # Device granularity: every shard is a rank, so the adaptive policy has ranks to pace
     # (with one process at process granularity it would have one rank and nothing to do).
     pd, pa = jp.Pacer(granularity="device"), jp.Pacer(policy=jp.adaptive(), granularity="device")
+    pd2 = jp.Pacer(granularity="device")  # the same variant twice: the run's noise floor
     pg = jp.Pacer(policy=jp.adaptive(ab_test=True), granularity="device")
     # Balanced from the policy's view: a threshold above this machine's device spread, so it
     # measures what a disengaged `adaptive` costs (its update still runs every step).
@@ -218,6 +228,7 @@ def train_step(reps=40) -> dict:
         "measure": make(lambda g: pm.pmean(g, "data", site="t")),
         "measure/sample_every=10": make(lambda g: ps.pmean(g, "data", site="t")),
         "measure/device": make(lambda g: pd.pmean(g, "data", site="t")),
+        "measure/device, again": make(lambda g: pd2.pmean(g, "data", site="t")),
         "adaptive/device (balanced)": make(lambda g: pa.pmean(g, "data", site="t")),
         "adaptive/device, A/B guard on": make(lambda g: pg.pmean(g, "data", site="t")),
         "adaptive/device, not engaged": make(lambda g: pq.pmean(g, "data", site="t")),
@@ -240,6 +251,12 @@ def train_step(reps=40) -> dict:
         "guarded_ab_effect": (sg.ab_effect if sg is not None else None),
         "guarded_vs_measure_pct": vs_measure("adaptive/device, A/B guard on"),
         "quiet_vs_measure_pct": vs_measure("adaptive/device, not engaged"),
+        # Paired per round (each variant runs once per round, order shuffled): less noisy.
+        "paired_vs_measure_pct": {
+            k: _paired_pct(res, k, "measure/device")
+            for k in res
+            if k.startswith(("adaptive/device", "measure/device, again"))
+        },
         "quiet_steps_paced": int(sq.steps_paced) if sq is not None else None,
         "quiet_threshold_s": _QUIET_THRESHOLD_S,
     }
