@@ -30,8 +30,10 @@ __all__ = [
     "counters",
     "cuda_available",
     "drain",
+    "find_built",
     "library_path",
     "now_ns",
+    "load_once",
     "pending",
     "rearm",
     "register_site",
@@ -74,45 +76,70 @@ def library_path() -> str | None:
     env = os.environ.get("JAXPACE_NATIVE_LIB")
     if env:
         return env
-    # One checkout can hold builds for several Pythons (`_jaxpace_probe.cpython-311-...so`,
-    # `...-312-...so`): prefer this interpreter's, each built against its own jaxlib headers.
-    own = os.path.join(_HERE, "_jaxpace_probe" + (sysconfig.get_config_var("EXT_SUFFIX") or ""))
+    return find_built("_jaxpace_probe")
+
+
+def find_built(stem: str) -> str | None:
+    """The library `stem` built next to this file, or None.
+
+    One checkout can hold builds for several Pythons (`stem.cpython-311-...so`,
+    `...-312-...so`): this interpreter's comes first (each is built against its own jaxlib).
+    """
+    own = os.path.join(_HERE, stem + (sysconfig.get_config_var("EXT_SUFFIX") or ""))
     if os.path.isfile(own):
         return own
-    found = sorted(glob.glob(os.path.join(_HERE, "_jaxpace_probe*.so")))
+    found = sorted(glob.glob(os.path.join(_HERE, stem + "*.so")))
     return found[0] if found else None
+
+
+def load_once(state: dict, lock, *, env: str, path, missing: str, declare, abi_fn: str,
+              abi: int, what: str):  # fmt: skip
+    """Loads a ctypes library once into `state` (`lib`, `path`, or the `reason` it did not).
+
+    `env=0` switches it off; `path()` finds it (None: `missing` is the reason); `declare(lib)`
+    sets its signatures; `abi_fn()` must return `abi`. Returns the library or None.
+    """
+    with lock:
+        if state["lib"] is not None or state["reason"] is not None:
+            return state["lib"]
+        if os.environ.get(env, "1").strip().lower() in ("0", "false", "no", "off"):
+            state["reason"] = f"disabled by {env}=0"
+            return None
+        found = path()
+        if found is None:
+            state["reason"] = missing
+            return None
+        try:
+            lib = ctypes.CDLL(found)
+            declare(lib)
+            got = getattr(lib, abi_fn)()
+        except (OSError, AttributeError) as e:
+            state["reason"] = f"{what} {found} failed to load: {e}"
+            return None
+        if got != abi:
+            state["reason"] = (
+                f"{what} {found} has ABI {got}, this jaxpace expects {abi}; "
+                "rebuild it (pip install -e . or reinstall)"
+            )
+            return None
+        state["lib"], state["path"] = lib, found
+        return lib
 
 
 def _load():
     """Loads the library once; returns it or None (the reason is kept for `available`)."""
-    with _lock:
-        if _state["lib"] is not None or _state["reason"] is not None:
-            return _state["lib"]
-        if os.environ.get("JAXPACE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-            _state["reason"] = "disabled by JAXPACE_NATIVE=0"
-            return None
-        path = library_path()
-        if path is None:
-            _state["reason"] = (
-                "native library not built (no C++ compiler at install time?); reinstall with "
-                "a C++17 compiler: pip install --force-reinstall --no-deps jaxpace"
-            )
-            return None
-        try:
-            lib = ctypes.CDLL(path)
-            _declare(lib)
-            abi = lib.jaxpace_abi_version()
-        except (OSError, AttributeError) as e:
-            _state["reason"] = f"native library {path} failed to load: {e}"
-            return None
-        if abi != ABI_VERSION:
-            _state["reason"] = (
-                f"native library {path} has ABI {abi}, this jaxpace expects {ABI_VERSION}; "
-                "rebuild it (pip install -e . or reinstall)"
-            )
-            return None
-        _state["lib"], _state["path"] = lib, path
-        return lib
+    return load_once(
+        _state,
+        _lock,
+        env="JAXPACE_NATIVE",
+        path=library_path,
+        missing="native library not built (no C++ compiler at install time?); reinstall with "
+        "a C++17 compiler: pip install --force-reinstall --no-deps jaxpace",
+        declare=_declare,
+        abi_fn="jaxpace_abi_version",
+        abi=ABI_VERSION,
+        what="native library",
+    )
 
 
 def _declare(lib) -> None:

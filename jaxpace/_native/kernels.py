@@ -10,52 +10,36 @@ changes but speed. `available()` says which, and why.
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
-import sysconfig
 import threading
 
 import numpy as np
 
+from jaxpace._native import find_built, load_once
+
 __all__ = ["ABI_VERSION", "available", "order_insert", "order_pick", "run_buckets"]
 
 ABI_VERSION = 2
-_HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
 _state: dict = {"lib": None, "reason": None, "path": None}
 
 
 def _path() -> str | None:
-    own = os.path.join(_HERE, "_jaxpace_kernels" + (sysconfig.get_config_var("EXT_SUFFIX") or ""))
-    if os.path.isfile(own):
-        return own
-    found = sorted(glob.glob(os.path.join(_HERE, "_jaxpace_kernels*.so")))
-    return found[0] if found else None
+    return find_built("_jaxpace_kernels")
 
 
 def _load():
-    with _lock:
-        if _state["lib"] is not None or _state["reason"] is not None:
-            return _state["lib"]
-        if os.environ.get("JAXPACE_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
-            _state["reason"] = "disabled by JAXPACE_KERNELS=0"
-            return None
-        path = _path()
-        if path is None:
-            _state["reason"] = "kernel library not built (no C++ compiler at install time?)"
-            return None
-        try:
-            lib = ctypes.CDLL(path)
-            _declare(lib)
-            abi = lib.jaxpace_kernels_abi_version()
-        except (OSError, AttributeError) as e:
-            _state["reason"] = f"kernel library {path} failed to load: {e}"
-            return None
-        if abi != ABI_VERSION:
-            _state["reason"] = f"kernel library {path} has ABI {abi}, expected {ABI_VERSION}"
-            return None
-        _state["lib"], _state["path"] = lib, path
-        return lib
+    return load_once(
+        _state,
+        _lock,
+        env="JAXPACE_KERNELS",
+        path=lambda: _path(),  # late-bound: tests replace `_path`
+        missing="kernel library not built (no C++ compiler at install time?)",
+        declare=_declare,
+        abi_fn="jaxpace_kernels_abi_version",
+        abi=ABI_VERSION,
+        what="kernel library",
+    )
 
 
 def _declare(lib) -> None:
