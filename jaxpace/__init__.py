@@ -1,7 +1,8 @@
 """jaxpace: measure and pace JAX collectives across ranks, bitwise identical to `jax.lax`."""
 
-from jaxpace import errors, launch, topology
-from jaxpace._dropins import pmean, psum
+from typing import TYPE_CHECKING
+
+from jaxpace import errors
 from jaxpace._policy import (
     AdaptiveConfig,
     AdaptiveState,
@@ -13,8 +14,12 @@ from jaxpace._policy import (
     no_pacing,
 )
 from jaxpace._probe import Clock, Sink
-from jaxpace._runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
-from jaxpace.topology import make_mesh
+
+if TYPE_CHECKING:  # loaded on first use (below): they import JAX
+    from jaxpace import launch, report, sim, sinks, topology
+    from jaxpace._dropins import pmean, psum
+    from jaxpace._runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
+    from jaxpace.topology import make_mesh
 
 __version__ = "0.1.0"
 
@@ -45,12 +50,37 @@ __all__ = [
     "topology",
 ]
 
+# Names that load on first use. The collectives and the runtime import JAX (about 3 s here),
+# which `jaxpace report`, `jaxpace simulate` and `jaxpace --help` never need; `report`, `sim`
+# and `sinks` pull in rich/HTML code that a training process never needs.
+_LAZY = {
+    "pmean": ("jaxpace._dropins", "pmean"),
+    "psum": ("jaxpace._dropins", "psum"),
+    "Pacer": ("jaxpace._runtime", "Pacer"),
+    "PacerConfig": ("jaxpace._runtime", "PacerConfig"),
+    "SiteStats": ("jaxpace._runtime", "SiteStats"),
+    "configure": ("jaxpace._runtime", "configure"),
+    "default_pacer": ("jaxpace._runtime", "default_pacer"),
+    "make_mesh": ("jaxpace.topology", "make_mesh"),
+    "launch": ("jaxpace.launch", None),
+    "topology": ("jaxpace.topology", None),
+    "report": ("jaxpace.report", None),
+    "sim": ("jaxpace.sim", None),
+    "sinks": ("jaxpace.sinks", None),
+}
+
 
 def __getattr__(name: str):
-    # `report` and `sim` load on first use: they pull in rich/HTML code that a
-    # training process never needs.
-    if name in ("report", "sim", "sinks"):
-        import importlib
+    spec = _LAZY.get(name)
+    if spec is None:
+        raise AttributeError(f"module 'jaxpace' has no attribute {name!r}")
+    import importlib
 
-        return importlib.import_module(f"jaxpace.{name}")
-    raise AttributeError(f"module 'jaxpace' has no attribute {name!r}")
+    module = importlib.import_module(spec[0])
+    value = module if spec[1] is None else getattr(module, spec[1])
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
