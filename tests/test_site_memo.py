@@ -80,10 +80,11 @@ def test_ranks_with_their_own_history_do_not_share():
     pacer = jp.Pacer(policy=_counting(base, calls), granularity="device")
     site = Site("t", N, 4096, pacer.policy, None)
     pays = _payloads(10, 2)
-    for k in range(5):  # rank 0 alone first: its state moves on
+    for k in range(2):  # rank 0 alone first, one step ahead: its state moves on
         pacer.hooks.native_record(site, 0, k, k, k + 1, 0, pays[k], 1.0)
     n0 = len(calls)
-    # Rank 1 at step 0 from the initial state, with rank 0's step-0 payload: rank 0's update.
+    # Rank 1 at step 0 from the initial state, with rank 0's step-0 payload: rank 0's update
+    # (entries live for their step and the next).
     pacer.hooks.native_record(site, 1, 0, 0, 1, 0, pays[0], 1.0)
     assert len(calls) == n0
     for r in range(2, N):  # the others see another payload: one new update, shared by them
@@ -146,3 +147,18 @@ def test_drain_wake_follows_the_policy_status():
     site = Site("t", N, 64, pacer.policy, None)
     pacer.hooks.native_record(site, 0, 0, 0, 1, 0, pay, 1.0)
     assert pacer.hooks.native_wants_wake(site) is True
+
+
+def test_memo_holds_no_old_states():
+    """Entries older than the previous step are dropped: at 8192 ranks a state is megabytes."""
+    pacer = jp.Pacer(policy=jp.adaptive(threshold_s=0.001), granularity="device")
+    site = Site("t", N, 64, pacer.policy, None)
+    pays = _payloads(40, 4)
+    for k, pay in enumerate(pays):
+        for r in range(N):
+            if r == 5 and k == 10:
+                continue  # rank 5 has its own lineage from here on
+            pacer.hooks.native_record(site, r, k, k, k + 1, 0, pay, 1.0)
+    held = site.memo._updated
+    assert 1 <= len(held) <= 4
+    assert all(v[6] >= len(pays) - 2 for v in held.values())

@@ -200,11 +200,11 @@ class Hooks:
             st.wd_out = step  # for the stall watchdog: left the collective
             if reduced is None:
                 # No exchange: only this rank's own view (fixed / measure-only).
-                self._decide(site, st, rank, np.full(site.num_slots, np.nan), st.prev_step_s)
+                self._decide(site, st, rank, np.full(site.num_slots, np.nan), st.prev_step_s, step)
             else:
                 view = site.memo.decode(reduced, scale)
                 if view is not None:
-                    status = self._decide(site, st, rank, view.earliness_s, view.step_time_s)
+                    status = self._decide(site, st, rank, view.earliness_s, view.step_time_s, step)
                     self._note_backoff(site, st, status)
                     st.early_hist[st.early_n % len(st.early_hist)] = view.earliness_s
                     st.early_n += 1
@@ -289,7 +289,13 @@ class Hooks:
         return wait_ns, delay_ns
 
     def _decide(
-        self, site: Site, st: RankState, rank: int, earliness: np.ndarray, step_time_s: float
+        self,
+        site: Site,
+        st: RankState,
+        rank: int,
+        earliness: np.ndarray,
+        step_time_s: float,
+        step: int,
     ) -> _policy.PolicyStatus:
         """Runs the policy on one observation and stores this rank's next delay (lock held).
 
@@ -299,7 +305,7 @@ class Hooks:
         """
         policy = self._p.policy
         delays, st.policy_state, status = site.memo.update(
-            policy, st.policy_state, earliness, step_time_s
+            policy, st.policy_state, earliness, step_time_s, step
         )
         st.pending_delay_s = clamp_delay(
             delays[rank] if rank < len(delays) else 0.0, policy.max_delay_s

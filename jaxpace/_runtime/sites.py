@@ -146,8 +146,8 @@ class SiteMemo:
     def __init__(self, num_slots: int) -> None:
         self.num_slots = int(num_slots)
         self._decoded: tuple | None = None  # (payload bytes, scale, Decoded | None)
-        # id(state in) -> (state in, earliness bytes, step bits, delays, state out, status):
-        # one entry per state lineage (ranks that missed a step have their own).
+        # id(state in) -> (state in, earliness bytes, step-time bits, delays, state out,
+        # status, step): one entry per state lineage (ranks that missed a step have their own).
         self._updated: dict[int, tuple] = {}
 
     def decode(self, reduced: np.ndarray, scale: float) -> _exchange.Decoded | None:
@@ -161,9 +161,18 @@ class SiteMemo:
         return view
 
     def update(
-        self, policy: PacingPolicy, state: Any, earliness: np.ndarray, step_time_s: float
+        self,
+        policy: PacingPolicy,
+        state: Any,
+        earliness: np.ndarray,
+        step_time_s: float,
+        step: int,
     ) -> tuple[np.ndarray, Any, PolicyStatus]:
-        """`policy.update` on `state` (and its status), reused when this exact update ran."""
+        """`policy.update` on `state` (and its status), reused when this exact update ran.
+
+        Entries live for the step they were made at and the next one (a rank's records come
+        in step order), so at most a step's few lineages are held, never old states.
+        """
         e_key = np.ascontiguousarray(earliness, dtype=np.float64).tobytes()
         t_key = struct.pack("<d", float(step_time_s))  # NaN-safe equality, bit for bit
         hit = self._updated.get(id(state))
@@ -174,14 +183,16 @@ class SiteMemo:
         delays = np.asarray(delays, dtype=np.float64).reshape(-1)
         status = policy.status(new)
         memo = self._updated
+        for key in [k for k, v in memo.items() if v[6] < step - 1]:
+            memo.pop(key, None)
         while len(memo) >= _MEMO_LINEAGES:  # the oldest entry goes (insertion order)
             memo.pop(next(iter(memo)), None)
-        memo[id(state)] = (state, e_key, t_key, delays, new, status)
+        memo[id(state)] = (state, e_key, t_key, delays, new, status, int(step))
         return delays, new, status
 
 
-# Entries `SiteMemo` keeps (held states keep their ids unique); ranks whose histories differ
-# (missed or dropped steps) each need one.
+# The most entries `SiteMemo` keeps (held states keep their ids unique): ranks whose
+# histories differ (missed or dropped steps) each need one.
 _MEMO_LINEAGES = 16
 
 
