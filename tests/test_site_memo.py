@@ -162,3 +162,34 @@ def test_memo_holds_no_old_states():
     held = site.memo._updated
     assert 1 <= len(held) <= 4
     assert all(v[6] >= len(pays) - 2 for v in held.values())
+
+
+def test_concurrent_ranks_share_the_memo_without_errors():
+    """The io_callback path runs ranks' callbacks on several threads at once."""
+    import threading
+
+    base = jp.adaptive(threshold_s=0.001, warmup_steps=0, engage_steps=1)
+    pacer = jp.Pacer(policy=base, granularity="device")
+    site = Site("t", N, 64, pacer.policy, None)
+    pays = _payloads(150, 5)
+    got = {r: [] for r in range(N)}
+    barrier = threading.Barrier(N)
+
+    def rank(r):
+        for k, pay in enumerate(pays):
+            barrier.wait(timeout=30)
+            got[r].append(pacer.hooks.native_record(site, r, k, k, k + 1, 0, pay, 1.0))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(N)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert site.errors == 0
+    for r in range(N):
+        state, want = base.init(N), []
+        for pay in pays:
+            view = _exchange.decode(pay, N, 1.0)
+            delays, state = base.update(Observation(view.earliness_s, view.step_time_s), state)
+            want.append(clamp_delay(float(np.asarray(delays)[r]), base.max_delay_s))
+        assert got[r] == want, r

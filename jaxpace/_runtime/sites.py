@@ -149,6 +149,7 @@ class SiteMemo:
         # id(state in) -> (state in, earliness bytes, step-time bits, delays, state out,
         # status, step): one entry per state lineage (ranks that missed a step have their own).
         self._updated: dict[int, tuple] = {}
+        self._lock = threading.Lock()
 
     def decode(self, reduced: np.ndarray, scale: float) -> _exchange.Decoded | None:
         """`_exchange.decode(reduced, num_slots, scale)`, once per distinct payload."""
@@ -175,19 +176,21 @@ class SiteMemo:
         """
         e_key = np.ascontiguousarray(earliness, dtype=np.float64).tobytes()
         t_key = struct.pack("<d", float(step_time_s))  # NaN-safe equality, bit for bit
-        hit = self._updated.get(id(state))
+        with self._lock:
+            hit = self._updated.get(id(state))
         if hit is not None and hit[0] is state and hit[1] == e_key and hit[2] == t_key:
             return hit[3], hit[4], hit[5]
         obs = Observation(earliness_s=earliness, step_time_s=step_time_s)
         delays, new = policy.update(obs, state)
         delays = np.asarray(delays, dtype=np.float64).reshape(-1)
         status = policy.status(new)
-        memo = self._updated
-        for key in [k for k, v in memo.items() if v[6] < step - 1]:
-            memo.pop(key, None)
-        while len(memo) >= _MEMO_LINEAGES:  # the oldest entry goes (insertion order)
-            memo.pop(next(iter(memo)), None)
-        memo[id(state)] = (state, e_key, t_key, delays, new, status, int(step))
+        with self._lock:  # ranks' callbacks may run on several threads (io_callback path)
+            memo = self._updated
+            for key in [k for k, v in memo.items() if v[6] < step - 1]:
+                del memo[key]
+            while len(memo) >= _MEMO_LINEAGES:  # the oldest entry goes (insertion order)
+                del memo[next(iter(memo))]
+            memo[id(state)] = (state, e_key, t_key, delays, new, status, int(step))
         return delays, new, status
 
 
