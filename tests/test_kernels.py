@@ -173,3 +173,17 @@ def test_draw_thread_matches_drawing_in_the_loop():
         c1, t1 = one.block(k, n)
         j1 = one.bucket_jitter(n)
         assert np.array_equal(comp, c1) and np.array_equal(tc, t1) and np.array_equal(jit, j1)
+
+
+def test_simulate_cli_says_when_the_numpy_engine_runs(monkeypatch, capsys):
+    from jaxpace.cli import main
+
+    monkeypatch.setattr(kernels, "_path", lambda: None)
+    monkeypatch.setitem(kernels._state, "lib", None)
+    monkeypatch.setitem(kernels._state, "reason", None)
+    assert main(["simulate", "--nodes", "1", "--steps", "20"]) == 0
+    err = capsys.readouterr().err
+    assert "running the NumPy engine" in err and "not built" in err
+    monkeypatch.setitem(kernels._state, "reason", "disabled by JAXPACE_KERNELS=0")
+    assert main(["simulate", "--nodes", "1", "--steps", "20"]) == 0
+    assert "NumPy engine" not in capsys.readouterr().err  # asked for: no note

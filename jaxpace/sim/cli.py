@@ -445,6 +445,7 @@ def cli_main(args: argparse.Namespace) -> int:
     progress = None
     try:
         plan = _prepare(args)
+        _note_engine()
         progress = _Progress(len(plan[2]), args.steps, every_s=args.progress_every)
         with progress:
             rows = _run(args, plan, finished, progress)
@@ -458,6 +459,19 @@ def cli_main(args: argparse.Namespace) -> int:
         else:
             print(_interrupted(finished, progress), file=sys.stderr)
         return 130
+
+
+def _note_engine() -> None:
+    """One stderr line when the compiled kernels are missing: same results, slower."""
+    from jaxpace._native import kernels
+
+    ok, why = kernels.available()
+    if not ok and "JAXPACE_KERNELS" not in why:
+        print(
+            f"jaxpace simulate: running the NumPy engine ({why}); results are the same, "
+            "about 2x slower. Reinstall with a C++17 compiler to build the kernels.",
+            file=sys.stderr,
+        )
 
 
 def _write(args: argparse.Namespace, console, scenario_name: str, rows) -> int:
