@@ -698,15 +698,8 @@ def _insert(
     h[at] = x
     if o is not None:
         le = h <= x[:, None, :]
-        # `e` is sanitized: NaN is the canonical quiet NaN, nothing is negative but
-        # -0.0. Read as unsigned integers, exactly those two lie above +inf.
-        bad = x.view(np.uint64) > _POS_INF_BITS
-        if bad.any():
-            nan = np.isnan(x)
-            le |= nan[:, None, :]
-            odd[ia, r] = np.count_nonzero(bad, axis=1)
-        else:
-            odd[ia, r] = 0
+        if _count_odd(odd, ia, r, x):
+            le |= np.isnan(x)[:, None, :]
         below = le.sum(axis=1, dtype=o.dtype)
         o += ~le
         o[at] = below - 1
@@ -723,9 +716,23 @@ def _insert_kernel(history, order, odd, ia, r0, e) -> bool:
     """`_insert` for every site at row `r0` through the compiled kernel; False if it cannot."""
     if order is None or not kernels.order_insert(history, order, r0, e):
         return False
-    bad = e.view(np.uint64) > _POS_INF_BITS  # what `_insert` counts for `odd`
-    odd[ia, r0] = np.count_nonzero(bad, axis=1) if bad.any() else 0
+    _count_odd(odd, ia, r0, e)
     return True
+
+
+def _count_odd(odd: np.ndarray, ia: np.ndarray, r, x: np.ndarray) -> bool:
+    """Stores in `odd[ia, r]` how many of each site's new entries `x` are NaN or -0.0 (what
+    sends `_window_quantile` off the plain order read); True if any are.
+
+    `x` is sanitized: NaN is the canonical quiet NaN, nothing is negative but -0.0. Read as
+    unsigned integers, exactly those two lie above +inf.
+    """
+    bad = x.view(np.uint64) > _POS_INF_BITS
+    if bad.any():
+        odd[ia, r] = np.count_nonzero(bad, axis=1)
+        return True
+    odd[ia, r] = 0
+    return False
 
 
 def _window_quantile(

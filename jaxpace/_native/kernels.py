@@ -67,12 +67,6 @@ def available() -> tuple[bool, str]:
     return True, f"compiled kernels ({os.path.basename(_state['path'])})"
 
 
-def _reset_for_tests() -> None:
-    """Forget the loaded library (tests that switch `JAXPACE_KERNELS`)."""
-    with _lock:
-        _state.update(lib=None, reason=None, path=None)
-
-
 def _f64(a: np.ndarray) -> bool:
     return a.dtype == np.float64 and a.flags.c_contiguous
 
