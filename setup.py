@@ -59,13 +59,16 @@ if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
         )
     )
     # The simulator's and `adaptive`'s compiled kernels (same bits as their NumPy fallback;
-    # -ffp-contract=off keeps the compiler from fusing a multiply and an add).
+    # -ffp-contract=off keeps the compiler from fusing a multiply and an add; -fno-trapping-math
+    # only lets selects on compares vectorize, every operation still rounds as IEEE says).
     ext_modules.append(
         Extension(
             "jaxpace._native._jaxpace_kernels",
             sources=["jaxpace/_native/kernels.cc"],
             language="c++",
-            extra_compile_args=["-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math"],
+            extra_compile_args=[
+                "-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math",
+            ],  # fmt: skip
         )
     )
 

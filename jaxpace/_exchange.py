@@ -47,6 +47,9 @@ def sanitize_seconds(values) -> np.ndarray:
     [0.1, nan, nan, nan]
     """
     out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
+    # All valid (the common case): min is NaN if any entry is, so two reductions tell.
+    if out.size and out.min() >= 0 and out.max() < np.inf:
+        return out
     out[~np.isfinite(out) | (out < 0)] = np.nan
     return out
 

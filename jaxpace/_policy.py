@@ -443,7 +443,9 @@ def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolic
             raise ValueError(
                 f"`obs.earliness_s` must have shape {state.history.shape[::2]}, got {e.shape}."
             )
-        t = np.broadcast_to(np.asarray(obs.step_time_s, dtype=np.float64), e.shape[:1])
+        t = np.asarray(obs.step_time_s, dtype=np.float64)
+        if t.shape != e.shape[:1]:
+            t = np.broadcast_to(t, e.shape[:1])
         return _adaptive_update(c, e, t, state, owned=True)
 
     update_fn.batched = BatchedPolicy(init_batch, update_batch)
@@ -542,10 +544,10 @@ def _adaptive_update(
     B, n = e.shape
     step = st.step + 1
     active = step > c.warmup_steps
-    if not active.any():
-        return np.zeros((B, n)), st._replace(step=step)
     every = bool(active.all())
-    ia = np.flatnonzero(active)
+    if not every and not active.any():
+        return np.zeros((B, n)), st._replace(step=step)
+    ia = _site_index(B) if every else np.flatnonzero(active)
     row = (step - c.warmup_steps - 1) % c.window
     history, delay_hist = st.history, st.delays
     # `order`, `odd` and `slept_s` are kept from `_ORDER_MIN_RANKS` ranks on; below,
@@ -557,23 +559,19 @@ def _adaptive_update(
         history = history.copy()
         if order is not None:
             order, odd = order.copy(), odd.copy()
-    filled = np.where(active, np.minimum(st.filled + 1, c.window), st.filled)
+    grown = np.minimum(st.filled + 1, c.window)
+    filled = grown if every else np.where(active, grown, st.filled)
     # Sites in step (the simulator's): one row for all, written through slices.
-    r0 = int(row[0]) if kept and every and (row == row[0]).all() else None
-    _insert(history, order, odd, ia, row, e, every, r0)
-    expected, spread = _estimate_all(c, history, order, odd, ia, filled, (B, n))
+    r0 = int(row[0]) if kept and every and (B == 1 or (row == row[0]).all()) else None
+    expected, spread = _insert_estimate(c, history, order, odd, ia, row, e, every, r0, filled)
     gate = _gate(c, st, spread)
     ab = _ab_all(c, st, gate, step_time_s)
-    pacing_now = gate.engaged & ~(c.ab_test & (ab.rejected | (ab.arm == 0))) & active
-    ip = np.flatnonzero(pacing_now)
-    if ip.size == B:
-        delays = _budgeted_delays(c, delay_hist, row, expected, e, slept)
-    else:
-        delays = np.zeros((B, n))
-    if 0 < ip.size < B:
-        bound = None if slept is None else slept[ip]
-        delays[ip] = _budgeted_delays(c, delay_hist[ip], row[ip], expected[ip], e[ip], bound)
-    delay_hist, slept = _record_delays(delay_hist, slept, delays, ia, row, r0, step, owned)
+    pacing_now = gate.engaged & active
+    if c.ab_test:
+        pacing_now &= ~(ab.rejected | (ab.arm == 0))
+    delays, delay_hist, slept, paced = _delays_all(
+        c, delay_hist, slept, row, r0, expected, e, ia, step, pacing_now, owned
+    )
     new = AdaptiveState(
         step=step,
         history=history,
@@ -589,7 +587,7 @@ def _adaptive_update(
         ab_sum_s=ab.sum_s,
         ab_count=ab.count,
         ab_rejected=ab.rejected,
-        steps_paced=st.steps_paced + (delays.max(axis=1) > 0),  # delays are >= 0
+        steps_paced=st.steps_paced + paced,
         order=order if kept else st.order,
         odd=odd if kept else st.odd,
         slept_s=slept if slept is not None else st.slept_s,
@@ -597,6 +595,19 @@ def _adaptive_update(
     if not every:  # sites still in warm-up only count the step (their rings were not written)
         new = _keep_warming_up(st, new, ~active, step)
     return delays, new
+
+
+def _insert_estimate(c, history, order, odd, ia, row, e, every, r0, filled):
+    """`_insert`, then `_estimate_all`: in one compiled pass (`kernels.window_step`) when every
+    site writes row `r0` of a kept order and no window holds NaN or -0.0 (the kernel checks
+    `odd` and `e`, and changes nothing when one does)."""
+    if every and r0 is not None and order is not None and (filled == filled[0]).all():
+        k = _quantile_read(int(filled[0]), c.quantile)
+        got = kernels.window_step(history, order, odd, r0, e, *k)
+        if got is not None:
+            return got
+    _insert(history, order, odd, ia, row, e, every, r0)
+    return _estimate_all(c, history, order, odd, ia, filled, e.shape)
 
 
 def _estimate_all(c, history, order, odd, ia, filled, shape) -> tuple[np.ndarray, np.ndarray]:
@@ -633,6 +644,54 @@ def _ab_all(c, st, gate, step_time_s) -> _AB:
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _site_index(num_sites: int) -> np.ndarray:
+    """`np.flatnonzero` of `num_sites` active sites (read-only)."""
+    ia = np.arange(num_sites)
+    ia.flags.writeable = False
+    return ia
+
+
+def _delays_all(c, delay_hist, slept, row, r0, expected, e, ia, step, pacing_now, owned):
+    """Budget stage for the pacing sites, recorded in the rings: `(delays (B, R), delay ring,
+    running sums, whether each site asked for a delay)`. In one compiled pass
+    (`kernels.paced_delays`) when every site paces at row `r0` and the budget cannot bind."""
+    B = len(pacing_now)
+    on = int(np.count_nonzero(pacing_now))
+    if on == B and r0 is not None and slept is not None:
+        if not owned:
+            delay_hist, slept = delay_hist.copy(), slept.copy()
+        got = kernels.paced_delays(
+            delay_hist, slept, r0, expected, e, gain=c.gain, max_delay_s=c.max_delay_s,
+            unbound=_unbound_below(c, c.budget_fraction * c.window * c.max_delay_s),
+        )  # fmt: skip
+        if got is not None:
+            delays, paced = got
+            _resum(delay_hist, slept, ia, step)
+            return delays, delay_hist, slept, paced
+        owned = True  # the copies are this update's own
+    if on == B:
+        delays = _budgeted_delays(c, delay_hist, row, expected, e, slept)
+    else:
+        delays = np.zeros(expected.shape)
+    if 0 < on < B:
+        ip = np.flatnonzero(pacing_now)
+        bound = None if slept is None else slept[ip]
+        delays[ip] = _budgeted_delays(c, delay_hist[ip], row[ip], expected[ip], e[ip], bound)
+    delay_hist, slept = _record_delays(delay_hist, slept, delays, ia, row, r0, step, owned)
+    return delays, delay_hist, slept, delays.max(axis=1) > 0  # delays are >= 0
+
+
+def _resum(delay_hist, slept, ia, step) -> None:
+    """Every `_RESUM_STEPS` updates a site's running sum is summed afresh from its ring."""
+    due = step % _RESUM_STEPS == 0
+    if not due.any():
+        return
+    again = ia[due[ia]]
+    if again.size:
+        slept[again] = delay_hist[again].sum(axis=1)
+
+
 def _record_delays(delay_hist, slept, delays, ia, row, r0, step, owned):
     """Writes this step's delays into the budget rings (and their running sums)."""
     if not owned:
@@ -649,9 +708,7 @@ def _record_delays(delay_hist, slept, delays, ia, row, r0, step, owned):
             slept[ia] += delays[ia]
         delay_hist[ia, row[ia]] = delays[ia]
     if slept is not None:
-        again = ia[step[ia] % _RESUM_STEPS == 0]
-        if again.size:
-            slept[again] = delay_hist[again].sum(axis=1)
+        _resum(delay_hist, slept, ia, step)
     return delay_hist, slept
 
 
@@ -816,18 +873,28 @@ def _order_quantile(h: np.ndarray, o: np.ndarray, filled: int, quantile: float) 
     The same float64 arithmetic as `_sorted_quantile` (in Python floats for the
     index and weight).
     """
+    k0, k1, mode, t, omt = _quantile_read(filled, quantile)
+    if mode == 0:
+        return _at_rank(h, o, k0)
+    picked = kernels.order_pick(h, o, k0, k1)
+    a, b = picked if picked is not None else (_at_rank(h, o, k0), _at_rank(h, o, k1))
+    diff = b - a
+    return b - diff * omt if mode == 2 else a + diff * t
+
+
+def _quantile_read(filled: int, quantile: float) -> tuple[int, int, int, float, float]:
+    """`_sorted_quantile`'s read of a window of `filled` sorted entries: `(k0, k1, mode, t,
+    1 - t)`: mode 0 is entry k0 alone, 1 `a + (b - a) t`, 2 `b - (b - a)(1 - t)` (t >= 0.5),
+    with `a`, `b` the entries k0 and k1 (Python floats for the index and weight)."""
     n = filled
     virtual = (n - 1) * float(quantile)
     if virtual >= n - 1:
-        return _at_rank(h, o, n - 1)
+        return n - 1, n - 1, 0, 0.0, 1.0
     if virtual < 0:
-        return _at_rank(h, o, 0)
+        return 0, 0, 0, 0.0, 1.0
     prev = math.floor(virtual)
     t = virtual - prev
-    picked = kernels.order_pick(h, o, prev, prev + 1)
-    a, b = picked if picked is not None else (_at_rank(h, o, prev), _at_rank(h, o, prev + 1))
-    diff = b - a
-    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+    return prev, prev + 1, 2 if t >= 0.5 else 1, t, 1 - t
 
 
 @functools.lru_cache(maxsize=32)
@@ -967,6 +1034,7 @@ def _budgeted_delays(
     """
     want = c.gain * expected  # never inf: earliness is finite, gain <= 1
     want[np.isnan(want)] = 0.0
+    want += 0.0  # -0.0 (from a -0.0 earliness) becomes 0.0: np.clip would keep its sign
     budget = c.budget_fraction * c.window * c.max_delay_s
     if slept_bound is not None and (slept_bound <= _unbound_below(c, budget)).all():
         # The budget left is >= max_delay_s for every rank, so it cannot bind:

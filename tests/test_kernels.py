@@ -187,3 +187,110 @@ def test_simulate_cli_says_when_the_numpy_engine_runs(monkeypatch, capsys):
     monkeypatch.setitem(kernels._state, "reason", "disabled by JAXPACE_KERNELS=0")
     assert main(["simulate", "--nodes", "1", "--steps", "20"]) == 0
     assert "NumPy engine" not in capsys.readouterr().err  # asked for: no note
+
+
+def _earliness_stream(rng, S, R, steps, dirty):
+    """Sanitized `(S, R)` earliness per step: ties, zeros, and (`dirty`) NaN, inf and -0.0 on
+    some steps only, so that windows turn odd and clean again."""
+    out = []
+    for k in range(steps):
+        x = np.round(rng.exponential(0.003, (S, R)), 4)
+        x[rng.random((S, R)) < 0.05] = 0.0
+        if dirty and k % 7 in (3, 4):
+            x[rng.random((S, R)) < 0.02] = np.nan
+            x[rng.random((S, R)) < 0.02] = np.inf
+        if dirty and k % 37 == 5:  # a window with -0.0 is sorted afresh (slow): rarely
+            x[rng.random((S, R)) < 0.02] = -0.0
+        out.append(P.sanitize_seconds(x).reshape(S, R))
+    return out
+
+
+ADAPTIVE_CASES = {
+    "defaults": {},
+    "paper": dict(threshold_s=0.002, max_delay_s=0.01, quantile=0.1, gain=0.3, warmup_steps=0),
+    "median-w1": dict(window=1, engage_steps=1, warmup_steps=0),
+    "q0-w2": dict(window=2, quantile=0.0, engage_steps=1),
+    "q1-w127": dict(window=127, quantile=1.0, engage_steps=2, warmup_steps=0),
+    "budget-binds": dict(budget_fraction=0.05, max_delay_s=0.01, engage_steps=1, gain=1.0),
+}
+
+
+@pytest.mark.parametrize("dirty", [False, True])
+@pytest.mark.parametrize("case", sorted(ADAPTIVE_CASES))
+def test_adaptive_update_kernels_are_the_numpy_update(case, dirty, numpy_only):
+    """`_adaptive_update` with the fused window kernel and the budget kernel against the NumPy
+    stages, step by step from `init`: delays and every state field (partial windows, windows
+    that turn odd and clean, a budget that binds, quantiles at both ends)."""
+    cfg = P.AdaptiveConfig(**ADAPTIVE_CASES[case])
+    S, R = 3, P._ORDER_MIN_RANKS
+    steps = 2 * cfg.window + 40 if cfg.window < 100 else cfg.window + 20
+    stream = _earliness_stream(np.random.default_rng(len(case)), S, R, steps, dirty)
+    policy = P.adaptive(cfg)
+    t = np.full(S, 0.1)
+
+    def run():
+        st = policy.update.batched.init(S, R)
+        out = []
+        for x in stream:
+            d, st = P._adaptive_update(cfg, x, t, st, owned=True)
+            out.append((d, [np.array(v, copy=True) for v in st]))
+        return out
+
+    fast = run()
+    numpy_only()
+    slow = run()
+    for (df, sf), (ds, ss) in zip(fast, slow, strict=True):
+        assert np.array_equal(df.view(np.uint64), ds.view(np.uint64))
+        for name, a, b in zip(P.AdaptiveState._fields, sf, ss, strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), name
+    assert any(d.any() for d, _ in fast), "the policy never paced: the delay kernel untested"
+
+
+def test_window_step_declines_odd_windows_and_changes_nothing():
+    S, W, R = 2, 4, 8
+    h = np.random.default_rng(0).random((S, W, R))
+    o = np.argsort(np.argsort(h, axis=1), axis=1).astype(np.int8)
+    odd = np.zeros((S, W), dtype=np.int64)
+    x = np.full((S, R), 0.5)
+    for bad_x, bad_row in ((-0.0, None), (np.nan, None), (None, 2)):
+        hh, oo, dd, xx = h.copy(), o.copy(), odd.copy(), x.copy()
+        if bad_x is not None:
+            xx[1, 3] = bad_x
+        if bad_row is not None:
+            dd[0, bad_row] = 1
+        assert kernels.window_step(hh, oo, dd, 1, xx, 0, 1, 1, 0.5, 0.5) is None
+        assert np.array_equal(hh, h) and np.array_equal(oo, o)
+        assert np.array_equal(dd[:, [0, 1, 3]], (odd if bad_row is None else dd)[:, [0, 1, 3]])
+    dd = odd.copy()
+    dd[:, 1] = 5  # the row being replaced may be odd: it leaves the window
+    assert kernels.window_step(h.copy(), o.copy(), dd, 1, x, 0, 1, 1, 0.5, 0.5) is not None
+    assert (dd == 0).all()
+
+
+@pytest.mark.parametrize("g", [2, 3, 7, 8, 9, 16, 17, 130])
+def test_node_coupling_kernel_is_the_numpy_code(g, numpy_only):
+    """Node sizes below, at and above NumPy's 8-wide pairwise sum and its 128-entry block."""
+    import types
+
+    rng = np.random.default_rng(g)
+    a = rng.uniform(0.05, 0.15, g * 13)
+    cases = []
+    for k_pow, k_host in ((0.05, 0.5), (0.0, 0.3), (0.4, 0.0)):
+        d0 = rng.uniform(0.0, 0.01, a.size) * (rng.random(a.size) < 0.4)
+        for d in (d0, np.zeros(a.size)):
+            cases.append((types.SimpleNamespace(g=g, k_pow=k_pow, k_host=k_host), d))
+    fast = [E._node_coupled_compute(a, d, su) for su, d in cases]
+    numpy_only()
+    for (su, d), f in zip(cases, fast, strict=True):
+        assert np.array_equal(f.view(np.uint64), E._node_coupled_compute(a, d, su).view(np.uint64))
+
+
+def test_kernels_take_read_only_arrays():
+    """`_addr` falls back to `ndarray.ctypes` for a buffer it cannot write (a read-only view)."""
+    a = np.random.default_rng(1).uniform(0.05, 0.15, 16)
+    ro = a.copy()
+    ro.flags.writeable = False
+    want = kernels.node_coupled(a, None, 8, 0.0, 0.5)
+    got = kernels.node_coupled(ro, None, 8, 0.0, 0.5)
+    assert want is not None and np.array_equal(want, got)
+    assert kernels._addr(ro) == ro.ctypes.data and kernels._addr(a) == a.ctypes.data

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 // The window kernels are compiled twice, for AVX2 and for the baseline, and the loader picks
 // the one the CPU runs (GCC/Clang function multiversioning). They are integer and comparison
@@ -41,11 +42,161 @@ inline double advance_loop(double t, double w, int64_t& p, int64_t nk, double sl
   }
 }
 
+// `jaxpace_window_step_i8`'s passes, restrict-qualified so that their loops vectorize.
+
+// rank[r]: how many of the window's entries are <= xs[r], less one (the new entry itself):
+// the new entry's rank. Blocks of ranks keep their counts in registers across the window.
+constexpr int64_t kRankBlock = 32;
+__attribute__((always_inline)) inline void count_le(const double* __restrict hs,
+                                                    const double* __restrict xs,
+                                                    int8_t* __restrict rank, int64_t W,
+                                                    int64_t R) {
+  int64_t r = 0;
+  for (; r + kRankBlock <= R; r += kRankBlock) {
+    int64_t c[kRankBlock];
+    for (int64_t k = 0; k < kRankBlock; ++k) c[k] = -1;
+    for (int64_t w = 0; w < W; ++w) {
+      const double* hw = hs + w * R + r;
+      for (int64_t k = 0; k < kRankBlock; ++k) c[k] += hw[k] <= xs[r + k];
+    }
+    for (int64_t k = 0; k < kRankBlock; ++k) rank[r + k] = static_cast<int8_t>(c[k]);
+  }
+  for (; r < R; ++r) {
+    int64_t c = -1;
+    for (int64_t w = 0; w < W; ++w) c += hs[w * R + r] <= xs[r];
+    rank[r] = static_cast<int8_t>(c);
+  }
+}
+
+// Slot r0 gets the new entry; its old rank (`leaving`) is kept for the reorder.
+__attribute__((always_inline)) inline void begin_site(double* __restrict hrow,
+                                                      const int8_t* __restrict orow,
+                                                      const double* __restrict xs,
+                                                      int8_t* __restrict leaving,
+                                                      uint8_t* __restrict s0,
+                                                      uint8_t* __restrict s1, int64_t R) {
+  for (int64_t r = 0; r < R; ++r) {
+    leaving[r] = orow[r];
+    s0[r] = 0;
+    s1[r] = 0;
+    hrow[r] = xs[r];
+  }
+}
+
+// One window row: entries above the leaving one move down one, then entries at or above the
+// new one's rank move up one (in a sorted window those are exactly the entries > x, which
+// `_insert` moves up); the slots now ranked q0 and q1 are summed into s0 and s1.
+__attribute__((always_inline)) inline void reorder_row(int8_t* __restrict ow,
+                                                       const int8_t* __restrict leaving,
+                                                       const int8_t* __restrict rank,
+                                                       uint8_t* __restrict s0,
+                                                       uint8_t* __restrict s1, int8_t q0,
+                                                       int8_t q1, uint8_t wu, int64_t R) {
+  for (int64_t r = 0; r < R; ++r) {
+    int8_t v = ow[r];
+    v = static_cast<int8_t>(v - (v > leaving[r]));
+    v = static_cast<int8_t>(v + (v >= rank[r]));
+    ow[r] = v;
+    s0[r] = static_cast<uint8_t>(s0[r] + ((v == q0) ? wu : 0));
+    s1[r] = static_cast<uint8_t>(s1[r] + ((v == q1) ? wu : 0));
+  }
+}
+
+// Slot r0 went through `reorder_row` with its old rank; it takes the new entry's, and the
+// slot sums are corrected for it.
+__attribute__((always_inline)) inline void fix_slot(int8_t* __restrict orow,
+                                                    const int8_t* __restrict leaving,
+                                                    const int8_t* __restrict rank,
+                                                    uint8_t* __restrict s0,
+                                                    uint8_t* __restrict s1, int8_t q0,
+                                                    int8_t q1, uint8_t ru, int64_t R) {
+  for (int64_t r = 0; r < R; ++r) {
+    const int8_t nv = rank[r];
+    const int8_t was = static_cast<int8_t>(leaving[r] + (leaving[r] >= nv));
+    orow[r] = nv;
+    s0[r] = static_cast<uint8_t>(s0[r] - (was == q0 ? ru : 0) + (nv == q0 ? ru : 0));
+    s1[r] = static_cast<uint8_t>(s1[r] - (was == q1 ? ru : 0) + (nv == q1 ? ru : 0));
+  }
+}
+
+// `expected.max(axis=1)` of one site's finite row (no NaN, no -0.0: a plain max).
+__attribute__((always_inline)) inline double row_max(const double* __restrict es, int64_t R) {
+  double top = es[0];
+  for (int64_t r = 1; r < R; ++r) top = es[r] > top ? es[r] : top;
+  return top;
+}
+
+// NumPy's float64 `add.reduce` over a contiguous axis of `n` entries: its identity 0.0 plus
+// the pairwise sum of its inner loop (sequential under 8 entries, 8 running sums up to 128,
+// halves above), so a sum here has the bits of `m.sum(axis=-1)`.
+inline double np_pairwise_sum(const double* a, int64_t n) {
+  if (n < 8) {
+    double res = 0.0;
+    for (int64_t i = 0; i < n; ++i) res += a[i];
+    return res;
+  }
+  if (n <= 128) {
+    double r[8];
+    for (int k = 0; k < 8; ++k) r[k] = a[k];
+    int64_t i = 8;
+    for (; i < n - (n % 8); i += 8) {
+      for (int k = 0; k < 8; ++k) r[k] += a[i + k];
+    }
+    double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += a[i];
+    return res;
+  }
+  int64_t n2 = n / 2;
+  n2 -= n2 % 8;
+  return np_pairwise_sum(a, n2) + np_pairwise_sum(a + n2, n - n2);
+}
+
+inline double np_sum(const double* a, int64_t n) { return 0.0 + np_pairwise_sum(a, n); }
+
+// One site of `jaxpace_paced_delays` (restrict-qualified, and built with -fno-trapping-math,
+// so that the loop vectorizes: the selects then need no branches).
+inline bool paced_row(const double* __restrict expected, const double* __restrict e,
+                      double* __restrict cell, double* __restrict slept,
+                      double* __restrict out, double gain, double max_delay, int64_t R) {
+  int64_t paced = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    double want = gain * expected[r];
+    want = want != want ? 0.0 : want + 0.0;  // NaN -> 0, -0.0 -> 0.0
+    // np.clip(want, 0.0, max_delay) of a want with neither NaN nor -0.0
+    double v = want > 0.0 ? want : 0.0;
+    v = v < max_delay ? v : max_delay;
+    v = (e[r] - e[r] == 0.0) ? v : 0.0;  // e finite: e - e is 0 (NaN for inf and NaN)
+    out[r] = v;
+    slept[r] = (slept[r] - cell[r]) + v;
+    cell[r] = v;
+    paced += v > 0.0 ? 1 : 0;
+  }
+  return paced != 0;
+}
+
+// `jaxpace_window_step_i8`'s precondition: no row but r0 holds NaN or -0.0 (per `odd`), and
+// neither does x (sanitized, so exactly those lie above +inf read as unsigned integers, as in
+// `_count_odd`). Then odd's row r0 becomes 0, as `_count_odd` would set it.
+inline bool window_clean(int64_t S, int64_t W, int64_t R, int64_t r0, int64_t* odd,
+                         const double* x) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < S * W; ++i) bad += (i % W != r0) && odd[i] != 0;
+  const uint64_t inf_bits = 0x7FF0000000000000ull;
+  for (int64_t i = 0; i < S * R; ++i) {
+    uint64_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bad += bits > inf_bits;
+  }
+  if (bad) return false;
+  for (int64_t s = 0; s < S; ++s) odd[s * W + r0] = 0;
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
 
-int jaxpace_kernels_abi_version() { return 2; }
+int jaxpace_kernels_abi_version() { return 3; }
 
 // `jaxpace.sim._engine._run_buckets` without its two closing sums (left to NumPy): `L` steps
 // of `R` ranks side by side, `B` buckets, the first `S` of them pacing sites.
@@ -182,6 +333,98 @@ JP_CLONES void jaxpace_order_pick_i8(int64_t S, int64_t W, int64_t R, const doub
       b[s * R + r] = hs[s1[r] * R + r];
     }
   }
+}
+
+// `_insert` (as `jaxpace_order_insert_i8`) and then `_order_quantile` on the order it leaves,
+// for every site at row r0, in two passes over each window: the new entry's rank (float
+// compares), then the order's upkeep, which also sums up the slots holding ranks k0 and k1.
+// Only for windows whose rows other than r0 hold no NaN and no -0.0 (`odd` (S, W), the
+// policy's count of them per row, is all 0 there) and x with none: else it returns 0 and
+// changes nothing (NumPy then); it sets odd's row r0 to 0. The order must be the window's
+// (as the policy keeps it), and the first `filled` >= k1 + 1 ranks must be written rows. `mode`
+// is `_order_quantile`'s arithmetic: 0 the entry of rank k0; 1 `a + (b - a) * t`; 2
+// `b - (b - a) * omt` (omt = 1 - t, computed by the caller). Writes expected (S, R) and each
+// site's `expected.max(axis=1)` to spread (S,) and returns 1; `scratch` is 4 R bytes.
+JP_CLONES int jaxpace_window_step_i8(int64_t S, int64_t W, int64_t R, int64_t r0, double* h,
+                                     int8_t* o, int64_t* odd, const double* x, int64_t k0,
+                                     int64_t k1, int mode, double t, double omt,
+                                     double* expected, double* spread, int8_t* scratch) {
+  if (!window_clean(S, W, R, r0, odd, x)) return 0;
+  int8_t* leaving = scratch;
+  int8_t* rank = scratch + R;
+  uint8_t* s0 = reinterpret_cast<uint8_t*>(scratch + 2 * R);
+  uint8_t* s1 = reinterpret_cast<uint8_t*>(scratch + 3 * R);
+  const int8_t q0 = static_cast<int8_t>(k0), q1 = static_cast<int8_t>(k1);
+  for (int64_t s = 0; s < S; ++s) {
+    double* hs = h + s * W * R;
+    int8_t* os = o + s * W * R;
+    const double* xs = x + s * R;
+    begin_site(hs + r0 * R, os + r0 * R, xs, leaving, s0, s1, R);
+    count_le(hs, xs, rank, W, R);
+    for (int64_t w = 0; w < W; ++w) {
+      reorder_row(os + w * R, leaving, rank, s0, s1, q0, q1, static_cast<uint8_t>(w), R);
+    }
+    fix_slot(os + r0 * R, leaving, rank, s0, s1, q0, q1, static_cast<uint8_t>(r0), R);
+    double* es = expected + s * R;
+    if (mode == 0) {
+      for (int64_t r = 0; r < R; ++r) es[r] = hs[s0[r] * R + r];
+    } else {
+      for (int64_t r = 0; r < R; ++r) {
+        const double a = hs[s0[r] * R + r], b = hs[s1[r] * R + r];
+        const double diff = b - a;
+        es[r] = mode == 1 ? a + diff * t : b - diff * omt;
+      }
+    }
+    spread[s] = row_max(es, R);
+  }
+  return 1;
+}
+
+// `jaxpace.sim._engine._node_coupled_compute`: couplings (c) and (d) for `nodes` nodes of `g`
+// ranks (g > 1). a (nodes * g) compute, d0 (nodes * g) delays at the first site or null when
+// nobody sleeps; writes out (nodes * g). Same operations in the same order as the NumPy code;
+// `m` is 2 g doubles of scratch.
+void jaxpace_node_coupled(int64_t nodes, int64_t g, const double* a, const double* d0,
+                          double k_pow, double k_host, double* out, double* m) {
+  double* e = m + g;
+  const double denom = static_cast<double>(g - 1);
+  for (int64_t n = 0; n < nodes; ++n) {
+    const double* A = a + n * g;
+    for (int64_t j = 0; j < g; ++j) e[j] = d0 ? A[j] + d0[n * g + j] : A[j];
+    for (int64_t i = 0; i < g; ++i) {
+      double adj = 0.0;
+      if (k_pow > 0 && d0) {
+        for (int64_t j = 0; j < g; ++j) m[j] = np_max(np_min(A[i], e[j]) - A[j], 0.0);
+        adj = adj - k_pow * np_sum(m, g) / denom;
+      }
+      if (k_host > 0) {
+        for (int64_t j = 0; j < g; ++j) m[j] = np_max(A[i] - e[j], 0.0);
+        adj = adj + k_host * np_sum(m, g) / denom;
+      }
+      out[n * g + i] = A[i] + adj;
+    }
+  }
+}
+
+// `adaptive`'s `_budgeted_delays` for every site where the budget cannot bind, then
+// `_record_delays` at row r0: out = clip(gain * expected (NaN -> 0), 0, max_delay), 0 where
+// e is not finite; the delay ring's row r0 and its running sum `slept` updated in the same
+// order as the NumPy code (minus the row that leaves, plus the new one). expected, e, slept,
+// out (S, R); dh (S, W, R); paced (S,) whether a site asked for any delay. Returns 0, and
+// writes nothing, when some `slept` is above `unbound` (the budget may bind: NumPy then).
+JP_CLONES int jaxpace_paced_delays(int64_t S, int64_t W, int64_t R, int64_t r0, double gain,
+                         double max_delay, double unbound, const double* expected,
+                         const double* e, double* dh, double* slept, double* out,
+                         uint8_t* paced) {
+  int64_t binds = 0;
+  for (int64_t i = 0; i < S * R; ++i) binds += !(slept[i] <= unbound);
+  if (binds) return 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t i = s * R;
+    paced[s] = paced_row(expected + i, e + i, dh + (s * W + r0) * R, slept + i, out + i, gain,
+                         max_delay, R);
+  }
+  return 1;
 }
 
 }  // extern "C"

@@ -17,9 +17,18 @@ import numpy as np
 
 from jaxpace._native import find_built, load_once
 
-__all__ = ["ABI_VERSION", "available", "order_insert", "order_pick", "run_buckets"]
+__all__ = [
+    "ABI_VERSION",
+    "available",
+    "node_coupled",
+    "order_insert",
+    "order_pick",
+    "paced_delays",
+    "run_buckets",
+    "window_step",
+]
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 _lock = threading.Lock()
 _state: dict = {"lib": None, "reason": None, "path": None}
 
@@ -52,6 +61,12 @@ def _declare(lib) -> None:
         ),
         "jaxpace_order_insert_i8": (None, [i64, i64, i64, i64, vp, vp, vp, vp]),
         "jaxpace_order_pick_i8": (None, [i64, i64, i64, vp, vp, i64, i64, vp, vp, vp]),
+        "jaxpace_node_coupled": (None, [i64, i64, vp, vp, dbl, dbl, vp, vp]),
+        "jaxpace_paced_delays": (ctypes.c_int, [i64, i64, i64, i64, dbl, dbl, dbl] + [vp] * 6),
+        "jaxpace_window_step_i8": (
+            ctypes.c_int,
+            [i64, i64, i64, i64, vp, vp, vp, vp, i64, i64, ctypes.c_int, dbl, dbl, vp, vp, vp],
+        ),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -65,6 +80,14 @@ def available() -> tuple[bool, str]:
     if lib is None:
         return False, str(_state["reason"])
     return True, f"compiled kernels ({os.path.basename(_state['path'])})"
+
+
+def _addr(a: np.ndarray) -> int:
+    """`a.ctypes.data`, four times faster where the array's buffer is writable."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
 
 
 def _f64(a: np.ndarray) -> bool:
@@ -83,12 +106,27 @@ def run_buckets(a, D, jit, tc, *, buckets, sites, fwd_frac, bwd_frac, spin, slow
     scratch = np.empty((3, L * R))
     ptr = np.empty(L * R, dtype=np.int64)
     lib.jaxpace_run_buckets(
-        L, R, B, S, a.ctypes.data, D.ctypes.data, 0 if jit is None else jit.ctypes.data,
-        tc.ctypes.data, float(fwd_frac), float(bwd_frac), int(bool(spin)), float(slow),
-        end_prev.ctypes.data, arrive.ctypes.data, ends.ctypes.data, starts.ctypes.data,
-        scratch[0].ctypes.data, scratch[1].ctypes.data, scratch[2].ctypes.data, ptr.ctypes.data,
+        L, R, B, S, _addr(a), _addr(D), 0 if jit is None else _addr(jit),
+        _addr(tc), float(fwd_frac), float(bwd_frac), int(bool(spin)), float(slow),
+        _addr(end_prev), _addr(arrive), _addr(ends), _addr(starts),
+        _addr(scratch[0]), _addr(scratch[1]), _addr(scratch[2]), _addr(ptr),
     )  # fmt: skip
     return end_prev, arrive, ends, starts
+
+
+def node_coupled(a, d0, g, k_pow, k_host):
+    """`_node_coupled_compute` of `a` (ranks,) with `d0` (ranks,) the first site's delays, or
+    None when nobody sleeps; None when the library is absent or an input is not a C-contiguous
+    float64 array (NumPy then)."""
+    lib = _load()
+    if lib is None or not (_f64(a) and (d0 is None or _f64(d0))):
+        return None
+    out, scratch = np.empty(a.shape), np.empty(2 * int(g))
+    lib.jaxpace_node_coupled(
+        a.size // int(g), int(g), _addr(a), 0 if d0 is None else _addr(d0),
+        float(k_pow), float(k_host), _addr(out), _addr(scratch),
+    )  # fmt: skip
+    return out
 
 
 def _kept_ok(h: np.ndarray, o: np.ndarray) -> bool:
@@ -104,7 +142,7 @@ def order_insert(h: np.ndarray, o: np.ndarray, r0: int, x: np.ndarray) -> bool:
     S, W, R = h.shape
     scratch = np.empty(4 * R, dtype=np.int8)
     lib.jaxpace_order_insert_i8(
-        S, W, R, int(r0), h.ctypes.data, o.ctypes.data, x.ctypes.data, scratch.ctypes.data
+        S, W, R, int(r0), _addr(h), _addr(o), _addr(x), _addr(scratch)
     )
     return True
 
@@ -118,7 +156,44 @@ def order_pick(h: np.ndarray, o: np.ndarray, k0: int, k1: int):
     a, b = np.empty((S, R)), np.empty((S, R))
     scratch = np.empty(2 * R, dtype=np.uint8)
     lib.jaxpace_order_pick_i8(
-        S, W, R, h.ctypes.data, o.ctypes.data, int(k0), int(k1), a.ctypes.data, b.ctypes.data,
-        scratch.ctypes.data,
+        S, W, R, _addr(h), _addr(o), int(k0), int(k1), _addr(a), _addr(b),
+        _addr(scratch),
     )  # fmt: skip
     return a, b
+
+
+def window_step(h, o, odd, r0, x, k0, k1, mode, t, omt):
+    """`_insert` at row `r0` of every site, then `_order_quantile`'s read of ranks `k0` and
+    `k1` off the new order (`mode` 0: rank k0's entry; 1: `a + (b - a) t`; 2: `b - (b - a)
+    omt`), in one pass: `(expected (S, R), spread (S,))`. None, with nothing changed, when a
+    window would hold NaN or -0.0 (per `odd`, and in `x`) or the kernel cannot run (NumPy
+    then)."""
+    lib = _load()
+    if lib is None or not (_kept_ok(h, o) and _f64(x)) or odd.dtype != np.int64:
+        return None
+    S, W, R = h.shape
+    if odd.shape != (S, W) or not odd.flags.c_contiguous:
+        return None
+    expected, spread = np.empty((S, R)), np.empty(S)
+    scratch = np.empty(4 * R, dtype=np.int8)
+    done = lib.jaxpace_window_step_i8(
+        S, W, R, int(r0), _addr(h), _addr(o), _addr(odd), _addr(x), int(k0), int(k1),
+        int(mode), float(t), float(omt), _addr(expected), _addr(spread), _addr(scratch),
+    )  # fmt: skip
+    return (expected, spread) if done else None
+
+
+def paced_delays(dh, slept, r0, expected, e, *, gain, max_delay_s, unbound):
+    """`_budgeted_delays` for every site where no running sum `slept` exceeds `unbound`, then
+    `_record_delays` at row `r0` (`dh` and `slept` updated in place): `(delays (S, R), paced
+    (S,) bool)`, or None when the budget may bind or the kernel cannot run (NumPy then)."""
+    lib = _load()
+    if lib is None or not all(_f64(v) for v in (dh, slept, expected, e)):
+        return None
+    S, W, R = dh.shape
+    out, paced = np.empty((S, R)), np.empty(S, dtype=np.bool_)
+    done = lib.jaxpace_paced_delays(
+        S, W, R, int(r0), float(gain), float(max_delay_s), float(unbound), _addr(expected),
+        _addr(e), _addr(dh), _addr(slept), _addr(out), _addr(paced),
+    )  # fmt: skip
+    return (out, paced) if done else None

@@ -515,10 +515,13 @@ class _Setup:
 def _node_coupled_compute(a: np.ndarray, d0: np.ndarray, su: _Setup) -> np.ndarray:
     """Couplings (c) and (d): node-mates' sleeping or spinning changes a rank's compute."""
     g = su.g
+    asleep = bool(d0.any())
+    got = kernels.node_coupled(a, d0 if asleep else None, g, su.k_pow, su.k_host)
+    if got is not None:  # the compiled loop: the same arithmetic, the same bits
+        return got
     A = a.reshape(-1, g)
     Am = A[:, None, :]
     Ai = A[:, :, None]
-    asleep = bool(d0.any())
     Em = Am + d0.reshape(-1, g)[:, None, :] if asleep else Am  # + 0.0 changes nothing
     adj = np.zeros_like(A)
     if su.k_pow > 0 and asleep:  # (c) node-mates asleep free power for those still computing
