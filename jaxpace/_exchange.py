@@ -38,15 +38,18 @@ def reduction_scale(kind: str, group_size: int) -> float:
 
 
 def sanitize_seconds(values) -> np.ndarray:
-    """Returns a float64 copy where NaN, inf and negative entries become NaN.
+    """Returns a float64 copy where NaN, inf and negative entries become NaN, and -0.0 0.0.
 
     Timings that are not finite and non-negative carry no information; the
     policies treat NaN as "no measurement" and never derive a delay from it.
+    A -0.0 is a zero: made 0.0, so that no window holds two zeros that sort
+    either way.
 
-    >>> sanitize_seconds(np.array([0.1, -1.0, np.inf, np.nan])).tolist()
-    [0.1, nan, nan, nan]
+    >>> sanitize_seconds(np.array([0.1, -1.0, np.inf, np.nan, -0.0])).tolist()
+    [0.1, nan, nan, nan, 0.0]
     """
     out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
+    out += 0.0  # -0.0 + 0.0 is 0.0; nothing else changes
     # All valid (the common case): min is NaN if any entry is, so two reductions tell.
     if out.size and out.min() >= 0 and out.max() < np.inf:
         return out

@@ -337,8 +337,9 @@ class AdaptiveState(NamedTuple):
         update so that the windowed quantile needs no sort. Empty, `(0,
         num_ranks)`, below `_ORDER_MIN_RANKS` ranks, where sorting the window
         costs less (and None in a state built by hand: sorted too).
-      odd: `(window,)` ints, the entries of each `history` row that are NaN or
-        -0.0 (a window holding any is sorted); empty or None with `order`.
+      odd: `(window,)` ints, the entries of each `history` row that are NaN (a
+        window holding any reads `np.nanquantile`'s value off `order`); empty or
+        None with `order`.
       slept_s: `(num_ranks,)` each rank's `delays` summed over the window, kept
         as a running sum (summed afresh every `_RESUM_STEPS` updates): it only
         tells when the budget cannot bind, so that the exact budget sum can be
@@ -363,18 +364,6 @@ class AdaptiveState(NamedTuple):
     order: np.ndarray | None = None
     odd: np.ndarray | None = None
     slept_s: np.ndarray | None = None
-
-
-def _expected_earliness(history: np.ndarray, filled: int, quantile: float) -> np.ndarray:
-    rows = history[:filled]
-    out = np.full(history.shape[1], np.nan)
-    have = np.isfinite(rows).any(axis=0)
-    if have.all() and np.isfinite(rows).all():
-        # Fast path: nanquantile is ~70x slower than quantile at 8k ranks.
-        out[:] = np.quantile(rows, quantile, axis=0)
-    elif have.any():
-        out[have] = np.nanquantile(rows[:, have], quantile, axis=0)
-    return out
 
 
 def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolicy:
@@ -599,8 +588,8 @@ def _adaptive_update(
 
 def _insert_estimate(c, history, order, odd, ia, row, e, every, r0, filled):
     """`_insert`, then `_estimate_all`: in one compiled pass (`kernels.window_step`) when every
-    site writes row `r0` of a kept order and no window holds NaN or -0.0 (the kernel checks
-    `odd` and `e`, and changes nothing when one does)."""
+    site writes row `r0` of a kept order and no window holds NaN (the kernel checks `odd` and
+    `e`, and changes nothing when one does)."""
     if every and r0 is not None and order is not None and (filled == filled[0]).all():
         k = _quantile_read(int(filled[0]), c.quantile)
         got = kernels.window_step(history, order, odd, r0, e, *k)
@@ -778,11 +767,11 @@ def _insert_kernel(history, order, odd, ia, r0, e) -> bool:
 
 
 def _count_odd(odd: np.ndarray, ia: np.ndarray, r, x: np.ndarray) -> bool:
-    """Stores in `odd[ia, r]` how many of each site's new entries `x` are NaN or -0.0 (what
-    sends `_window_quantile` off the plain order read); True if any are.
+    """Stores in `odd[ia, r]` how many of each site's new entries `x` are NaN (what sends
+    `_window_quantile` off the plain order read); True if any are.
 
-    `x` is sanitized: NaN is the canonical quiet NaN, nothing is negative but -0.0. Read as
-    unsigned integers, exactly those two lie above +inf.
+    `x` is sanitized: NaN is the canonical quiet NaN, nothing is negative (not even -0.0).
+    Read as unsigned integers, exactly NaN (and any -0.0, were one there) lie above +inf.
     """
     bad = x.view(np.uint64) > _POS_INF_BITS
     if bad.any():
@@ -803,13 +792,12 @@ def _window_quantile(
 ) -> np.ndarray:
     """`_expected_batch(history[idx], filled, quantile)`, read off `order` where it can.
 
-    A window with no NaN and no -0.0 has one sorted order of its values, which
-    `order` gives: the quantile is `_sorted_quantile`'s arithmetic on the
-    entries of the two ranks it needs. With NaN (ranked last) but no -0.0, each
-    rank's finite entries are the first ranks of its window, and the quantile
-    is `np.nanquantile`'s: the same arithmetic on as many entries as are finite.
-    A window holding -0.0 (whose order against 0.0 NumPy's sort leaves open)
-    goes the general way.
+    A window with no NaN has one sorted order of its values (sanitized entries
+    hold no -0.0), which `order` gives: the quantile is `_sorted_quantile`'s
+    arithmetic on the entries of the two ranks it needs. With NaN (ranked
+    last), each rank's finite entries are the first ranks of its window, and
+    the quantile is `np.nanquantile`'s: the same arithmetic on as many entries
+    as are finite.
     """
     if order is None:
         return _expected_batch(history[idx], filled, quantile)
@@ -824,21 +812,10 @@ def _window_quantile(
     if ic.size:
         out[clean] = _order_quantile(history[ic], order[ic], filled, quantile)
     slow = np.flatnonzero(~clean)
-    rows = history[idx[slow], :filled]
-    # Sanitized NaN has no sign bit: -0.0 is the only entry that has one.
-    nan_only = ~np.signbit(rows).any(axis=(1, 2))
-    if nan_only.any():
-        i = idx[slow[nan_only]]
-        finite = filled - np.isnan(rows[nan_only]).sum(axis=1)
-        out[slow[nan_only]] = _order_nanquantile(history[i], order[i], finite, quantile)
-    if not nan_only.all():
-        signed = slow[~nan_only]
-        if np.isfinite(history[idx, :filled]).all():  # what `_expected_batch` does for the group
-            v = np.sort(np.swapaxes(history[idx[signed], :filled], 1, 2), axis=-1)
-            out[signed] = _sorted_quantile(v, quantile)
-        else:
-            hs = history[idx[signed]]
-            out[signed] = np.stack([_expected_earliness(h, filled, quantile) for h in hs])
+    if slow.size:
+        i = idx[slow]
+        finite = filled - np.isnan(history[i, :filled]).sum(axis=1)
+        out[slow] = _order_nanquantile(history[i], order[i], finite, quantile)
     return out
 
 
@@ -852,15 +829,27 @@ def _order_nanquantile(
     when it reaches the end), and `a + (b - a) t`, `b - (b - a)(1 - t)` for
     `t >= 0.5`; NaN where nothing is finite.
     """
+    k0, k1, t = _nanquantile_read(finite, quantile, o.dtype)
+    return _nanquantile_lerp(_at_rank(h, o, k0), _at_rank(h, o, k1), t, finite)
+
+
+def _nanquantile_read(finite: np.ndarray, quantile: float, dtype) -> tuple:
+    """`np.nanquantile`'s read of windows with `finite` entries each, sorted (NaN last):
+    `(k0, k1, t)`, the entries at the virtual index's floor and the next one (both the last
+    when it reaches the end), and the weight."""
     n = finite.astype(np.float64)
     virtual = (n - 1) * np.float64(quantile)
     last = np.maximum(finite - 1, 0)
     prev = np.floor(virtual)
     t = virtual - prev
     at_end = virtual >= n - 1
-    k0 = np.where(at_end, last, np.maximum(prev, 0)).astype(o.dtype)
-    k1 = np.where(at_end, last, k0 + 1).astype(o.dtype)
-    a, b = _at_rank(h, o, k0), _at_rank(h, o, k1)
+    k0 = np.where(at_end, last, np.maximum(prev, 0)).astype(dtype)
+    k1 = np.where(at_end, last, k0 + 1).astype(dtype)
+    return k0, k1, t
+
+
+def _nanquantile_lerp(a, b, t, finite) -> np.ndarray:
+    """`a + (b - a) t`, or `b - (b - a)(1 - t)` for `t >= 0.5`; NaN where nothing is finite."""
     diff = b - a
     out = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
     out[finite == 0] = np.nan
@@ -920,13 +909,22 @@ def _at_rank(h: np.ndarray, o: np.ndarray, k: int | np.ndarray) -> np.ndarray:
 
 
 def _expected_batch(history: np.ndarray, filled: int, quantile: float) -> np.ndarray:
-    """`_expected_earliness` of every site in `history` (B, window, R), each site alone."""
+    """`_expected_earliness` of every site in `history` (B, window, R), each site alone.
+
+    The window axis is made the contiguous one and sorted in one call (NaN last): the same
+    values as `np.quantile` / `np.nanquantile` per site, many times faster (`nanquantile`
+    loops over the ranks in Python). `history` is sanitized: its only non-finite is NaN.
+    """
     rows = history[:, :filled]
-    if np.isfinite(rows).all():
-        # The window axis made the contiguous one and sorted in one call: the same
-        # values as `np.quantile(rows, quantile, axis=0)` per site, several times faster.
-        return _sorted_quantile(np.sort(np.swapaxes(rows, 1, 2), axis=-1), quantile)
-    return np.stack([_expected_earliness(h, filled, quantile) for h in history])
+    v = np.sort(np.swapaxes(rows, 1, 2), axis=-1)
+    nan = np.isnan(rows)
+    if not nan.any():
+        return _sorted_quantile(v, quantile)
+    finite = filled - nan.sum(axis=1)
+    k0, k1, t = _nanquantile_read(finite, quantile, np.intp)
+    a = np.take_along_axis(v, k0[..., None], axis=-1)[..., 0]
+    b = np.take_along_axis(v, k1[..., None], axis=-1)[..., 0]
+    return _nanquantile_lerp(a, b, t, finite)
 
 
 def _sorted_quantile(v: np.ndarray, quantile: float) -> np.ndarray:
@@ -1034,7 +1032,7 @@ def _budgeted_delays(
     """
     want = c.gain * expected  # never inf: earliness is finite, gain <= 1
     want[np.isnan(want)] = 0.0
-    want += 0.0  # -0.0 (from a -0.0 earliness) becomes 0.0: np.clip would keep its sign
+    want += 0.0  # never -0.0 (np.clip would keep its sign): a delay is never signed
     budget = c.budget_fraction * c.window * c.max_delay_s
     if slept_bound is not None and (slept_bound <= _unbound_below(c, budget)).all():
         # The budget left is >= max_delay_s for every rank, so it cannot bind:

@@ -294,3 +294,38 @@ def test_kernels_take_read_only_arrays():
     got = kernels.node_coupled(ro, None, 8, 0.0, 0.5)
     assert want is not None and np.array_equal(want, got)
     assert kernels._addr(ro) == ro.ctypes.data and kernels._addr(a) == a.ctypes.data
+
+
+@pytest.mark.parametrize("q", [0.0, 0.1, 1 / 3, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("filled", [1, 2, 7, 16])
+def test_sorted_window_quantile_is_numpys(q, filled):
+    """Below `_ORDER_MIN_RANKS` the window is sorted: with NaN (a rank not measured, an
+    all-NaN window, one finite entry) the values are `np.nanquantile`'s, without NaN
+    `np.quantile`'s, bit for bit."""
+    rng = np.random.default_rng(filled)
+    h = np.round(rng.exponential(0.002, (3, 16, 40)), 4)  # ties
+    h[1][rng.random((16, 40)) < 0.3] = np.nan
+    h[1][:, :3] = np.nan
+    h[1][:, 3] = np.nan
+    h[1][0, 3] = 0.001
+    got = P._expected_batch(h, filled, q)
+    for s in range(3):
+        rows = h[s, :filled]
+        have = ~np.isnan(rows).all(axis=0)
+        want = np.full(40, np.nan)
+        with np.errstate(all="ignore"):
+            if have.all() and not np.isnan(rows).any():
+                want[:] = np.quantile(rows, q, axis=0)
+            else:
+                want[have] = np.nanquantile(rows[:, have], q, axis=0)
+        assert np.array_equal(got[s].view(np.uint64), want.view(np.uint64)), s
+
+
+def test_a_negative_zero_is_a_zero():
+    from jaxpace._exchange import sanitize_seconds
+
+    out = sanitize_seconds(np.array([-0.0, 0.0, 0.001, -0.001, np.nan, np.inf, -np.inf]))
+    assert not np.signbit(out[:3]).any() and out[:3].tolist() == [0.0, 0.0, 0.001]
+    assert np.isnan(out[3:]).all()
+    clean = sanitize_seconds(np.array([-0.0, 0.002]))  # the all-valid shortcut
+    assert not np.signbit(clean).any()
