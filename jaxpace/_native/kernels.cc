@@ -22,8 +22,46 @@
 namespace {
 
 // np.maximum / np.minimum: the first operand when it wins, ties included, or is NaN.
-inline double np_max(double a, double b) { return (a >= b || std::isnan(a)) ? a : b; }
-inline double np_min(double a, double b) { return (a <= b || std::isnan(a)) ? a : b; }
+// Written as a chain of one-compare selects, which loops of them vectorize into.
+inline double np_max(double a, double b) {
+  double m = a < b ? b : a;
+  m = b != b ? b : m;
+  return a != a ? a : m;
+}
+inline double np_min(double a, double b) {
+  double m = b < a ? b : a;
+  m = b != b ? b : m;
+  return a != a ? a : m;
+}
+
+// `row.max()` as the kernels always took it: NaN if there is one, else the largest entry
+// (the first of equal ones). Four running maxima break the compare chain; a row with NaN
+// (never, for the engine's finite times) takes the plain loop.
+inline double row_top(const double* row, int64_t R) {
+  double m[4] = {row[0], row[0], row[0], row[0]};
+  int64_t nan = 0, r = 0;
+  for (; r + 4 <= R; r += 4) {
+    for (int k = 0; k < 4; ++k) {
+      const double v = row[r + k];
+      m[k] = v > m[k] ? v : m[k];
+      nan += v != v;
+    }
+  }
+  for (; r < R; ++r) {
+    m[0] = row[r] > m[0] ? row[r] : m[0];
+    nan += row[r] != row[r];
+  }
+  if (nan) {
+    double top = row[0];
+    for (int64_t i = 0; i < R; ++i) {
+      if (row[i] > top || std::isnan(row[i])) top = row[i];
+    }
+    return top;
+  }
+  double top = m[0];
+  for (int k = 1; k < 4; ++k) top = m[k] > top ? m[k] : top;
+  return top;
+}
 
 // `_advance_loop`: rank with compute clock `t`, `w` seconds of work left, from interval `p`.
 // `u(m)` is the rank's interval m start, `v(m)` its end; returns the new clock, updates `p`.
@@ -192,22 +230,117 @@ inline bool window_clean(int64_t S, int64_t W, int64_t R, int64_t r0, int64_t* o
   return true;
 }
 
+// `jaxpace_run_buckets`' row passes (restrict-qualified so that they vectorize).
+
+inline void scale_row(const double* __restrict bw, const double* __restrict jit,
+                      double* __restrict out, int64_t R) {
+  for (int64_t r = 0; r < R; ++r) out[r] = bw[r] * jit[r];
+}
+
+inline void add_row(const double* __restrict w, double* __restrict x, int64_t R) {
+  for (int64_t r = 0; r < R; ++r) x[r] = x[r] + w[r];
+}
+
+inline void copy_row(const double* __restrict from, double* __restrict to, int64_t R) {
+  for (int64_t r = 0; r < R; ++r) to[r] = from[r];
+}
+
+// One step's spin intervals as seen from its row: rank r's interval m starts at
+// starts[m * N + r] and ends at ends[m * L]; `nk` intervals (the buckets before this one).
+struct SpinRow {
+  const double* starts;
+  const double* ends;
+  int64_t N, L, nk;
+  double slow;
+};
+
+// `_advance`'s vectorized part: the work `w` from clock `x`, through the interval `ptr`
+// points at. Writes the new clock to `out`, moves `ptr` past a finished interval, and
+// marks in `again` the ranks that reach the next interval with work left.
+inline void spin_first(const SpinRow& sr, const double* __restrict x, const double* __restrict w,
+                       int64_t* __restrict ptr, double* __restrict out,
+                       uint8_t* __restrict again, int64_t R) {
+  const double* __restrict starts = sr.starts;
+  const double* __restrict ends = sr.ends;
+  for (int64_t r = 0; r < R; ++r) {
+    const double t = x[r], wr = w[r];
+    const int64_t p = ptr[r];
+    const double u = starts[p * sr.N + r], v = ends[p * sr.L];
+    const double st = np_max(t, u);
+    const double rem = wr - (st - t);
+    double cap = np_max(v - st, 0.0);
+    cap = cap / sr.slow;
+    const bool passed = rem > cap;
+    double o = passed ? np_max(v, st) + rem - cap : st + rem * sr.slow;
+    o = rem <= 0 ? t + wr : o;
+    const int64_t p2 = p + (passed ? 1 : 0);
+    const int64_t pn = p2 < sr.nk ? p2 : sr.nk - 1;
+    const double next = starts[pn * sr.N + r];
+    again[r] = passed && p2 < sr.nk && o > next;
+    out[r] = o;
+    ptr[r] = p2;
+  }
+}
+
+// `_advance_loop` for one rank that `spin_first` marked: from its first interval's end.
+inline double spin_rest(const SpinRow& sr, double t, double w, int64_t& p, int64_t r) {
+  const int64_t p0 = p - 1;  // the interval `spin_first` went through
+  const double u = sr.starts[p0 * sr.N + r], v = sr.ends[p0 * sr.L];
+  const double st = np_max(t, u);
+  const double rem = w - (st - t);
+  double cap = np_max(v - st, 0.0);
+  cap /= sr.slow;
+  return advance_loop(
+      np_max(v, st), rem - cap, p, sr.nk, sr.slow,
+      [&](int64_t m) { return sr.starts[m * sr.N + r]; },
+      [&](int64_t m) { return sr.ends[m * sr.L]; });
+}
+
+// A site's bucket: arrive = x, launch = x + delay (after the previous bucket's launch, in
+// host order); returns launch.max() (NumPy's max propagates NaN; times here are finite).
+inline double launch_row(const double* __restrict x, const double* __restrict d,
+                         double* __restrict arrive, double* __restrict launch, bool chain,
+                         int64_t R) {
+  for (int64_t r = 0; r < R; ++r) {
+    arrive[r] = x[r];
+    const double lp = x[r] + d[r];
+    launch[r] = chain ? np_max(lp, launch[r]) : lp;
+  }
+  return row_top(launch, R);
+}
+
+// A bucket past the sites: launch = max(x, previous launch), in place.
+inline double launch_late(const double* __restrict x, double* __restrict launch, int64_t R) {
+  for (int64_t r = 0; r < R; ++r) launch[r] = np_max(x[r], launch[r]);
+  return row_top(launch, R);
+}
+
+// Each rank's own kernel starts after the previous bucket's end, and no later than `last`.
+inline void clamp_starts(const double* __restrict launch, double end_prev, double last,
+                         double* __restrict start, int64_t R) {
+  for (int64_t r = 0; r < R; ++r) start[r] = np_min(np_max(launch[r], end_prev), last);
+}
+
 }  // namespace
 
 extern "C" {
 
-int jaxpace_kernels_abi_version() { return 3; }
+int jaxpace_kernels_abi_version() { return 4; }
 
 // `jaxpace.sim._engine._run_buckets` without its two closing sums (left to NumPy): `L` steps
 // of `R` ranks side by side, `B` buckets, the first `S` of them pacing sites.
 //   a (L, R) compute; D (L, S, R) delays; jit (L, B, R) bucket jitter or null; tc (L,)
 //   Outputs: end_prev (L,), arrive (S, L, R), ends (B, L), starts (B, L, R).
-//   ptr (L*R) int64 scratch.
-void jaxpace_run_buckets(int64_t L, int64_t R, int64_t B, int64_t S, const double* a,
-                         const double* D, const double* jit, const double* tc, double fwd_frac,
-                         double bwd_frac, int spin, double slow, double* end_prev_out,
-                         double* arrive, double* ends, double* starts, double* x,
-                         double* bucket_work, double* launch, int64_t* ptr) {
+//   Scratch: x, bucket_work, launch (L*R), ptr (L*R) int64, row_w, row_t (R), again (R).
+// Row by row, in passes the compiler vectorizes: with spin coupling every rank's first spin
+// interval in one pass, then (scalar) the few ranks whose work runs past it.
+JP_CLONES void jaxpace_run_buckets(int64_t L, int64_t R, int64_t B, int64_t S, const double* a,
+                                   const double* D, const double* jit, const double* tc,
+                                   double fwd_frac, double bwd_frac, int spin, double slow,
+                                   double* end_prev_out, double* arrive, double* ends,
+                                   double* starts, double* x, double* bucket_work,
+                                   double* launch, int64_t* ptr, double* row_w,
+                                   double* row_t, uint8_t* again) {
   const int64_t N = L * R;
   for (int64_t i = 0; i < N; ++i) {
     bucket_work[i] = a[i] * bwd_frac;
@@ -218,56 +351,32 @@ void jaxpace_run_buckets(int64_t L, int64_t R, int64_t B, int64_t S, const doubl
   for (int64_t j = 0; j < B; ++j) {
     double* start_j = starts + j * N;
     for (int64_t l = 0; l < L; ++l) {
+      const int64_t i0 = l * R;
       const double end_prev = end_prev_out[l];
-      const double* ends_l = ends + l;  // ends[m * L + l]: interval m's end for step l
-      double top = -INFINITY;
-      bool first = true;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t i = l * R + r;
-        double w = jit ? bucket_work[i] * jit[(l * B + j) * R + r] : bucket_work[i];
-        double t = x[i];
-        if (spin && j > 0) {  // `_advance`, then `_advance_loop` for a rank that runs on
-          const int64_t nk = j;
-          int64_t p = ptr[i];
-          const double u = starts[p * N + i], v = ends_l[p * L];
-          double st = np_max(t, u);
-          double rem = w - (st - t);
-          double cap = np_max(v - st, 0.0);
-          cap /= slow;
-          bool passed = rem > cap;
-          double out = passed ? np_max(v, st) + rem - cap : st + rem * slow;
-          if (rem <= 0) out = t + w;
-          p += passed;
-          if (passed && p < nk && out > starts[p * N + i]) {
-            out = advance_loop(
-                np_max(v, st), rem - cap, p, nk, slow,
-                [&](int64_t m) { return starts[m * N + i]; },
-                [&](int64_t m) { return ends_l[m * L]; });
-          }
-          ptr[i] = p;
-          t = out;
-        } else {
-          t = t + w;
+      const double* w = bucket_work + i0;
+      if (jit) {
+        scale_row(bucket_work + i0, jit + (l * B + j) * R, row_w, R);
+        w = row_w;
+      }
+      if (spin && j > 0) {  // `_advance`: every rank's first interval, then the few that run on
+        const SpinRow sr{starts + i0, ends + l, N, L, j, slow};
+        spin_first(sr, x + i0, w, ptr + i0, row_t, again, R);
+        for (int64_t r = 0; r < R; ++r) {
+          if (again[r]) row_t[r] = spin_rest(sr, x[i0 + r], w[r], ptr[i0 + r], r);
         }
-        x[i] = t;
-        double lp;
-        if (j < S) {
-          arrive[(j * L + l) * R + r] = t;
-          lp = t + D[(l * S + j) * R + r];
-          if (j > 0) lp = np_max(lp, launch[i]);
-        } else {
-          lp = np_max(t, launch[i]);
-        }
-        launch[i] = lp;
-        // launch.max(axis=1): NumPy's max propagates NaN; times here are finite.
-        if (first || lp > top || std::isnan(lp)) top = lp;
-        first = false;
+        copy_row(row_t, x + i0, R);
+      } else {
+        add_row(w, x + i0, R);
+      }
+      double top;
+      if (j < S) {
+        top = launch_row(x + i0, D + (l * S + j) * R, arrive + (j * L + l) * R, launch + i0,
+                         j > 0, R);
+      } else {
+        top = launch_late(x + i0, launch + i0, R);
       }
       const double last = np_max(top, end_prev);
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t i = l * R + r;
-        start_j[i] = np_min(np_max(launch[i], end_prev), last);
-      }
+      clamp_starts(launch + i0, end_prev, last, start_j + i0, R);
       ends[j * L + l] = last;
       end_prev_out[l] = last + tc[l];
     }

@@ -28,7 +28,7 @@ __all__ = [
     "window_step",
 ]
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _lock = threading.Lock()
 _state: dict = {"lib": None, "reason": None, "path": None}
 
@@ -57,7 +57,7 @@ def _declare(lib) -> None:
         "jaxpace_kernels_abi_version": (ctypes.c_int, []),
         "jaxpace_run_buckets": (
             None,
-            [i64, i64, i64, i64, vp, vp, vp, vp, dbl, dbl, ctypes.c_int, dbl] + [vp] * 8,
+            [i64, i64, i64, i64, vp, vp, vp, vp, dbl, dbl, ctypes.c_int, dbl] + [vp] * 11,
         ),
         "jaxpace_order_insert_i8": (None, [i64, i64, i64, i64, vp, vp, vp, vp]),
         "jaxpace_order_pick_i8": (None, [i64, i64, i64, vp, vp, i64, i64, vp, vp, vp]),
@@ -103,13 +103,14 @@ def run_buckets(a, D, jit, tc, *, buckets, sites, fwd_frac, bwd_frac, spin, slow
     (L, R), B, S = a.shape, int(buckets), int(sites)
     end_prev, arrive = np.empty(L), np.empty((S, L, R))
     ends, starts = np.empty((B, L)), np.empty((B, L, R))
-    scratch = np.empty((3, L * R))
-    ptr = np.empty(L * R, dtype=np.int64)
+    scratch, rows = np.empty((3, L * R)), np.empty((2, R))
+    ptr, again = np.empty(L * R, dtype=np.int64), np.empty(R, dtype=np.uint8)
     lib.jaxpace_run_buckets(
         L, R, B, S, _addr(a), _addr(D), 0 if jit is None else _addr(jit),
         _addr(tc), float(fwd_frac), float(bwd_frac), int(bool(spin)), float(slow),
         _addr(end_prev), _addr(arrive), _addr(ends), _addr(starts),
-        _addr(scratch[0]), _addr(scratch[1]), _addr(scratch[2]), _addr(ptr),
+        _addr(scratch[0]), _addr(scratch[1]), _addr(scratch[2]), _addr(ptr), _addr(rows[0]),
+        _addr(rows[1]), _addr(again),
     )  # fmt: skip
     return end_prev, arrive, ends, starts
 
