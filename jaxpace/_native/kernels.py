@@ -142,9 +142,7 @@ def order_insert(h: np.ndarray, o: np.ndarray, r0: int, x: np.ndarray) -> bool:
         return False
     S, W, R = h.shape
     scratch = np.empty(4 * R, dtype=np.int8)
-    lib.jaxpace_order_insert_i8(
-        S, W, R, int(r0), _addr(h), _addr(o), _addr(x), _addr(scratch)
-    )
+    lib.jaxpace_order_insert_i8(S, W, R, int(r0), _addr(h), _addr(o), _addr(x), _addr(scratch))
     return True
 
 
