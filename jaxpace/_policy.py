@@ -663,6 +663,11 @@ def _delays_all(c, delay_hist, slept, row, r0, expected, e, ia, step, pacing_now
         delays = _budgeted_delays(c, delay_hist, row, expected, e, slept)
     else:
         delays = np.zeros(expected.shape)
+    if on == 0 and r0 is not None and not delay_hist[:, r0].any():
+        if not (step % _RESUM_STEPS == 0).any():
+            # Nothing asked for and nothing leaving the rings: writing zeros over zeros (and
+            # `slept` - 0 + 0) leaves them as they are, so a pure update need not copy them.
+            return delays, delay_hist, slept, np.zeros(B, dtype=bool)
     if 0 < on < B:
         ip = np.flatnonzero(pacing_now)
         bound = None if slept is None else slept[ip]

@@ -329,3 +329,20 @@ def test_a_negative_zero_is_a_zero():
     assert np.isnan(out[3:]).all()
     clean = sanitize_seconds(np.array([-0.0, 0.002]))  # the all-valid shortcut
     assert not np.signbit(clean).any()
+
+
+def test_an_idle_update_shares_its_rings_instead_of_copying():
+    """A pure update that asks for no delay, with none leaving the ring, returns the same
+    delay ring and running sums (nothing in them changes); one that paces writes its own."""
+    R = P._ORDER_MIN_RANKS
+    e = np.linspace(0.0, 0.004, R)
+    idle = P.adaptive(warmup_steps=0, threshold_s=1.0)  # above any spread here: never engages
+    st = idle.init(R)
+    d, new = idle.update(P.Observation(e), st)
+    assert not d.any() and new.step == 1
+    assert np.shares_memory(new.delays, st.delays) and np.shares_memory(new.slept_s, st.slept_s)
+    assert not np.shares_memory(new.history, st.history)
+    busy = P.adaptive(warmup_steps=0, threshold_s=0.0, engage_steps=1)
+    st = busy.init(R)
+    d, new = busy.update(P.Observation(e), st)
+    assert d.any() and not np.shares_memory(new.delays, st.delays) and not st.delays.any()
