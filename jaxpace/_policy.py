@@ -914,7 +914,7 @@ def _at_rank(h: np.ndarray, o: np.ndarray, k: int | np.ndarray) -> np.ndarray:
 
 
 def _expected_batch(history: np.ndarray, filled: int, quantile: float) -> np.ndarray:
-    """`_expected_earliness` of every site in `history` (B, window, R), each site alone.
+    """Each rank's windowed quantile, every site in `history` (B, window, R) alone.
 
     The window axis is made the contiguous one and sorted in one call (NaN last): the same
     values as `np.quantile` / `np.nanquantile` per site, many times faster (`nanquantile`
@@ -922,10 +922,16 @@ def _expected_batch(history: np.ndarray, filled: int, quantile: float) -> np.nda
     """
     rows = history[:, :filled]
     v = np.sort(np.swapaxes(rows, 1, 2), axis=-1)
-    nan = np.isnan(rows)
-    if not nan.any():
+    if not np.isnan(rows).any():
         return _sorted_quantile(v, quantile)
-    finite = filled - nan.sum(axis=1)
+    return sorted_nanquantile(v, quantile)
+
+
+def sorted_nanquantile(v: np.ndarray, quantile: float) -> np.ndarray:
+    """`np.nanquantile(v, quantile, axis=-1)` of `v` sorted along its last axis (NaN last):
+    the same values bit for bit, NaN where a row has nothing else, without NumPy's loop over
+    the rows in Python (the runtime's `stats()` and the policy's sorted windows use it)."""
+    finite = v.shape[-1] - np.isnan(v).sum(axis=-1)
     k0, k1, t = _nanquantile_read(finite, quantile, np.intp)
     a = np.take_along_axis(v, k0[..., None], axis=-1)[..., 0]
     b = np.take_along_axis(v, k1[..., None], axis=-1)[..., 0]

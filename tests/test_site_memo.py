@@ -193,3 +193,34 @@ def test_concurrent_ranks_share_the_memo_without_errors():
             delays, state = base.update(Observation(view.earliness_s, view.step_time_s), state)
             want.append(clamp_delay(float(np.asarray(delays)[r]), base.max_delay_s))
         assert got[r] == want, r
+
+
+def test_stats_keep_at_most_4_mib_of_earliness_per_rank():
+    from jaxpace._runtime.sites import early_rows
+
+    assert early_rows(4096, 8) == 1024 and early_rows(4096, 1024) == 1024
+    assert early_rows(4096, 8192) == 128 and early_rows(4096, 2**20) == 64
+    assert early_rows(256, 8) == 256 and early_rows(2, 8192) == 2
+    assert early_rows(4096, 8192) * 8192 * 4 == 4 << 20
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.99, 1.0])
+def test_stats_percentiles_are_nanquantiles(q):
+    """`stats()` reads its p50/p99 off one sort; the values are `np.nanquantile`'s (and
+    `np.quantile`'s without NaN), bit for bit."""
+    from jaxpace._policy import sorted_nanquantile
+
+    rng = np.random.default_rng(3)
+    h = np.round(rng.exponential(0.002, (300, 50)), 4)  # ties
+    clean = h.copy()
+    h[rng.random(h.shape) < 0.2] = np.nan
+    h[:, 7] = np.nan  # never seen
+    h[:, 8] = np.nan
+    h[5, 8] = 0.003  # seen once
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.nanquantile(h, q, axis=0)
+    got = sorted_nanquantile(np.sort(h, axis=0).T, q)
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+    got = sorted_nanquantile(np.sort(clean, axis=0).T, q)
+    assert np.array_equal(got.view(np.uint64), np.quantile(clean, q, axis=0).view(np.uint64))

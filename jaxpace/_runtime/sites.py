@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace import _exchange
-from jaxpace._policy import Observation, PacingPolicy, PolicyStatus
+from jaxpace._policy import Observation, PacingPolicy, PolicyStatus, sorted_nanquantile
 from jaxpace._probe import Recorder
 
 __all__ = ["RankState", "Site", "SiteMemo", "SiteStats", "site_stats"]
@@ -95,9 +95,24 @@ class RankState:
         self.steps_paced = 0
         self.total_delay_ns = 0
         self.wait_sum_ns = 0
-        # Earliness history for stats: a fixed ring of (capacity, num_slots).
-        self.early_hist = np.full((min(capacity, 1024), num_slots), np.nan, dtype=np.float32)
+        # Earliness history for stats: a fixed ring of (rows, num_slots), at most 4 MiB.
+        self.early_hist = np.full((early_rows(capacity, num_slots), num_slots), np.nan, np.float32)
         self.early_n = 0
+
+
+def early_rows(capacity: int, num_slots: int) -> int:
+    """Steps of earliness a rank keeps for `stats()`: `capacity`, at most 1024, and at most
+    what fits in `_EARLY_HIST_BYTES` (float32), but at least 64 (or `capacity`).
+
+    At 1024 slots that is 1024 steps (4 MiB); at 8192, 128 steps (4 MiB instead of 32 MiB
+    per rank and site, which for 8 local ranks and 20 sites would be 5 GiB).
+    """
+    fit = max(_EARLY_HIST_MIN_ROWS, _EARLY_HIST_BYTES // (4 * max(int(num_slots), 1)))
+    return max(1, min(int(capacity), 1024, fit))
+
+
+_EARLY_HIST_BYTES = 4 << 20
+_EARLY_HIST_MIN_ROWS = 64
 
 
 class Site:
@@ -240,6 +255,7 @@ def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             s.earliness_mean_s = np.nanmean(h, axis=0).tolist()
-            s.earliness_p50_s = np.nanquantile(h, 0.5, axis=0).tolist()
-            s.earliness_p99_s = np.nanquantile(h, 0.99, axis=0).tolist()
+            v = np.sort(h, axis=0).T  # each rank's history sorted, NaN last
+            s.earliness_p50_s = sorted_nanquantile(v, 0.5).tolist()
+            s.earliness_p99_s = sorted_nanquantile(v, 0.99).tolist()
     return s
