@@ -945,17 +945,12 @@ def _sorted_quantile(v: np.ndarray, quantile: float) -> np.ndarray:
     next index clipped to the sample, and `a + (b - a) t` (`b - (b - a)(1 - t)` for
     `t >= 0.5`); tests/test_diagnosis_scale.py checks it equals `np.quantile` bit for bit.
     """
-    n = v.shape[-1]
-    virtual = (n - 1) * np.float64(quantile)
-    if virtual >= n - 1:
-        return v[..., n - 1].copy()
-    if virtual < 0:
-        return v[..., 0].copy()
-    prev = np.floor(virtual)
-    t = virtual - prev
-    a, b = v[..., int(prev)], v[..., int(prev) + 1]
+    k0, k1, mode, t, omt = _quantile_read(v.shape[-1], quantile)
+    if mode == 0:
+        return v[..., k0].copy()
+    a, b = v[..., k0], v[..., k1]
     diff = b - a
-    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+    return b - diff * omt if mode == 2 else a + diff * t
 
 
 class _ABView(NamedTuple):

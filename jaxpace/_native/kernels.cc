@@ -157,13 +157,6 @@ __attribute__((always_inline)) inline void fix_slot(int8_t* __restrict orow,
   }
 }
 
-// `expected.max(axis=1)` of one site's finite row (no NaN, no -0.0: a plain max).
-__attribute__((always_inline)) inline double row_max(const double* __restrict es, int64_t R) {
-  double top = es[0];
-  for (int64_t r = 1; r < R; ++r) top = es[r] > top ? es[r] : top;
-  return top;
-}
-
 // NumPy's float64 `add.reduce` over a contiguous axis of `n` entries: its identity 0.0 plus
 // the pairwise sum of its inner loop (sequential under 8 entries, 8 running sums up to 128,
 // halves above), so a sum here has the bits of `m.sum(axis=-1)`.
@@ -254,6 +247,20 @@ struct SpinRow {
   double slow;
 };
 
+// A rank at clock `t` with work `w` entering its spin interval `p`: the interval's start
+// (or `t`, if later) and end, the work left past the start, and how much of it the interval
+// holds (`_advance`'s arithmetic, shared by both passes below).
+__attribute__((always_inline)) inline void enter(const SpinRow& sr, const double* starts,
+                                                 const double* ends, double t, double w,
+                                                 int64_t p, int64_t r, double& st, double& v,
+                                                 double& rem, double& cap) {
+  const double u = starts[p * sr.N + r];
+  v = ends[p * sr.L];
+  st = np_max(t, u);
+  rem = w - (st - t);
+  cap = np_max(v - st, 0.0) / sr.slow;
+}
+
 // `_advance`'s vectorized part: the work `w` from clock `x`, through the interval `ptr`
 // points at. Writes the new clock to `out`, moves `ptr` past a finished interval, and
 // marks in `again` the ranks that reach the next interval with work left.
@@ -265,11 +272,8 @@ inline void spin_first(const SpinRow& sr, const double* __restrict x, const doub
   for (int64_t r = 0; r < R; ++r) {
     const double t = x[r], wr = w[r];
     const int64_t p = ptr[r];
-    const double u = starts[p * sr.N + r], v = ends[p * sr.L];
-    const double st = np_max(t, u);
-    const double rem = wr - (st - t);
-    double cap = np_max(v - st, 0.0);
-    cap = cap / sr.slow;
+    double st, v, rem, cap;
+    enter(sr, starts, ends, t, wr, p, r, st, v, rem, cap);
     const bool passed = rem > cap;
     double o = passed ? np_max(v, st) + rem - cap : st + rem * sr.slow;
     o = rem <= 0 ? t + wr : o;
@@ -284,12 +288,8 @@ inline void spin_first(const SpinRow& sr, const double* __restrict x, const doub
 
 // `_advance_loop` for one rank that `spin_first` marked: from its first interval's end.
 inline double spin_rest(const SpinRow& sr, double t, double w, int64_t& p, int64_t r) {
-  const int64_t p0 = p - 1;  // the interval `spin_first` went through
-  const double u = sr.starts[p0 * sr.N + r], v = sr.ends[p0 * sr.L];
-  const double st = np_max(t, u);
-  const double rem = w - (st - t);
-  double cap = np_max(v - st, 0.0);
-  cap /= sr.slow;
+  double st, v, rem, cap;
+  enter(sr, sr.starts, sr.ends, t, w, p - 1, r, st, v, rem, cap);  // what spin_first saw
   return advance_loop(
       np_max(v, st), rem - cap, p, sr.nk, sr.slow,
       [&](int64_t m) { return sr.starts[m * sr.N + r]; },
@@ -484,7 +484,7 @@ JP_CLONES int jaxpace_window_step_i8(int64_t S, int64_t W, int64_t R, int64_t r0
         es[r] = mode == 1 ? a + diff * t : b - diff * omt;
       }
     }
-    spread[s] = row_max(es, R);
+    spread[s] = row_top(es, R);  // expected.max(axis=1): finite here, no -0.0
   }
   return 1;
 }
