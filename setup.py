@@ -52,7 +52,7 @@ if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
     ext_modules.append(
         Extension(
             "jaxpace._native._jaxpace_probe",
-            sources=["jaxpace/_native/probe.cc"],
+            sources=["src/jaxpace/_native/probe.cc"],
             language="c++",
             extra_compile_args=["-std=c++17", "-O2"],
             libraries=["dl"],
@@ -64,7 +64,7 @@ if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
     ext_modules.append(
         Extension(
             "jaxpace._native._jaxpace_kernels",
-            sources=["jaxpace/_native/kernels.cc"],
+            sources=["src/jaxpace/_native/kernels.cc"],
             language="c++",
             extra_compile_args=[
                 "-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math",

@@ -7,10 +7,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 $PY -m pip install -q --no-build-isolation --no-deps -e . >/tmp/jaxpace-gpu-build.log 2>&1 || true
-if ! ls jaxpace/_native/_jaxpace_probe*.so >/dev/null 2>&1; then  # plain compiler, same flags
+if ! ls src/jaxpace/_native/_jaxpace_probe*.so >/dev/null 2>&1; then  # plain compiler, same flags
   INC=$($PY -c "import jax.ffi; print(jax.ffi.include_dir())")
-  g++ -O2 -shared -fPIC -std=c++17 -isystem "$INC" jaxpace/_native/probe.cc -ldl \
-    -o jaxpace/_native/_jaxpace_probe.so || echo "build failed: see /tmp/jaxpace-gpu-build.log"
+  g++ -O2 -shared -fPIC -std=c++17 -isystem "$INC" src/jaxpace/_native/probe.cc -ldl \
+    -o src/jaxpace/_native/_jaxpace_probe.so || echo "build failed: see /tmp/jaxpace-gpu-build.log"
 fi
 JAX_PLATFORMS=cuda timeout 400 $PY - <<'EOF'
 import time
