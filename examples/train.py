@@ -1,1 +1,1 @@
-../jaxpace/examples/train.py
+../src/jaxpace/examples/train.py
