@@ -205,7 +205,9 @@ def test_docs_name_only_files_in_the_repo():
         for path in re.findall(
             r"`((?:jaxpace|tests|examples|docs|benchmarks|shared)/[\w./-]+)", text
         ):
-            if "*" not in path and not (REPO / path.rstrip("/.")).exists():
+            # Package paths (`jaxpace/...`) name files of the package, which lives in src/.
+            where = REPO / "src" if path.startswith("jaxpace/") else REPO
+            if "*" not in path and not (where / path.rstrip("/.")).exists():
                 missing.append(f"{md.name}: `{path}`")
     assert not missing, missing
 
