@@ -273,7 +273,8 @@ def _notes(p: _Parsed) -> list[str]:
         notes.append(bad)
     if p.cut:
         notes.append(
-            f"{len(p.cut)} last lines cut short (a process killed while writing?), skipped: "
+            f"{len(p.cut)} last line{'s' if len(p.cut) > 1 else ''} cut short (a process "
+            "killed while writing?), skipped: "
             + ", ".join(p.cut[:3])
             + (" ..." if len(p.cut) > 3 else "")
         )
