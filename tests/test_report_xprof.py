@@ -181,3 +181,30 @@ def test_several_hosts_and_bad_files(tmp_path):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "x.trace.json.gz" in proc.stderr
+
+
+def test_gpu_trace_check_runs_here_as_far_as_a_cpu_allows(tmp_path, capsys):
+    """`benchmarks/gpu_trace_check.py` (run on GPU hosts): skips clearly without GPUs;
+    its report check passes on a real CPU trace and fails on a wrong device count;
+    its description of the GPU lines reads the GPU fixture."""
+    from benchmarks import gpu_trace_check as g
+
+    assert g.main([]) == 0 and "SKIPPED: needs 2 or more GPUs" in capsys.readouterr().out
+    _trace_job(tmp_path / "cpu", "--kind", "dp", "--steps", 8)
+    assert g.check(tmp_path / "cpu", 8, 8) == []
+    assert g.check(tmp_path / "cpu", 4, 8) == ["8 ranks in the report, 4 GPUs traced"]
+    run = tmp_path / "gpu" / "plugins" / "profile" / "r"
+    run.mkdir(parents=True)
+    trace = dict(GPU_TRACE, traceEvents=GPU_TRACE["traceEvents"] + _gpu_events(late_gpu=0))
+    with gzip.open(run / "h.trace.json.gz", "wt") as f:
+        json.dump(trace, f)
+    text = g.describe(tmp_path / "gpu")
+    assert "/device:GPU:1" in text and "ncclDevKernel_AllReduce" in text
+
+
+def test_loaded_records_keep_their_source(tmp_path):
+    write_xprof_traces(tmp_path, 2, 2, 30, seed=4)
+    loaded = load_source(tmp_path)
+    again = load_source(loaded.records)
+    assert again.source == loaded.source and again.timed
+    assert analyze(loaded.records).source == analyze(tmp_path).source

@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxpace.report.records import Records
 
-__all__ = ["MAX_LINE_BYTES", "Loaded", "Tally", "lines", "make_records"]
+__all__ = ["MAX_LINE_BYTES", "Loaded", "Tally", "blocks", "make_records"]
 
 # A line longer than this is not a record of any source (Inspector lines are
 # 200-500 bytes, 2-3 KB with per-channel kernel times): it is skipped, never held.
@@ -58,31 +58,31 @@ class Tally:
         return f"{self.count} {what} skipped (" + "; ".join(self.examples) + more + ")."
 
 
-def lines(f: BinaryIO, path: Path, tally: Tally) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number, line without its newline, whether a newline ended it) of a file,
-    read in chunks: memory stays bounded whatever the file holds. A line over
+def blocks(f: BinaryIO, path: Path, tally: Tally) -> Iterator[tuple[int, bytes, bool]]:
+    """(number of its first line, complete lines ending in a newline, True) per chunk of
+    a file, then (number, the last line, False) when the file does not end in a
+    newline. Memory stays bounded whatever the file holds: a line over
     `MAX_LINE_BYTES` is counted in `tally` and skipped."""
     carry = b""
-    number = 0
+    number = 1
     skipping = False
-    while True:
-        chunk = f.read(_CHUNK_BYTES)
-        if not chunk:
-            break
-        parts = (carry + chunk).split(b"\n")
-        carry = parts.pop()
-        for raw in parts:
+    while chunk := f.read(_CHUNK_BYTES):
+        data = carry + chunk
+        cut = data.rfind(b"\n") + 1
+        block, carry = data[:cut], data[cut:]
+        if skipping and block:  # the rest of an over-long line
+            first = block.index(b"\n") + 1
+            block, skipping = block[first:], False
             number += 1
-            if skipping:
-                skipping = False
-                continue
-            yield number, raw, True
+        if block:
+            yield number, block, True
+            number += block.count(b"\n")
         if len(carry) > MAX_LINE_BYTES:
             if not skipping:
-                tally.bad(path, number + 1, f"line longer than {MAX_LINE_BYTES} bytes")
+                tally.bad(path, number, f"line longer than {MAX_LINE_BYTES} bytes")
             skipping, carry = True, b""
     if carry and not skipping:
-        yield number + 1, carry, False
+        yield number, carry, False
 
 
 def make_records(

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.report.sources._common import Loaded, Tally, lines, make_records
+from jaxpace.report.sources._common import Loaded, Tally, blocks, make_records
 
 __all__ = ["LOG_GLOB", "find_logs", "load"]
 
@@ -92,6 +92,15 @@ def _kernel_start_us(perf: dict[str, Any]) -> int:
     return min(starts) if starts else -1
 
 
+def _register(p: _Parsed, cid: str, name: str, n_ranks: int) -> int | None:
+    """The index of communicator `cid` (added if new), or None if its size changed."""
+    i = p.comms.get(cid)
+    if i is None:
+        i = p.comms[cid] = len(p.comm_meta)
+        p.comm_meta.append({"id": cid, "name": name, "n_ranks": n_ranks})
+    return i if p.comm_meta[i]["n_ranks"] == n_ranks else None
+
+
 def _comm(p: _Parsed, header: dict[str, Any]) -> tuple[int, int]:
     """(communicator index, rank) of a line's header; checks rank < n_ranks."""
     cid = header.get("id")
@@ -100,16 +109,12 @@ def _comm(p: _Parsed, header: dict[str, Any]) -> tuple[int, int]:
     rank, n = _int(header, "rank"), _int(header, "n_ranks", 1)
     if rank >= n:
         raise ValueError(f"`header.rank` {rank} is not below `n_ranks` {n}")
-    i = p.comms.get(cid)
+    name = header.get("comm_name")
+    i = _register(p, cid, name if isinstance(name, str) else "unknown", n)
     if i is None:
-        i = p.comms[cid] = len(p.comm_meta)
-        name = header.get("comm_name")
-        p.comm_meta.append(
-            {"id": cid, "name": name if isinstance(name, str) else "unknown", "n_ranks": n}
-        )
-    elif p.comm_meta[i]["n_ranks"] != n:
         raise ValueError(
-            f"communicator {cid} has `n_ranks` {n} here and {p.comm_meta[i]['n_ranks']} before"
+            f"communicator {cid} has `n_ranks` {n} here and "
+            f"{p.comm_meta[p.comms[cid]]['n_ranks']} before"
         )
     return i, rank
 
@@ -143,35 +148,109 @@ def _add(p: _Parsed, obj: Any, file_index: int) -> None:
     p.untimed += start_us < 0
 
 
+# One line exactly as `inspector_json.cc` writes it (compact, keys in its order):
+# header id, rank, n_ranks; then the collective, `coll_sn`, exec time, timing
+# source and the verbose part, or the `p2p` marker.
+_FAST_LINE = re.compile(
+    rb'^\{"header":\{"id":"([^"\\]+)"(?:,"comm_name":"((?:[^"\\]|\\.)*)")?,"rank":(\d+),'
+    rb'"n_ranks":(\d+),"nnodes":\d+\},"metadata":\{[^{}]*\},"(?:coll_perf":\{"coll":"(\w+)",'
+    rb'"coll_sn":(\d+),"coll_msg_size_bytes":\d+,"coll_exec_time_us":(\d+),'
+    rb'"coll_timing_source":"(\w+)"(?:,"coll_(?:algo|bus)bw_gbs":(?:[-\d.e+]+|"nan"|"-?inf"))*'
+    rb'(,"event_trace_sn".*)?|(p2p)_perf":\{[^{}]*)\}\}$',
+    re.M,
+)
+_KERNEL_START = re.compile(rb'"kernel_start_ts":(\d+)')
+
+
+def _fast_block(p: _Parsed, block: bytes, file_index: int) -> bool:
+    """Adds every line of `block` if all are in the plugin's own layout, of known
+    communicators, with valid ranks; False (nothing added) otherwise: then the block
+    is read line by line, which names a new communicator and each bad line."""
+    found = _FAST_LINE.findall(block)
+    if not found or len(found) != block.count(b"\n"):
+        return False
+    a = np.array(found, dtype=object)
+    known = {}
+    for cid, name, n in set(zip(a[:, 0].tolist(), a[:, 1].tolist(), a[:, 3].tolist(), strict=True)):
+        try:
+            i = _register(p, cid.decode(), json.loads(b'"' + name + b'"') or "unknown", int(n))
+        except ValueError:
+            return False
+        if i is None:
+            return False
+        known[cid] = i
+    rank = a[:, 2].astype(np.int64)
+    if (rank >= a[:, 3].astype(np.int64)).any():
+        return False
+    comm = np.array([known[c] for c in a[:, 0].tolist()], np.int64)
+    is_coll = a[:, 9] != b"p2p"
+    p.p2p.update(comm[~is_coll].tolist())
+    a, comm, rank = a[is_coll], comm[is_coll], rank[is_coll]
+    p.sources.update(x.decode() for x in a[:, 7].tolist())
+    start = np.array([_first_start(v) for v in a[:, 8].tolist()], np.int64)
+    c = p.cols
+    c["comm"].extend(comm.tolist())
+    c["rank"].extend(rank.tolist())
+    c["coll"].extend(p.colls.setdefault(x.decode(), len(p.colls)) for x in a[:, 4].tolist())
+    c["sn"].extend(a[:, 5].astype(np.int64).tolist())
+    c["exec_ns"].extend((a[:, 6].astype(np.int64) * 1000).tolist())
+    c["start_ns"].extend(np.where(start >= 0, start * 1000, -1).tolist())
+    c["file"].extend([file_index] * len(comm))
+    p.untimed += int((start < 0).sum())
+    return True
+
+
+def _first_start(verbose: bytes) -> int:
+    starts = [int(x) for x in _KERNEL_START.findall(verbose)] if verbose else []
+    starts = [x for x in starts if x > 0]
+    return min(starts) if starts else -1
+
+
+def _slow_block(p: _Parsed, path: Path, number: int, block: bytes, ended: bool, file_index: int):
+    """Each line of `block` through `json`: a bad line is counted with its number; a
+    last line that does not end in a newline and does not parse was cut short."""
+    lines = block.split(b"\n")
+    if ended:
+        lines.pop()  # after the last newline
+    first_meta = None
+    for j, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            if not ended:
+                p.cut.append(f"{path}:{number + j}")
+            else:
+                p.bad.bad(path, number + j, "not JSON")
+            continue
+        try:
+            _add(p, obj, file_index)
+        except ValueError as e:
+            p.bad.bad(path, number + j, str(e))
+            continue
+        if first_meta is None and isinstance(obj.get("metadata"), dict):
+            first_meta = obj["metadata"]
+    return first_meta
+
+
 def _read(p: _Parsed, path: Path, file_index: int) -> None:
     m = _NAME.match(path.name)
     host, pid = (m["host"], int(m["pid"])) if m else (path.stem, -1)
-    metadata_seen = False
+    meta = None
     try:
         with path.open("rb") as f:
-            for number, raw, ended in lines(f, path, p.bad):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    if not ended:  # a killed process's last line
-                        p.cut.append(f"{path}:{number}")
-                    else:
-                        p.bad.bad(path, number, "not JSON")
-                    continue
-                try:
-                    _add(p, obj, file_index)
-                except ValueError as e:
-                    p.bad.bad(path, number, str(e))
-                    continue
-                if not metadata_seen and isinstance(obj.get("metadata"), dict):
-                    meta = obj["metadata"]
-                    host = str(meta.get("hostname", host))
-                    pid = meta.get("pid", pid) if isinstance(meta.get("pid"), int) else pid
-                    metadata_seen = True
+            for number, block, ended in blocks(f, path, p.bad):
+                if not (ended and _fast_block(p, block, file_index)):
+                    found = _slow_block(p, path, number, block, ended, file_index)
+                    meta = meta or found
+                elif meta is None:
+                    meta = json.loads(block[: block.index(b"\n")]).get("metadata")
     except OSError as e:
         raise RecordsError(f"cannot read NCCL Inspector log {path}: {e.strerror or e}.") from e
+    if isinstance(meta, dict):
+        host = str(meta.get("hostname", host))
+        pid = meta["pid"] if isinstance(meta.get("pid"), int) else pid
     p.file_host.append((host, pid))
 
 
@@ -344,6 +423,11 @@ def load(path: Path) -> Loaded:
         "done_ns": (start + a["exec_ns"])[keep],
         "wait_ns": a["exec_ns"][keep],
     }
+    label = (
+        f"NCCL Inspector logs: {len(files)} files (processes) on {len(set(hosts))} hosts, "
+        f"{len(p.comm_meta)} communicators"
+        + ("" if timed else "; kernel times only (no start times: compute not measured)")
+    )
     recs = make_records(
         columns,
         sites,
@@ -353,11 +437,7 @@ def load(path: Path) -> Loaded:
         files=files,
         run_id=path.resolve().name,
         source="nccl_inspector",
-    )
-    n_hosts = len(set(hosts))
-    label = (
-        f"NCCL Inspector logs: {len(files)} files (processes) on {n_hosts} hosts, "
-        f"{len(p.comm_meta)} communicators"
-        + ("" if timed else "; kernel times only (no start times: compute not measured)")
+        source_label=label,
+        timed=timed,
     )
     return Loaded(recs, label, timed=timed)

@@ -111,41 +111,68 @@ def write_inspector_logs(
     a = arrivals(num_steps, num_ranks, **arrival_kw)  # type: ignore[arg-type]
     hosts = [f"node-{r // ranks_per_host}" for r in range(num_ranks)]
     offset_us = {h: 1_700_000_000_000_000 + 7_919_000 * i for i, h in enumerate(sorted(set(hosts)))}
-    out: dict[int, list[str]] = {r: [] for r in range(num_ranks)}
-    nnodes = len(set(hosts))
-    for comm in comms:
-        members = np.asarray(comm.ranks)
-        templates = {
-            r: _line(comm, i, members.size, nnodes, hosts[r], 1000 + r)
-            for i, r in enumerate(comm.ranks)
-        }
-        sn = 0
-        for k in range(num_steps):
-            for c, coll in enumerate(comm.colls):
-                arr = a[k, members] + c * 50.0
-                exec_us = np.rint(arr.max() - arr + transfer_us).astype(np.int64)
-                for i, r in enumerate(comm.ranks):
-                    start = int(arr[i] + offset_us[hosts[r]]) if verbose else None
-                    bw = msg_size_bytes / exec_us[i] / 1e3 if k % 97 else float("nan")
-                    perf = _perf(coll, sn, msg_size_bytes, int(exec_us[i]), bw, start)
-                    out[r].append(templates[r] % (int(offset_us[hosts[r]] + arr[i]), perf))
-                sn += 1
-            if p2p_every and k % p2p_every == 0:
-                for i, r in enumerate(comm.ranks):
-                    peer = (i + 1) % members.size
-                    p2p = (
-                        f'{{"p2p":"Send","p2p_sn":{k},"p2p_peer":{peer},"p2p_msg_size_bytes":4096,'
-                        '"p2p_exec_time_us":12,"p2p_timing_source":"kernel_gpu",'
-                        '"p2p_algobw_gbs":0.341333,"p2p_busbw_gbs":0.341333}'
-                    )
-                    line = templates[r] % (int(offset_us[hosts[r]] + a[k, r]), "")
-                    out[r].append(line.replace('"coll_perf":}', '"p2p_perf":' + p2p + "}"))
+    # (steps, collectives, members): every member leaves when the last has arrived.
+    arr = [a[:, None, list(c.ranks)] + 50.0 * np.arange(len(c.colls))[None, :, None] for c in comms]
+    exec_us = [np.rint(x.max(axis=2, keepdims=True) - x + transfer_us).astype(int) for x in arr]
     paths = []
-    for r, rows in out.items():
+    for r in range(num_ranks):
         p = d / f"{hosts[r]}-pid{1000 + r}.log"
-        p.write_text("".join(row + "\n" for row in rows))
+        with p.open("w") as f:
+            for ci, comm in enumerate(comms):
+                if r in comm.ranks:
+                    f.write(
+                        _rank_lines(
+                            comm,
+                            r,
+                            arr[ci],
+                            exec_us[ci],
+                            nnodes=len(set(hosts)),
+                            host=hosts[r],
+                            offset_us=offset_us[hosts[r]],
+                            verbose=verbose,
+                            size=msg_size_bytes,
+                            p2p_every=p2p_every,
+                        )
+                    )
         paths.append(p)
     return paths
+
+
+def _rank_lines(
+    comm: Comm,
+    r: int,
+    arr: np.ndarray,
+    exec_us: np.ndarray,
+    *,
+    nnodes: int,
+    host: str,
+    offset_us: int,
+    verbose: bool,
+    size: int,
+    p2p_every: int,
+) -> str:
+    """One rank's lines of one communicator, every step (`coll_sn` counts its collectives)."""
+    i = comm.ranks.index(r)
+    template = _line(comm, i, len(comm.ranks), nnodes, host, 1000 + r)
+    out = []
+    S, C = exec_us.shape[:2]
+    for k in range(S):
+        for c, coll in enumerate(comm.colls):
+            t = int(exec_us[k, c, i])
+            ts = int(offset_us + arr[k, c, i])
+            bw = size / t / 1e3 if k % 97 else float("nan")
+            out.append(
+                template % (ts, _perf(coll, k * C + c, size, t, bw, ts if verbose else None))
+            )
+        if p2p_every and k % p2p_every == 0:
+            p2p = (
+                f'{{"p2p":"Send","p2p_sn":{k},"p2p_peer":{(i + 1) % len(comm.ranks)},'
+                '"p2p_msg_size_bytes":4096,"p2p_exec_time_us":12,"p2p_timing_source":'
+                '"kernel_gpu","p2p_algobw_gbs":0.341333,"p2p_busbw_gbs":0.341333}'
+            )
+            line = template % (int(offset_us + arr[k, 0, i]), "")
+            out.append(line.replace('"coll_perf":}', '"p2p_perf":' + p2p + "}"))
+    return "".join(line + "\n" for line in out)
 
 
 def write_xprof_traces(

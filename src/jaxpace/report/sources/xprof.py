@@ -318,6 +318,10 @@ def load(path: Path) -> Loaded:
             f"ranks are devices in global id order (rank=device id): {shown}"
             + (" ..." if devices.size > 16 else "")
         )
+    label = (
+        f"jax.profiler traces: {len(paths)} files, {devices.size} devices in "
+        f"{len(keys)} processes on {len({k[1] for k in keys})} hosts"
+    )
     recs = make_records(
         columns,
         sites,
@@ -327,9 +331,7 @@ def load(path: Path) -> Loaded:
         files=paths,
         run_id=path.resolve().name,
         source="xprof",
-    )
-    label = (
-        f"jax.profiler traces: {len(paths)} files, {devices.size} devices in "
-        f"{len(keys)} processes on {len({k[1] for k in keys})} hosts"
+        source_label=label,
+        timed=True,
     )
     return Loaded(recs, label, timed=True)
