@@ -84,11 +84,17 @@ def test_multiprocess_late_process_is_named(tmp_path):
     assert any("2=2048" in n for n in rep.notes)
 
 
-def test_multiprocess_healthy_run_names_nobody(tmp_path):
-    run_4x2("trace_job.py", "--out", tmp_path, "--steps", 30)
+def test_multiprocess_healthy_fsdp_step_names_nobody_one_site_per_collective(tmp_path):
+    proc = run_4x2("trace_job.py", "--out", tmp_path, "--kind", "fsdp_manual", "--steps", 30)
+    line = next(s for s in proc.stdout.splitlines() if "COLLECTIVES: " in s)
+    ops = sorted(line.split("COLLECTIVES: ", 1)[1].split(","))
+    assert [collective_kind(op) for op in ops] == ["all-gather", "reduce-scatter"]
     rep = analyze(tmp_path)
-    assert (rep.num_ranks, rep.num_processes) == (8, 4)
-    assert rep.culprit is None and rep.culprits == () and rep.late_groups == ()
+    assert sorted(s.split("/", 1)[1] for s in rep.sites) == ops
+    for site in rep.sites:
+        r = analyze(tmp_path, site=site)
+        assert (r.num_ranks, r.num_processes, r.num_steps) == (8, 4, 30)
+        assert r.culprit is None and r.culprits == () and r.late_groups == (), site
 
 
 def test_cli_reports_a_trace_directory(tmp_path):
@@ -161,11 +167,17 @@ def test_several_hosts_and_bad_files(tmp_path):
     loaded = load_source(tmp_path / "ok")
     assert loaded.records.process_count == 2 and loaded.timed
     assert sorted({h["host"] for h in loaded.records.headers}) == ["host-0", "host-1"]
-    # A trace cut short (a killed process): a clear error naming the file.
+    # A trace cut short (a killed process): the events before the cut count.
+    text = gzip.decompress(paths[1].read_bytes())
+    paths[1].write_bytes(gzip.compress(text[: len(text) * 6 // 10]))
+    rep = analyze(tmp_path / "ok", warmup_steps=0)
+    assert rep.partial and 8 <= rep.num_steps < 20 and rep.num_ranks == 8
+    assert any(n.startswith(f"PARTIAL: trace {paths[1]} unreadable past") for n in rep.notes)
+    # Cut before any collective: a clear error naming the file.
     cut = tmp_path / "cut" / "x.trace.json.gz"
     cut.parent.mkdir()
-    cut.write_bytes(gzip.compress(gzip.decompress(paths[0].read_bytes())[:5000]))
-    with pytest.raises(RecordsError, match="x.trace.json.gz"):
+    cut.write_bytes(gzip.compress(gzip.decompress(paths[0].read_bytes())[:200]))
+    with pytest.raises(RecordsError, match="no collective.*x.trace.json.gz"):
         analyze(tmp_path / "cut")
     # No collective at all: says so.
     empty = tmp_path / "empty" / "y.trace.json"

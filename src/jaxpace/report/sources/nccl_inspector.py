@@ -163,15 +163,17 @@ _KERNEL_START = re.compile(rb'"kernel_start_ts":(\d+)')
 
 
 def _fast_block(p: _Parsed, block: bytes, file_index: int) -> bool:
-    """Adds every line of `block` if all are in the plugin's own layout, of known
-    communicators, with valid ranks; False (nothing added) otherwise: then the block
-    is read line by line, which names a new communicator and each bad line."""
+    """Adds every line of `block` if all are in the plugin's own layout with valid
+    ranks; False (nothing added but communicators) otherwise: then the block is read
+    line by line, which names each bad line."""
     found = _FAST_LINE.findall(block)
     if not found or len(found) != block.count(b"\n"):
         return False
-    a = np.array(found, dtype=object)
+    ids, names, rank_b, n_b, coll_b, sn_b, exec_b, src_b, verbose_b, p2p_b = zip(
+        *found, strict=True
+    )
     known = {}
-    for cid, name, n in set(zip(a[:, 0].tolist(), a[:, 1].tolist(), a[:, 3].tolist(), strict=True)):
+    for cid, name, n in set(zip(ids, names, n_b, strict=True)):
         try:
             i = _register(p, cid.decode(), json.loads(b'"' + name + b'"') or "unknown", int(n))
         except ValueError:
@@ -179,24 +181,41 @@ def _fast_block(p: _Parsed, block: bytes, file_index: int) -> bool:
         if i is None:
             return False
         known[cid] = i
-    rank = a[:, 2].astype(np.int64)
-    if (rank >= a[:, 3].astype(np.int64)).any():
+
+    has_p2p = b"p2p" in p2p_b  # (their collective fields are empty)
+
+    def ints(col: tuple) -> np.ndarray:
+        values = (x or b"0" for x in col) if has_p2p else col
+        return np.fromiter(map(int, values), np.int64, len(col))
+
+    rank = ints(rank_b)
+    if (rank >= ints(n_b)).any():
         return False
-    comm = np.array([known[c] for c in a[:, 0].tolist()], np.int64)
-    is_coll = a[:, 9] != b"p2p"
-    p.p2p.update(comm[~is_coll].tolist())
-    a, comm, rank = a[is_coll], comm[is_coll], rank[is_coll]
-    p.sources.update(x.decode() for x in a[:, 7].tolist())
-    start = np.array([_first_start(v) for v in a[:, 8].tolist()], np.int64)
-    c = p.cols
-    c["comm"].extend(comm.tolist())
-    c["rank"].extend(rank.tolist())
-    c["coll"].extend(p.colls.setdefault(x.decode(), len(p.colls)) for x in a[:, 4].tolist())
-    c["sn"].extend(a[:, 5].astype(np.int64).tolist())
-    c["exec_ns"].extend((a[:, 6].astype(np.int64) * 1000).tolist())
-    c["start_ns"].extend(np.where(start >= 0, start * 1000, -1).tolist())
-    c["file"].extend([file_index] * len(comm))
-    p.untimed += int((start < 0).sum())
+    comm = np.fromiter(map(known.__getitem__, ids), np.int64, len(ids))
+    keep = np.array(p2p_b) != b"p2p" if has_p2p else slice(None)
+    if has_p2p:
+        p.p2p.update(comm[~keep].tolist())
+    colls = {c: p.colls.setdefault(c.decode(), len(p.colls)) for c in set(coll_b) if c}
+    colls[b""] = -1  # (p2p lines)
+    for src, count in Counter(src_b).items():
+        if src:
+            p.sources[src.decode()] += count
+    if any(verbose_b):
+        start = np.fromiter(map(_first_start, verbose_b), np.int64, len(ids))
+    else:
+        start = np.full(len(ids), -1, np.int64)
+    columns = {
+        "comm": comm,
+        "rank": rank,
+        "coll": np.fromiter(map(colls.__getitem__, coll_b), np.int64, len(ids)),
+        "sn": ints(sn_b),
+        "exec_ns": ints(exec_b) * 1000,
+        "start_ns": np.where(start >= 0, start * 1000, -1),
+        "file": np.full(len(ids), file_index, np.int64),
+    }
+    for k, v in columns.items():
+        p.cols[k].frombytes(np.ascontiguousarray(v[keep], np.int64).tobytes())
+    p.untimed += int((start[keep] < 0).sum())
     return True
 
 

@@ -187,14 +187,20 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v
 
 
-def _read(path: Path) -> _File:
+def _read(path: Path, notes: list[str]) -> _File:
+    """The collectives of one trace; a file cut short or malformed keeps the events
+    before the damage, with a note (the report is then partial)."""
     out = _File(path)
     try:
         with _open(path) as f:
             for ev in _events(f, path):
                 _event(ev, out)
-    except (OSError, EOFError, zlib.error) as e:
-        raise RecordsError(f"cannot read trace {path}: {e}.") from e
+    except (OSError, EOFError, zlib.error, RecordsError) as e:
+        why = str(e).removeprefix(f"{path}: ")
+        notes.append(
+            f"PARTIAL: trace {path} unreadable past its first {len(out.events)} collective "
+            f"events ({why}); read those."
+        )
     if any(isinstance(e[0], tuple) for e in out.events):  # GPU: the NCCL kernels only
         out.events = [e for e in out.events if isinstance(e[0], tuple)]
     return out
@@ -234,10 +240,12 @@ def _resolve_gpu(files: list[_File], proc_of: dict[int, int]) -> None:
         f.events = fixed
 
 
-def _keys(files: list[_File], proc_of: dict[int, int]) -> dict:
-    """Per site, each event's join key ((run_id, occurrence) or (window, occurrence)),
-    and the keys that end some process's window (no compute across them)."""
+def _keys(files: list[_File], proc_of: dict[int, int]) -> tuple[dict, dict]:
+    """Per site, each event as (join key, device, process, ts, dur), the key being
+    (run_id, occurrence) or (window, occurrence); and per site the keys that end some
+    process's window (no compute or step time across them)."""
     per_site: dict[str, list] = defaultdict(list)
+    ends: dict[str, set] = defaultdict(set)
     window_of: dict[int, int] = defaultdict(int)
     for i, f in enumerate(files):
         w = window_of[proc_of[i]]
@@ -252,20 +260,20 @@ def _keys(files: list[_File], proc_of: dict[int, int]) -> dict:
             per_site[site].append((key, dev, proc_of[i], ts, dur))
             last[site] = max(last.get(site, key), key)
         for site, key in last.items():
-            per_site[site + "\0ends"].append(key)
-    return per_site
+            ends[site].add(key)
+    return per_site, ends
 
 
-def _columns(per_site: dict) -> tuple[list[str], dict[str, list]]:
-    sites = sorted(s for s in per_site if not s.endswith("\0ends"))
+def _columns(per_site: dict, ends: dict) -> tuple[list[str], dict[str, list]]:
+    """Sites (sorted) and the step columns; steps are numbered in key order, one
+    number left out after each window's end so that no two windows look consecutive."""
+    sites = sorted(per_site)
     cols: dict[str, list] = {k: [] for k in ("site", "step", "device", "process", "ts", "dur")}
     for si, site in enumerate(sites):
-        uniq = sorted({e[0] for e in per_site[site]})
-        ends = set(per_site.get(site + "\0ends", ()))
         step_of, gap = {}, 0
-        for j, key in enumerate(uniq):
+        for j, key in enumerate(sorted({e[0] for e in per_site[site]})):
             step_of[key] = j + gap
-            gap += key in ends  # the next key starts another window: not consecutive
+            gap += key in ends[site]
         for key, dev, proc, ts, dur in per_site[site]:
             cols["site"].append(si)
             cols["step"].append(step_of[key])
@@ -285,7 +293,8 @@ def load(path: Path) -> Loaded:
     paths = find_traces(path)
     if not paths:
         raise RecordsError(f"no `jax.profiler` traces (`*.trace.json.gz`) under {path}.")
-    files = [_read(p) for p in paths]
+    notes: list[str] = []
+    files = [_read(p, notes) for p in paths]
     keys, proc_of = _processes(files)
     _resolve_gpu(files, proc_of)
     n_events = sum(len(f.events) for f in files)
@@ -294,9 +303,9 @@ def load(path: Path) -> Loaded:
             f"the {len(paths)} `jax.profiler` traces under {path} hold no collective "
             "(all-reduce, all-gather, reduce-scatter, collective-permute, all-to-all). Was "
             "the traced program running on several devices, and were the steps inside "
-            "the trace window?"
+            "the trace window? " + " ".join(notes)
         )
-    sites, cols = _columns(_keys(files, proc_of))
+    sites, cols = _columns(*_keys(files, proc_of))
     device = np.asarray(cols["device"], np.int64)
     devices = np.unique(device)
     ts_ns = np.rint(np.asarray(cols["ts"], float) * 1000).astype(np.int64)
@@ -311,7 +320,6 @@ def load(path: Path) -> Loaded:
         "done_ns": ts_ns + dur_ns,
         "wait_ns": dur_ns,
     }
-    notes = []
     if not np.array_equal(devices, np.arange(devices.size)):
         shown = ", ".join(f"{r}={d}" for r, d in enumerate(devices[:16].tolist()))
         notes.append(
@@ -327,7 +335,7 @@ def load(path: Path) -> Loaded:
         sites,
         [k[1] for k in keys],
         notes=notes,
-        partial=False,
+        partial=any(n.startswith("PARTIAL") for n in notes),
         files=paths,
         run_id=path.resolve().name,
         source="xprof",
