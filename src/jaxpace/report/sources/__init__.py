@@ -23,7 +23,7 @@ from jaxpace._records import RECORDS_GLOB
 from jaxpace.report.model import SiteData
 from jaxpace.report.records import Records
 from jaxpace.report.sources import nccl_inspector, records, xprof
-from jaxpace.report.sources._common import Loaded
+from jaxpace.report.sources.common import Loaded
 
 __all__ = ["SOURCES", "Loaded", "detect", "load", "untimed"]
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.report.sources._common import Loaded, Tally, blocks, make_records
+from jaxpace.report.sources.common import Loaded, Tally, blocks, make_records
 
 __all__ = ["LOG_GLOB", "find_logs", "load"]
 

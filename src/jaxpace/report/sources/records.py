@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jaxpace.report.records import Records, load_records
-from jaxpace.report.sources._common import Loaded
+from jaxpace.report.sources.common import Loaded
 
 __all__ = ["load"]
 
@@ -23,7 +23,4 @@ def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> L
     if "source_label" in first:
         timed = all(h.get("timed", True) is not False for h in recs.headers)
         return Loaded(recs, str(first["source_label"]), timed=timed)
-    label = "jaxpace records"
-    if recs.sources and recs.sources != ("<memory>",):
-        label += f": {len(recs.sources)} files"
-    return Loaded(recs, label, timed=True)
+    return Loaded(recs, "jaxpace records", timed=True)

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.report.sources._common import Loaded, make_records
+from jaxpace.report.sources.common import Loaded, make_records
 
 __all__ = ["TRACE_GLOBS", "collective_kind", "find_traces", "load"]
 
