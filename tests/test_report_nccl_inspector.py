@@ -7,6 +7,7 @@ collective when the last has arrived, so its kernel time is its wait plus the
 transfer.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,26 @@ def test_verbose_kernel_times_measure_compute_across_host_clocks(tmp_path):
     assert rep.culprit == 9
     assert rep.iteration.mean_s == pytest.approx(0.020, rel=0.05)  # the 20 ms step
     assert rep.rank_stats(9).compute_s > rep.rank_stats(0).compute_s + 1e-3
+
+
+def test_cli_reports_inspector_logs_of_one_folder_per_node(tmp_path):
+    for node in range(2):  # as collected: one folder per node
+        write_inspector_logs(tmp_path / f"node{node}", 16, 60, late_ranks=[3], late_us=1500.0)
+        for f in (tmp_path / f"node{node}").iterdir():
+            if not f.name.startswith(f"node-{node}-"):
+                f.unlink()
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxpace", "report", str(tmp_path), "--json", tmp_path / "r.json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "NCCL Inspector logs: 16 files" in proc.stdout
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["culprit"] == 3 and rep["num_ranks"] == 16 and rep["iteration"]["mean_s"] is None
+    assert (tmp_path / "report.html").stat().st_size > 0
+    assert '"ph":"X"' in (tmp_path / "trace.json").read_text()
 
 
 def test_unusable_logs_give_one_line_and_rc_2(tmp_path):
