@@ -177,6 +177,12 @@ def test_unusable_logs_give_one_line_and_rc_2(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "n1-pid7.log:1" in proc.stderr
 
 
+def test_an_empty_directory_names_every_source(tmp_path):
+    (tmp_path / "notes.txt").write_text("nothing here")
+    with pytest.raises(RecordsError, match="jax.profiler.*NCCL Inspector"):
+        analyze(tmp_path)
+
+
 def test_readers_do_not_import_jax(tmp_path):
     code = (
         "import sys\n"

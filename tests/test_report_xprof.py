@@ -162,6 +162,38 @@ def test_gpu_nccl_kernels_fixture(tmp_path):
     assert rep.ranking[0] == 1 and rep.rank_stats(1).excess_lateness_s > 2e-4
 
 
+def test_gpu_fixture_of_two_processes_numbers_gpus_by_process(tmp_path):
+    """Two hosts' traces, 2 GPUs each (local ordinals 0-1), each host on its own clock:
+    ranks 0-3 by process and ordinal, and the late GPU (host b's GPU 0) named."""
+    rng = np.random.default_rng(3)
+    arrive = 1000.0 * np.arange(40)[:, None] + rng.exponential(20.0, (40, 4))
+    arrive[:, 2] += 300.0
+    dur = arrive.max(axis=1, keepdims=True) - arrive + 50.0
+    name = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+    for p, host in enumerate(["gpu-a", "gpu-b"]):
+        run = tmp_path / f"p{p}" / "plugins" / "profile" / "2026_01_01_00_00_00"
+        run.mkdir(parents=True)
+        events = [
+            {"ph": "X", "pid": g + 1, "tid": 3, "ts": arrive[k, 2 * p + g] + 5e6 * p}
+            | {"dur": dur[k, 2 * p + g], "name": name, "args": {"hlo_op": "all-reduce-start"}}
+            for k in range(40)
+            for g in range(2)
+        ]
+        trace = dict(GPU_TRACE, traceEvents=GPU_TRACE["traceEvents"] + events)
+        with gzip.open(run / f"{host}.trace.json.gz", "wt") as f:
+            json.dump(trace, f)
+    rep = analyze(tmp_path)
+    assert (rep.num_ranks, rep.num_processes, rep.num_steps) == (4, 2, 40)
+    assert rep.sites == ("?/all-reduce-start",)
+    assert [(r.rank, r.process, r.host) for r in rep.ranks] == [
+        (0, 0, "gpu-a"),
+        (1, 0, "gpu-a"),
+        (2, 1, "gpu-b"),
+        (3, 1, "gpu-b"),
+    ]
+    assert rep.ranking[0] == 2 and rep.rank_stats(2).excess_lateness_s > 2e-4
+
+
 def test_several_hosts_and_bad_files(tmp_path):
     paths = write_xprof_traces(tmp_path / "ok", 2, 4, 20, seed=2)
     loaded = load_source(tmp_path / "ok")

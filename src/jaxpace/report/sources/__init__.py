@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from jaxpace._records import RECORDS_GLOB
+from jaxpace.errors import RecordsError
 from jaxpace.report.model import SiteData
-from jaxpace.report.records import Records
+from jaxpace.report.records import Records, find_runs
 from jaxpace.report.sources import nccl_inspector, records, xprof
 from jaxpace.report.sources.common import Loaded
 
@@ -72,6 +73,14 @@ def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> L
             return xprof.load(Path(source))
         if kind == "nccl_inspector":
             return nccl_inspector.load(Path(source))
+        p = Path(source)
+        if p.is_dir() and not any(p.glob(RECORDS_GLOB)) and not find_runs(p):
+            raise RecordsError(
+                f"no timings in directory {p}: expected jaxpace records "
+                "(`records-p0.jsonl`, ... as `Pacer.export` writes them), `jax.profiler` "
+                "traces (`*.trace.json.gz` anywhere below it) or NCCL Inspector logs "
+                "(`<host>-pid<pid>.log`, in it or one folder down)."
+            )
     return records.load(source)
 
 
