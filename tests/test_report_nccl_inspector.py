@@ -181,6 +181,10 @@ def test_an_empty_directory_names_every_source(tmp_path):
     (tmp_path / "notes.txt").write_text("nothing here")
     with pytest.raises(RecordsError, match="jax.profiler.*NCCL Inspector"):
         analyze(tmp_path)
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "vm.xplane.pb").write_bytes(b"\x00")
+    with pytest.raises(RecordsError, match=r"XPlane files .* but no Chrome trace"):
+        analyze(tmp_path)
 
 
 def test_readers_do_not_import_jax(tmp_path):

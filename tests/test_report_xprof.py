@@ -171,7 +171,8 @@ def test_gpu_fixture_of_two_processes_numbers_gpus_by_process(tmp_path):
     dur = arrive.max(axis=1, keepdims=True) - arrive + 50.0
     name = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
     for p, host in enumerate(["gpu-a", "gpu-b"]):
-        run = tmp_path / f"p{p}" / "plugins" / "profile" / "2026_01_01_00_00_00"
+        # Folders p9 and p10: process 9 comes first (natural order), as its index does.
+        run = tmp_path / f"p{9 + p}" / "plugins" / "profile" / "2026_01_01_00_00_00"
         run.mkdir(parents=True)
         events = [
             {"ph": "X", "pid": g + 1, "tid": 3, "ts": arrive[k, 2 * p + g] + 5e6 * p}

@@ -75,6 +75,11 @@ def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> L
             return nccl_inspector.load(Path(source))
         p = Path(source)
         if p.is_dir() and not any(p.glob(RECORDS_GLOB)) and not find_runs(p):
+            if next(p.rglob("*.xplane.pb"), None) is not None:
+                raise RecordsError(
+                    f"{p} holds `jax.profiler` XPlane files (`*.xplane.pb`) but no Chrome "
+                    "trace (`*.trace.json.gz`) beside them; jaxpace reads the Chrome trace."
+                )
             raise RecordsError(
                 f"no timings in directory {p}: expected jaxpace records "
                 "(`records-p0.jsonl`, ... as `Pacer.export` writes them), `jax.profiler` "

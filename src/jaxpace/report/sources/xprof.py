@@ -215,9 +215,14 @@ def _processes(files: list[_File]) -> tuple[list[tuple[Path, str]], dict[int, in
         for e in f.events:
             if isinstance(e[0], int):
                 low[(f.logdir, f.host)] = min(low[(f.logdir, f.host)], e[0])
-    keys.sort(key=lambda k: (low[k], str(k[0]), k[1]))
+    keys.sort(key=lambda k: (low[k], _natural(str(k[0])), _natural(k[1])))
     index = {k: i for i, k in enumerate(keys)}
     return keys, {i: index[(f.logdir, f.host)] for i, f in enumerate(files)}
+
+
+def _natural(s: str) -> tuple:
+    """`p2` before `p10`: digit runs compare as numbers."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s))
 
 
 def _resolve_gpu(files: list[_File], proc_of: dict[int, int]) -> None:
