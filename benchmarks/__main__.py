@@ -513,9 +513,7 @@ def main(argv=None) -> int:
         from benchmarks import watchdog
 
         return watchdog.main(argv[1:])
-    if argv[:1] == [
-        "sources"
-    ]:  # reading profiler traces and Inspector logs (benchmarks/sources.py)
+    if argv[:1] == ["sources"]:  # reading traces and Inspector logs (benchmarks/sources.py)
         from benchmarks import sources
 
         return sources.main(argv[1:])
