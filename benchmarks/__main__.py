@@ -513,6 +513,10 @@ def main(argv=None) -> int:
         from benchmarks import watchdog
 
         return watchdog.main(argv[1:])
+    if argv[:1] == ["sources"]:  # reading traces and Inspector logs (benchmarks/sources.py)
+        from benchmarks import sources
+
+        return sources.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 

@@ -32,11 +32,12 @@ from typing import Any
 
 import numpy as np
 
+import jaxpace.report.sources as sources
 import jaxpace.report.stages as stages
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, RecordsError
 from jaxpace.report.model import Report
-from jaxpace.report.records import Records, load_records
+from jaxpace.report.records import Records
 
 __all__ = ["analyze", "load_step_records"]
 
@@ -45,13 +46,19 @@ def load_step_records(
     records: Records | str | os.PathLike | Iterable[Mapping[str, Any]],
 ) -> Records:
     """`load_records`, raising when the input holds headers but no step record."""
-    recs = load_records(records)
+    return _load(records).records
+
+
+def _load(records: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> sources.Loaded:
+    """Any source's records (`sources.load`), raising when they hold no step record."""
+    loaded = sources.load(records)
+    recs = loaded.records
     if len(recs) == 0:
         raise RecordsError(
             f"no step records in {', '.join(recs.sources)} (headers only); the run stopped "
             "before its first measured collective."
         )
-    return recs
+    return loaded
 
 
 def analyze(
@@ -66,7 +73,8 @@ def analyze(
 
     Args:
       records: `Records`, a run directory or JSONL path, or record dicts (as
-        `Pacer.records()` returns).
+        `Pacer.records()` returns); or a directory or file of `jax.profiler`
+        traces or NCCL Inspector logs (`jaxpace.report.sources`).
       warmup_steps: steps excluded at the start (compilation, caches). Default:
         5, but at most a quarter of the steps.
       site: the collective site to analyze; default: the one with most records.
@@ -97,9 +105,13 @@ def analyze(
         check_number(
             "expected_transfer_s", expected_transfer_s, lo=0.0, hi=math.inf, error=ConfigError
         )
-    recs = load_step_records(records)
+    loaded = _load(records)
+    recs = loaded.records
     site = stages.pick_site(recs, site)
     data, site_notes, site_partial = stages.site_data(recs, site)
+    if not loaded.timed:
+        data, untimed_note = sources.untimed(data)
+        site_notes.append(untimed_note)
     notes = [*recs.notes, *site_notes]
     if len(recs.sites) > 1:
         notes.append(
@@ -122,6 +134,7 @@ def analyze(
     costs = stages.waiting_costs(data, sel, culprits, iteration.mean_s)
     return Report(
         run_id=recs.run_id,
+        source=loaded.source,
         site=site,
         sites=recs.sites,
         granularity=recs.granularity,

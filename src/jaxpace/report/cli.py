@@ -12,6 +12,7 @@ from jaxpace.report.analyze import analyze
 from jaxpace.report.html import write_html
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
 from jaxpace.report.records import find_runs
+from jaxpace.report.sources import detect
 from jaxpace.report.stalls import format_stalls, load_stalls
 from jaxpace.report.terminal import print_summary
 from jaxpace.report.trace import write_trace
@@ -21,7 +22,11 @@ __all__ = ["cli_main", "configure_parser"]
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Adds the `jaxpace report` arguments to `parser`."""
-    parser.add_argument("run_dir", help="run directory of `records-p*.jsonl` files, or one file")
+    parser.add_argument(
+        "run_dir",
+        help="run directory of `records-p*.jsonl` files (or one file), `jax.profiler` traces "
+        "(a directory, or one per process), or NCCL Inspector logs (`<host>-pid<pid>.log`)",
+    )
     parser.add_argument("--html", help="HTML report path (default: RUN_DIR/report.html)")
     parser.add_argument("--trace", help="Perfetto trace path (default: RUN_DIR/trace.json)")
     parser.add_argument("--json", help="also write the report as JSON to this path")
@@ -86,6 +91,8 @@ def _one_run(run_dir: str) -> str:
     runs and the command that reports each.
     """
     base = Path(run_dir)
+    if detect(base) != "records":  # a profiler trace or Inspector logs: one run
+        return run_dir
     if base.is_dir() and not any(base.glob(RECORDS_GLOB)):
         runs = find_runs(base)
         if len(runs) == 1:

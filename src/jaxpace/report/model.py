@@ -290,6 +290,8 @@ class Report:
 
     Attributes:
       run_id, site, sites, granularity: what was analyzed (`sites` lists all).
+      source: where the timings came from (jaxpace records, `jax.profiler`
+        traces, NCCL Inspector logs), one line.
       num_ranks, num_processes: ranks and processes that reported.
       num_steps: complete steps (every rank reported) of `site`.
       warmup_steps: steps excluded at the start.
@@ -344,6 +346,7 @@ class Report:
     late_groups: tuple[GroupFinding, ...] = ()
     costs: tuple[WaitingCost, ...] = ()
     decisions: tuple[str, ...] = ()
+    source: str = "jaxpace records"
     data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def mode(self, name: str) -> FailureMode:

@@ -38,6 +38,7 @@ def summary_rows(report: Report) -> list[list[str]]:
         )
     rows = [
         ["metric", "value"],
+        ["source", report.source],
         ["ranks / processes", f"{report.num_ranks} / {report.num_processes}"],
         [
             "steps (complete / warm-up / analyzed)",

@@ -1,0 +1,255 @@
+"""`jaxpace report` on `jax.profiler` traces of `jax.jit` programs that never call jaxpace.
+
+The traces are real: `tests/scripts/trace_job.py` profiles a jit data-parallel or
+FSDP-style step whose collectives XLA inserts (or `shard_map` writes), on 8 CPU
+devices in one process or 4 processes x 2 devices under `jaxpace launch`.
+"""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, SCRIPTS, run_4x2
+
+from jaxpace.errors import RecordsError
+from jaxpace.report import analyze
+from jaxpace.report.sources import detect
+from jaxpace.report.sources import load as load_source
+from jaxpace.report.sources.synthetic import write_xprof_traces
+from jaxpace.report.sources.xprof import collective_kind
+
+
+def _trace_job(out, *args, timeout_s=240):
+    """One process, 8 CPU devices: runs the job and returns the compiled program's collectives."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "trace_job.py"), "--out", str(out), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(s for s in proc.stdout.splitlines() if s.startswith("COLLECTIVES: "))
+    return sorted(filter(None, line.removeprefix("COLLECTIVES: ").split(",")))
+
+
+def test_single_process_healthy_jit_step_names_nobody(tmp_path):
+    ops = _trace_job(tmp_path, "--kind", "dp", "--steps", 30)
+    assert ops == ["all-reduce"]
+    assert detect(tmp_path) == "xprof"
+    rep = analyze(tmp_path)
+    assert rep.source.startswith("jax.profiler traces: 1 files, 8 devices in 1 processes")
+    assert rep.sites == ("jit_step/all-reduce",)
+    assert (rep.num_ranks, rep.num_processes, rep.num_steps) == (8, 1, 30)
+    assert rep.culprit is None and rep.late_groups == ()
+    # Time inside = wait + transfer: the last arriver's time is the smallest.
+    d = rep.data
+    assert np.all(d.wait > 0) and np.allclose(d.transfer, d.wait.min(axis=1))
+    assert np.isfinite(d.compute[1:]).all()  # one process clock: compute is measured
+
+
+def test_fsdp_step_gives_one_site_per_collective(tmp_path):
+    """XLA-inserted (shardings) and `shard_map`-written all-gather + reduce-scatter."""
+    auto = _trace_job(tmp_path / "auto", "--kind", "fsdp", "--steps", 12, "--windows", 2)
+    rep = analyze(tmp_path / "auto", warmup_steps=0)
+    assert sorted(s.split("/", 1)[1] for s in rep.sites) == auto
+    assert "all-gather" in auto and len(auto) >= 2
+    # Two `start_trace` windows: 6 steps each, with no step spanning the gap.
+    assert rep.num_steps == 12 and np.isnan(rep.data.compute[6]).all()
+    assert np.isfinite(rep.data.compute[7:]).all()
+
+    manual = _trace_job(tmp_path / "manual", "--kind", "fsdp_manual", "--steps", 10)
+    assert [collective_kind(op) for op in manual] == ["all-gather", "reduce-scatter"]
+    rep = analyze(tmp_path / "manual", warmup_steps=0)
+    assert sorted(s.split("/", 1)[1] for s in rep.sites) == manual
+    for site in rep.sites:
+        r = analyze(tmp_path / "manual", site=site, warmup_steps=0)
+        assert (r.num_ranks, r.num_steps) == (8, 10)
+
+
+def test_multiprocess_late_process_is_named(tmp_path):
+    run_4x2("trace_job.py", "--out", tmp_path, "--lag-s", 0.02, "--lag-process", 1, "--steps", 30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "p1", "p2", "p3"]
+    rep = analyze(tmp_path)
+    assert (rep.num_ranks, rep.num_processes, rep.num_steps) == (8, 4, 30)
+    assert "in 4 processes" in rep.source
+    # Process 1 holds devices 2048-2049: ranks 2-3 in global device id order.
+    assert rep.culprit in (2, 3) and rep.culprit_process == 1
+    assert [r.process for r in rep.ranks] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for r in (2, 3):
+        assert rep.rank_stats(r).excess_lateness_s > 0.01  # ~20 ms of sleep
+    assert any("2=2048" in n for n in rep.notes)
+
+
+def test_multiprocess_healthy_fsdp_step_names_nobody_one_site_per_collective(tmp_path):
+    proc = run_4x2("trace_job.py", "--out", tmp_path, "--kind", "fsdp_manual", "--steps", 30)
+    line = next(s for s in proc.stdout.splitlines() if "COLLECTIVES: " in s)
+    ops = sorted(line.split("COLLECTIVES: ", 1)[1].split(","))
+    assert [collective_kind(op) for op in ops] == ["all-gather", "reduce-scatter"]
+    rep = analyze(tmp_path)
+    assert sorted(s.split("/", 1)[1] for s in rep.sites) == ops
+    for site in rep.sites:
+        r = analyze(tmp_path, site=site)
+        assert (r.num_ranks, r.num_processes, r.num_steps) == (8, 4, 30)
+        assert r.culprit is None and r.culprits == () and r.late_groups == (), site
+
+
+def test_cli_reports_a_trace_directory(tmp_path):
+    write_xprof_traces(tmp_path, 4, 2, 40, late_ranks=[6, 7], late_us=4000.0, seed=1)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxpace", "report", str(tmp_path), "--json", tmp_path / "r.json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "jax.profiler traces" in proc.stdout
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["culprit"] in (6, 7) and rep["culprit_process"] == 3
+    assert rep["source"].startswith("jax.profiler traces: 4 files")
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    assert "jax.profiler traces" in (tmp_path / "report.html").read_text()
+
+
+GPU_TRACE = {
+    # From the trace viewer's format (no GPU here): one process per GPU named
+    # `/device:GPU:N`, streams as threads, NCCL kernels with the HLO op in `args`.
+    "displayTimeUnit": "ns",
+    "traceEvents": [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:1"}},
+        {"ph": "M", "pid": 9, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 1, "tid": 3, "name": "thread_name", "args": {"name": "Stream #3(nccl)"}},
+    ],
+}
+
+
+def _gpu_events(late_gpu, steps=40, seed=0):
+    rng = np.random.default_rng(seed)
+    events = []
+    for k in range(steps):
+        arrive = 1000.0 * k + rng.exponential(20.0, 2)
+        arrive[late_gpu] += 300.0
+        for g in range(2):
+            dur = arrive.max() - arrive[g] + 50.0
+            args = {"hlo_module": "jit_train_step", "hlo_op": "all-reduce-start.1"}
+            name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+            events.append(
+                {"ph": "X", "pid": g + 1, "tid": 3, "ts": arrive[g], "dur": dur, "name": name}
+                | {"args": args}
+            )
+            # The compute stream's `-done` op and the host's launch are not the collective.
+            events.append(
+                {"ph": "X", "pid": g + 1, "tid": 4, "ts": arrive[g], "dur": dur + 5.0}
+                | {"name": "all-reduce-done.1", "args": {"hlo_op": "all-reduce-done.1"}}
+            )
+    return events
+
+
+def test_gpu_nccl_kernels_fixture(tmp_path):
+    run = tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00"
+    run.mkdir(parents=True)
+    trace = dict(GPU_TRACE, traceEvents=GPU_TRACE["traceEvents"] + _gpu_events(late_gpu=1))
+    with gzip.open(run / "gpu-host.trace.json.gz", "wt") as f:
+        json.dump(trace, f)
+    rep = analyze(tmp_path)
+    assert rep.sites == ("jit_train_step/all-reduce-start.1",)
+    assert (rep.num_ranks, rep.num_steps) == (2, 40)
+    assert rep.ranking[0] == 1 and rep.rank_stats(1).excess_lateness_s > 2e-4
+
+
+def test_gpu_fixture_of_two_processes_numbers_gpus_by_process(tmp_path):
+    """Two hosts' traces, 2 GPUs each (local ordinals 0-1), each host on its own clock:
+    ranks 0-3 by process and ordinal, and the late GPU (host b's GPU 0) named."""
+    rng = np.random.default_rng(3)
+    arrive = 1000.0 * np.arange(40)[:, None] + rng.exponential(20.0, (40, 4))
+    arrive[:, 2] += 300.0
+    dur = arrive.max(axis=1, keepdims=True) - arrive + 50.0
+    name = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+    for p, host in enumerate(["gpu-a", "gpu-b"]):
+        # Folders p9 and p10: process 9 comes first (natural order), as its index does.
+        run = tmp_path / f"p{9 + p}" / "plugins" / "profile" / "2026_01_01_00_00_00"
+        run.mkdir(parents=True)
+        events = [
+            {"ph": "X", "pid": g + 1, "tid": 3, "ts": arrive[k, 2 * p + g] + 5e6 * p}
+            | {"dur": dur[k, 2 * p + g], "name": name, "args": {"hlo_op": "all-reduce-start"}}
+            for k in range(40)
+            for g in range(2)
+        ]
+        trace = dict(GPU_TRACE, traceEvents=GPU_TRACE["traceEvents"] + events)
+        with gzip.open(run / f"{host}.trace.json.gz", "wt") as f:
+            json.dump(trace, f)
+    rep = analyze(tmp_path)
+    assert (rep.num_ranks, rep.num_processes, rep.num_steps) == (4, 2, 40)
+    assert rep.sites == ("?/all-reduce-start",)
+    assert [(r.rank, r.process, r.host) for r in rep.ranks] == [
+        (0, 0, "gpu-a"),
+        (1, 0, "gpu-a"),
+        (2, 1, "gpu-b"),
+        (3, 1, "gpu-b"),
+    ]
+    assert rep.ranking[0] == 2 and rep.rank_stats(2).excess_lateness_s > 2e-4
+
+
+def test_several_hosts_and_bad_files(tmp_path):
+    paths = write_xprof_traces(tmp_path / "ok", 2, 4, 20, seed=2)
+    loaded = load_source(tmp_path / "ok")
+    assert loaded.records.process_count == 2 and loaded.timed
+    assert sorted({h["host"] for h in loaded.records.headers}) == ["host-0", "host-1"]
+    # A trace cut short (a killed process): the events before the cut count.
+    text = gzip.decompress(paths[1].read_bytes())
+    paths[1].write_bytes(gzip.compress(text[: len(text) * 6 // 10]))
+    rep = analyze(tmp_path / "ok", warmup_steps=0)
+    assert rep.partial and 8 <= rep.num_steps < 20 and rep.num_ranks == 8
+    assert any(n.startswith(f"PARTIAL: trace {paths[1]} unreadable past") for n in rep.notes)
+    # Cut before any collective: a clear error naming the file.
+    cut = tmp_path / "cut" / "x.trace.json.gz"
+    cut.parent.mkdir()
+    cut.write_bytes(gzip.compress(gzip.decompress(paths[0].read_bytes())[:200]))
+    with pytest.raises(RecordsError, match="no collective.*x.trace.json.gz"):
+        analyze(tmp_path / "cut")
+    # No collective at all: says so.
+    empty = tmp_path / "empty" / "y.trace.json"
+    empty.parent.mkdir()
+    empty.write_text('{"traceEvents":[{"ph":"X","name":"dot","ts":1,"dur":2,"pid":1}]}')
+    with pytest.raises(RecordsError, match="no collective"):
+        analyze(tmp_path / "empty")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxpace", "report", str(tmp_path / "cut")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "x.trace.json.gz" in proc.stderr
+
+
+def test_gpu_trace_check_runs_here_as_far_as_a_cpu_allows(tmp_path, capsys):
+    """`benchmarks/gpu_trace_check.py` (run on GPU hosts): skips clearly without GPUs;
+    its report check passes on a real CPU trace and fails on a wrong device count;
+    its description of the GPU lines reads the GPU fixture."""
+    from benchmarks import gpu_trace_check as g
+
+    assert g.main([]) == 0 and "SKIPPED: needs 2 or more GPUs" in capsys.readouterr().out
+    _trace_job(tmp_path / "cpu", "--kind", "dp", "--steps", 8)
+    assert g.check(tmp_path / "cpu", 8, 8) == []
+    assert g.check(tmp_path / "cpu", 4, 8) == ["8 ranks in the report, 4 GPUs traced"]
+    run = tmp_path / "gpu" / "plugins" / "profile" / "r"
+    run.mkdir(parents=True)
+    trace = dict(GPU_TRACE, traceEvents=GPU_TRACE["traceEvents"] + _gpu_events(late_gpu=0))
+    with gzip.open(run / "h.trace.json.gz", "wt") as f:
+        json.dump(trace, f)
+    text = g.describe(tmp_path / "gpu")
+    assert "/device:GPU:1" in text and "ncclDevKernel_AllReduce" in text
+
+
+def test_loaded_records_keep_their_source(tmp_path):
+    write_xprof_traces(tmp_path, 2, 2, 30, seed=4)
+    loaded = load_source(tmp_path)
+    again = load_source(loaded.records)
+    assert again.source == loaded.source and again.timed
+    assert analyze(loaded.records).source == analyze(tmp_path).source
