@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 
 import numpy as np
 
@@ -39,7 +40,9 @@ __all__ = [
     "SMALL_JOB_STEP_FRACTION",
     "Decision",
     "FleetTest",
+    "LatestCounts",
     "decide",
+    "decide_earliness",
     "fleet_spread",
     "fleet_test",
     "fleet_threshold",
@@ -311,3 +314,57 @@ def decide(lateness: np.ndarray, step_s: float, alpha: float = ALPHA) -> Decisio
         floor_s=float(floor), late=late, last=last, last_counts=last_counts,
         top_counts=top_counts,
     )  # fmt: skip
+
+
+def decide_earliness(
+    earliness: np.ndarray, step_times_s: np.ndarray, alpha: float = ALPHA
+) -> Decision | None:
+    """`decide` over a window of exchanged earliness vectors: the runtime's live view.
+
+    Args:
+      earliness: (steps, R) rows of `w_i - min_j w_j` in step order, as the
+        in-band exchange delivers them; rows missing a rank (NaN) are left out,
+        as the report analyzes complete steps only.
+      step_times_s: (steps,) the exchanged median step time of each row (NaN
+        when unknown).
+      alpha: the family-wise error rate.
+
+    Returns:
+      The decision, or None with fewer than 2 complete rows.
+    """
+    e = np.asarray(earliness, dtype=np.float64)
+    if e.ndim != 2 or e.shape[1] == 0:
+        return None
+    ok = np.isfinite(e).all(axis=1)
+    if ok.sum() < 2:
+        return None
+    st = np.asarray(step_times_s, dtype=np.float64).reshape(-1)[ok]
+    step = float(np.median(st[np.isfinite(st)])) if np.isfinite(st).any() else math.nan
+    return decide(lateness_from_earliness(e[ok]), step, alpha)
+
+
+class LatestCounts:
+    """Per rank, exchanged steps in which it arrived last and among the latest 1%, over a run.
+
+    `add` takes each step's earliness vector once (later calls for the same or
+    an older step, from a process's other ranks, are ignored); thread-safe.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        self.last = np.zeros(int(num_slots), np.int64)
+        self.top = np.zeros(int(num_slots), np.int64)
+        self.steps = 0
+        self._step = -1
+        self._lock = threading.Lock()
+
+    def add(self, step: int, earliness: np.ndarray) -> None:
+        """Counts `step`'s last arrivers from its earliness (the last arriver has 0)."""
+        with self._lock:
+            if step <= self._step:
+                return
+            self._step = int(step)
+            e = np.asarray(earliness, dtype=np.float64).reshape(1, -1)
+            _, last, top = last_arrivals(-e)
+            self.last += last
+            self.top += top
+            self.steps += 1
