@@ -27,6 +27,7 @@ of the groups of their kind (`fleet_test` on group means).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 
@@ -63,6 +64,7 @@ _TRIM_SDS = 3.5
 _TRIM_CONSISTENCY = 0.9914  # the SD of a standard normal truncated at +-3.5
 
 
+@functools.lru_cache(maxsize=256)
 def fleet_threshold(count: int, alpha: float = ALPHA) -> float:
     """Robust SDs above the fleet median beyond which one of `count` members is an outlier.
 
@@ -162,7 +164,12 @@ def _leave_one_out(m: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
     scale = np.sqrt(var * (1.0 + 1.0 / (R - 1)))
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(scale > 0, (m - mu) / scale, np.sign(m - mu) * np.inf)
-    return np.nan_to_num(t, nan=0.0), t_isf(alpha / R, R - 2)
+    return np.nan_to_num(t, nan=0.0), _t_isf_cached(alpha / R, R - 2)
+
+
+@functools.lru_cache(maxsize=256)
+def _t_isf_cached(p: float, df: float) -> float:
+    return t_isf(p, df)
 
 
 def noise_floor(excess: np.ndarray, p50_s: float) -> float:

@@ -180,6 +180,8 @@ def fleet_summary(
     tr = data.transfer[sel.rows][sel.compute_rows] if ok else None
     slow = []
     for i in np.argsort(-dec.d, kind="stable")[: min(top, R)]:
+        if dec.d[i] <= 0:  # at or below the median rank: not slow
+            break
         saving = _saving_s(comp, tr, np.array([i])) if ok else math.nan
         slow.append(
             SlowRank(
@@ -303,10 +305,9 @@ def late_groups(
     med_se2 = float(np.median(se_rank**2)) if np.isfinite(se_rank).all() else 0.0
     for kind, names, codes in parts:
         G = names.size
-        fleet = fleet_test(np.bincount(codes, m_rank, G) / np.bincount(codes, minlength=G),
-                           step_s, ALPHA / max(len(parts), 1))  # fmt: skip
-        order = np.argsort(codes, kind="stable")
         sizes = np.bincount(codes, minlength=G)
+        fleet = fleet_test(np.bincount(codes, m_rank, G) / sizes, step_s, ALPHA / len(parts))
+        order = np.argsort(codes, kind="stable")
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         sums = np.add.reduceat(excess[:, order], starts, axis=1)  # (n, G)
         rest = np.maximum(R - sizes, 1)
