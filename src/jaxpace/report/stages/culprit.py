@@ -306,7 +306,7 @@ def late_groups(
     for kind, names, codes in parts:
         G = names.size
         sizes = np.bincount(codes, minlength=G)
-        fleet = fleet_test(np.bincount(codes, m_rank, G) / sizes, step_s, ALPHA / len(parts))
+        outlier, dist = _group_outliers(codes, m_rank, sizes, step_s, ALPHA / len(parts))
         order = np.argsort(codes, kind="stable")
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         sums = np.add.reduceat(excess[:, order], starts, axis=1)  # (n, G)
@@ -325,7 +325,7 @@ def late_groups(
         p = t_sf(t, df)
         p_all.extend(p.tolist())  # every group of every kind counts towards the correction
         base = len(p_all) - G
-        for g in np.flatnonzero((eff > floor) & (p < ALPHA) & fleet.outlier):
+        for g in np.flatnonzero((eff > floor) & (p < ALPHA) & outlier):
             members = codes == g
             if members.all():
                 continue
@@ -335,7 +335,7 @@ def late_groups(
             members = (members, members & (m_rank - ref > floor))
             cands.append(
                 (base + int(g), kind, str(names[g]), members, float(eff[g]), float(se[g]),
-                 typical, share, float(fleet.distance[g]), t95(df))
+                 typical, share, float(dist[g]), t95(df))
             )  # fmt: skip
     if not cands:
         return ()
@@ -364,6 +364,23 @@ def late_groups(
     out = _nested(out)
     out.sort(key=lambda g: (g.p_adjusted, -g.excess_lateness_s))
     return tuple(out)
+
+
+def _group_outliers(
+    codes: np.ndarray, m_rank: np.ndarray, sizes: np.ndarray, step_s: float, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Test 2 for the groups of one kind: (outlier per group, distance in robust SDs).
+
+    A group is an outlier of the spread of its kind's group means, and stays one
+    without its latest member: one straggler does not make its NIC pair late.
+    """
+    G = sizes.size
+    sums = np.bincount(codes, m_rank, G)
+    latest = np.full(G, -np.inf)
+    np.maximum.at(latest, codes, m_rank)
+    without = np.where(sizes > 1, (sums - latest) / np.maximum(sizes - 1, 1), sums)
+    fleet = fleet_test(sums / sizes, step_s, alpha)
+    return fleet.outlier & fleet_test(without, step_s, alpha).outlier, fleet.distance
 
 
 def _nested(found: list[GroupFinding]) -> list[GroupFinding]:
