@@ -127,20 +127,29 @@ def end_to_end(seeds: int = 6) -> list[dict]:
     return out
 
 
+def predicted_recall(row: dict, k: float) -> float:
+    """The formula's share of runs naming a straggler placed at `k` spreads (normal approx.)."""
+    l50, l95 = row["limit50_spreads"], row["limit95_spreads"]
+    sd = (l95 - l50) / 1.645
+    return 0.5 * (1.0 + math.erf((k - l50) / (sd * math.sqrt(2.0)))) if sd > 0 else float(k > l50)
+
+
 def markdown(res: dict, e2e: list[dict]) -> str:
     """The fleet table for docs/benchmarks.md."""
     lines = [
         "| ranks | steps | spread | healthy runs | false alarms | threshold (SDs) | "
-        "limit L50 / L95 (spreads) | recall at 3 / 5 / 8 spreads (runs) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        "limit L50 / L95 (spreads) | recall at 3 / 5 / 8 spreads (runs) | "
+        "formula's recall at 3 / 5 / 8 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in res["rows"]:
+        pred = " / ".join(f"{predicted_recall(r, k):.2f}" for k in PLACED)
         lines.append(
             f"| {r['ranks']} | {r['steps']} | {r['spread']:.1%} | {r['healthy_runs']} | "
             f"{r['false_alarms']} ({r['false_alarms'] / r['healthy_runs']:.1%}) | "
             f"{r['threshold_sd']:.2f} | {r['limit50_spreads']:.2f} / {r['limit95_spreads']:.2f} | "
             f"{r['recall_3']:.2f} / {r['recall_5']:.2f} / {r['recall_8']:.2f} "
-            f"({r['straggler_runs']} each) |"
+            f"({r['straggler_runs']} each) | {pred} |"
         )
     if e2e:
         lines += ["", "End to end (`simulate_records` + `analyze`, `pure-bsp`, jitter 1%):", ""]
