@@ -370,8 +370,17 @@ class LatestCounts:
             if step <= self._step:
                 return
             self._step = int(step)
-            e = np.asarray(earliness, dtype=np.float64).reshape(1, -1)
-            _, last, top = last_arrivals(-e)
-            self.last += last
-            self.top += top
+            e = np.asarray(earliness, dtype=np.float64).reshape(-1)
+            fin = np.isfinite(e)
+            if not fin.any():
+                return
+            e = np.where(fin, e, np.inf)  # the last arriver has the smallest earliness
+            i = int(np.argmin(e))
+            self.last[i] += 1
+            k = max(1, math.ceil(e.size / 100))
+            if k == 1:
+                self.top[i] += 1
+            else:
+                idx = np.argpartition(e, k - 1)[:k]
+                self.top[idx[fin[idx]]] += 1
             self.steps += 1
