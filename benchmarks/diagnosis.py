@@ -12,6 +12,11 @@ multiple of the per-step jitter (sigma x 100 ms). Every run is analyzed with
 the alpha-beta expectation of its collective (`expected_transfer_s`), as a user
 who knows their fabric would pass.
 
+Healthy heterogeneous fleets (`--fleet` runs only these; `benchmarks/fleet.py`):
+per-rank speed spread 0.5%, 1% and 2% at 64, 512 and 4096 ranks, stragglers
+placed at 3, 5 and 8 robust SDs of that spread: false alarms per healthy run,
+recall, and the smallest decidable lateness (formula) next to the runs.
+
 Extra measurements: `--scale` times `analyze` (and reading + writing JSONL) at
 8192 ranks x 1000 steps with peak RSS; `--sim-speed` times the simulator at
 1024 ranks x 10,000 steps with `adaptive`.
@@ -369,6 +374,23 @@ def paper_strength(nodes: int = 64, steps: int = 400, seed: int = 0) -> list[dic
     return rows
 
 
+def _fleet(out: Path) -> str:
+    """The heterogeneous-fleet runs (`benchmarks/fleet.py`); writes diagnosis_fleet.{json,md}."""
+    from benchmarks import fleet
+
+    t = time.perf_counter()
+    res = fleet.run()
+    e2e = fleet.end_to_end()
+    res["end_to_end"] = e2e
+    res["wall_s"] = time.perf_counter() - t
+    md = fleet.markdown(res, e2e)
+    print(md)
+    print(f"fleet wall {res['wall_s']:.0f} s")
+    (out / "diagnosis_fleet.json").write_text(json.dumps(res, indent=1))
+    (out / "diagnosis_fleet.md").write_text(md + "\n")
+    return md
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks diagnosis", description=__doc__.splitlines()[0]
@@ -381,6 +403,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--paper-strength", action="store_true", help="only the coupling-strength sweep (paper)"
     )
+    ap.add_argument("--fleet", action="store_true", help="only the heterogeneous-fleet runs")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -398,13 +421,16 @@ def main(argv=None) -> int:
         print(json.dumps(res, indent=1))
         (out / "diagnosis_sim_speed.json").write_text(json.dumps(res, indent=1))
         return 0
+    fleet_md = _fleet(out)
+    if a.fleet:
+        return 0
     ranks = [int(x) for x in a.ranks.split(",")]
     seeds = [int(x) for x in a.seeds.split(",")]
     t = time.perf_counter()
     rows = grid(ranks, seeds)
     summary = summarize(rows)
     summary["wall_s"] = time.perf_counter() - t
-    md = markdown(summary, ranks, seeds)
+    md = markdown(summary, ranks, seeds) + "\n\n" + fleet_md
     print(md)
     print(f"wall {summary['wall_s']:.0f} s")
     (out / "diagnosis.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))

@@ -13,8 +13,11 @@ What a summary carries (one per measured step, site and rank of this
 process): `site`, `step`, `rank`, `wait_s` (time inside the collective),
 `delay_s` (pacing sleep before it), `engaged`, and, when the policy exchanges
 waits in-band (`jp.adaptive`), `earliness_s`: every rank's earliness at the
-previous step (the last to arrive has 0). The culprit (the rank that arrives
-last on average) needs that exchange: measure-only runs export -1 for it.
+previous step (the last to arrive has 0), and `step_time_s`, the exchanged
+median step time. The culprit is the report's decision over the last 64
+exchanged steps (late against per-step noise and outside the fleet's own
+spread; `jaxpace._culprit`), -1 when nobody is named; it needs that
+exchange: measure-only runs export -1 for it.
 
 In a multi-process job every process writes its own file: a `{process}` in
 `path` / `logdir` is replaced by the process index; without it, and with more
@@ -38,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxpace._culprit import decide_earliness
 from jaxpace.errors import ConfigError
 
 __all__ = ["PrometheusTextfile", "TensorBoardSink", "prometheus_textfile", "tensorboard"]
@@ -67,27 +71,36 @@ def _need(module: str, extra: str):
 
 
 class _Window:
-    """Per site: a bounded history of the exchanged earliness vectors."""
+    """Per site: a bounded history of the exchanged earliness vectors and step times."""
 
     def __init__(self) -> None:
         self.rows: deque[np.ndarray] = deque(maxlen=WINDOW_STEPS)
+        self.steps: deque[float] = deque(maxlen=WINDOW_STEPS)
 
-    def add(self, earliness: Any) -> None:
+    def add(self, earliness: Any, step_time_s: Any = math.nan) -> None:
         if earliness is None:
             return
         e = np.asarray(earliness, dtype=np.float64).reshape(-1)
         if e.size and np.isfinite(e).any():
             self.rows.append(e)
+            self.steps.append(math.nan if step_time_s is None else float(step_time_s))
 
     def culprit(self) -> tuple[int, float, np.ndarray]:
-        """(rank last on average or -1, fraction of steps it was last, mean earliness)."""
+        """(culprit or -1, fraction of the window's steps it was last, mean earliness).
+
+        The culprit is the report's decision (`jaxpace._culprit.decide`) over the
+        window: late against per-step noise and outside the fleet's own spread.
+        """
         if not self.rows or len({r.size for r in self.rows}) != 1:
             return -1, math.nan, np.zeros(0)
         h = np.stack(self.rows)
         ok = np.isfinite(h).any(axis=0)
         mean = np.full(h.shape[1], np.nan)
         mean[ok] = np.nanmean(h[:, ok], axis=0)
-        r = int(np.nanargmin(mean))
+        dec = decide_earliness(h, np.asarray(self.steps))
+        if dec is None or not dec.culprits:
+            return -1, math.nan, mean
+        r = dec.culprits[0]
         last = np.nanargmin(np.where(np.isfinite(h), h, np.inf), axis=1)
         return r, float(np.mean(last == r)), mean
 
@@ -149,8 +162,8 @@ class PrometheusTextfile:
         cl = ["site", "process", "host"]
         self._culprit = g(
             "jaxpace_culprit_rank",
-            "Rank that arrived last on average over the last 64 exchanged steps (-1: unknown, "
-            "the policy does not exchange waits)",
+            "Rank the report's culprit decision names over the last 64 exchanged steps (-1: "
+            "nobody, or unknown: the policy does not exchange waits)",
             cl,
             registry=reg,
         )
@@ -177,7 +190,7 @@ class PrometheusTextfile:
             self._delay_total.labels(*labels).set(acc[2])
             self._engaged.labels(*labels).set(1.0 if s.get("engaged") else 0.0)
             win = self._windows.setdefault(site, _Window())
-            win.add(s.get("earliness_s"))
+            win.add(s.get("earliness_s"), s.get("step_time_s"))
             if time.monotonic() - self._last_write >= self.write_every_s:
                 self._write_locked()
 

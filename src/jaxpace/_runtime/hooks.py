@@ -195,6 +195,7 @@ class Hooks:
         """Closes `step` at `t` and runs the policy (both probe paths)."""
         p = self._p
         early = None  # the exchanged earliness, for sinks
+        step_time = math.nan  # the exchanged median step time, for sinks
         with st.lock:
             wait_ns, delay_ns = self._close_record(st, step, t)
             st.wd_out = step  # for the stall watchdog: left the collective
@@ -206,9 +207,8 @@ class Hooks:
                 if view is not None:
                     status = self._decide(site, st, rank, view.earliness_s, view.step_time_s, step)
                     self._note_backoff(site, st, status)
-                    st.early_hist[st.early_n % len(st.early_hist)] = view.earliness_s
-                    st.early_n += 1
-                    early = view.earliness_s
+                    site.observe(st, step, view)  # stats(): windows, arrived-last counts
+                    early, step_time = view.earliness_s, view.step_time_s
         if p._sink_thread.sinks:
             p._sink_thread.emit(
                 {
@@ -219,6 +219,7 @@ class Hooks:
                     "delay_s": delay_ns / 1e9,
                     "engaged": st.engaged,
                     "earliness_s": None if early is None else early.tolist(),
+                    "step_time_s": step_time,
                 }
             )
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace import _exchange
+from jaxpace import _culprit, _exchange
 from jaxpace._policy import Observation, PacingPolicy, PolicyStatus, sorted_nanquantile
 from jaxpace._probe import Recorder
 
@@ -46,6 +46,16 @@ class SiteStats:
         or the io_callback fallback with the reason the native ones do not apply.
       in_flight: measured collectives of this process that had arrived but not
         finished when `stats()` stopped waiting (0 once every dispatched step ran).
+      culprits: ranks the report's culprit decision (`jaxpace._culprit.decide`:
+        late against per-step noise and outside the fleet's own spread) names
+        over the last `culprit_window_steps` exchanged steps, latest first.
+      culprit_window_steps: complete exchanged steps that decision covered (0
+        when the policy exchanges no waits, e.g. `no_pacing` and `fixed`).
+      fleet_sd: per rank of the job, its distance above the fleet's median in
+        robust SDs of the per-rank spread over that window (any real number).
+      arrived_last: per rank of the job, exchanged steps in which it arrived
+        last, over the run; arrived_last_top1pct: steps in which it was among
+        the latest 1% of ranks (the latest `ceil(R / 100)`).
     """
 
     site: str
@@ -66,6 +76,11 @@ class SiteStats:
     layout: str | None = None
     probe: str | None = None
     in_flight: int = 0
+    culprits: list[int] = dataclasses.field(default_factory=list)
+    culprit_window_steps: int = 0
+    fleet_sd: list[float] = dataclasses.field(default_factory=list)
+    arrived_last: list[int] = dataclasses.field(default_factory=list)
+    arrived_last_top1pct: list[int] = dataclasses.field(default_factory=list)
 
 
 class RankState:
@@ -97,6 +112,7 @@ class RankState:
         self.wait_sum_ns = 0
         # Earliness history for stats: a fixed ring of (rows, num_slots), at most 4 MiB.
         self.early_hist = np.full((early_rows(capacity, num_slots), num_slots), np.nan, np.float32)
+        self.step_hist = np.full(len(self.early_hist), np.nan)  # the exchanged step times
         self.early_n = 0
 
 
@@ -133,7 +149,17 @@ class Site:
         self.native = None  # (native site id, layout key) on the native path
         self.flush = _no_flush  # brings host state up to date (the native drain)
         self.memo = SiteMemo(num_slots)
+        self.latest = _culprit.LatestCounts(num_slots)  # arrived-last counts, over the run
         self._initial_state: Any = None
+
+    def observe(self, st: RankState, step: int, view: _exchange.Decoded) -> None:
+        """Keeps an exchanged view for `stats()` (hold `st.lock`): the earliness and step
+        time windows of `st`, and the site's arrived-last counts."""
+        i = st.early_n % len(st.early_hist)
+        st.early_hist[i] = view.earliness_s
+        st.step_hist[i] = view.step_time_s
+        st.early_n += 1
+        self.latest.add(step, view.earliness_s)
 
     def rank(self, r: int) -> RankState:
         st = self.ranks.get(r)
@@ -232,6 +258,7 @@ def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
         probe=site.probe,
     )
     waits, hists = [], []
+    window: tuple[int, np.ndarray, np.ndarray] | None = None  # the longest rank's, in order
     for r in ranks:
         st = site.ranks[r]
         with st.lock:
@@ -244,6 +271,8 @@ def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
             k = min(st.early_n, len(st.early_hist))
             if k:
                 hists.append(st.early_hist[:k].astype(np.float64))
+                if window is None or st.early_n > window[0]:
+                    window = (st.early_n, *_in_order(st, k))
             status = policy.status(st.policy_state)
             s.backed_off = s.backed_off or bool(status.backed_off)
             if status.ab_effect is not None:
@@ -258,4 +287,29 @@ def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
             v = np.sort(h, axis=0).T  # each rank's history sorted, NaN last
             s.earliness_p50_s = sorted_nanquantile(v, 0.5).tolist()
             s.earliness_p99_s = sorted_nanquantile(v, 0.99).tolist()
+    _live_decision(s, site, window)
     return s
+
+
+def _in_order(st: RankState, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The last `k` rows of a rank's earliness and step-time rings, oldest first."""
+    n = len(st.early_hist)
+    idx = (np.arange(st.early_n - k, st.early_n)) % n
+    return st.early_hist[idx].astype(np.float64), st.step_hist[idx].copy()
+
+
+def _live_decision(s: SiteStats, site: Site, window) -> None:
+    """The report's culprit decision over the window, and the arrived-last counts."""
+    if site.latest.steps:
+        s.arrived_last = site.latest.last.tolist()
+        s.arrived_last_top1pct = site.latest.top.tolist()
+    if window is None:
+        return
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        dec = _culprit.decide_earliness(window[1], window[2])
+    if dec is None:
+        return
+    s.culprits = [int(i) for i in dec.culprits]
+    s.culprit_window_steps = int(dec.n)
+    s.fleet_sd = [float(x) for x in dec.fleet.distance]

@@ -162,5 +162,6 @@ def analyze(
         late_groups=culprits.groups,
         costs=costs,
         decisions=stages.decisions(culprits, failure_modes, primary, costs, sel.periodic),
+        fleet=culprits.fleet,
         data=data,
     )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import jaxpace.report.fleet_view as fleet_view
 import jaxpace.report.tables as tables
 from jaxpace.report.text import format_ms
 
@@ -395,9 +396,10 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
     parts.append(
         "<h2>Culprit ranking (after warm-up; times in ms)</h2>"
         + _table(tables.ranking_rows(report, 64))
-        + f"<p>* significantly late (CI excludes 0, above the noise floor "
-        f"{format_ms(report.noise_floor_s)}).</p>"
+        + f"<p>{escape(fleet_view.LATE_LEGEND)} ({format_ms(report.noise_floor_s)}).</p>"
     )
+    for title, rows in fleet_view.fleet_sections(report):  # spread, slowest, arrived last
+        parts.append(f"<h2>{escape(title)}</h2>" + _table(rows))
     if report.pacing is not None:
         parts.append("<h2>Pacing effect</h2>" + _table(tables.pacing_table(report.pacing)))
     if report.notes:

@@ -20,6 +20,7 @@ __all__ = [
     "FAILURE_MODES",
     "FORECAST_RANKS",
     "FailureMode",
+    "FleetSpread",
     "Forecast",
     "GroupFinding",
     "IterationStats",
@@ -28,6 +29,7 @@ __all__ = [
     "RankStats",
     "Report",
     "SiteData",
+    "SlowRank",
     "WaitingCost",
     "WhatIf",
     "write_json",
@@ -70,21 +72,31 @@ class RankStats:
       last_fraction: share of steps in which this rank arrived last (smallest
         wait), in [0, 1].
       mean_lateness_s: mean of ``max_j wait_j - wait_i``.
-      excess_lateness_s: mean lateness minus the median lateness of the other
-        ranks at each step: how much later than a typical rank it arrives.
+      excess_lateness_s: how much later than the median rank it arrives: the
+        mean over steps of (its lateness minus the median lateness of the other
+        ranks at that step), minus the median over ranks of that mean (so a
+        heavy tail every rank shares cancels). The quantity `z`, `p_adjusted`
+        and the interval test.
       ci_low_s, ci_high_s: 95% confidence interval of `excess_lateness_s`
-        (Student t over steps; ignores autocorrelation).
+        (Student t with the batch-means error of `z`).
       compute_s, delay_s, sync_wait_s, transfer_s: mean phase times per step.
-      late: significantly later than the median rank, or last to arrive
-        significantly more often than chance (1/R), after correcting for
-        testing every rank (Holm-adjusted p below `stages.culprit.ALPHA`), and
-        by more than the noise floor.
-      z: that test's statistic: the excess over the median rank in units of its
-        standard error (batch means over steps, plus the spread healthy ranks
-        show); >= 5 is overwhelming evidence at any rank count.
-      p_adjusted: the smaller of the two tests' one-sided p-values (excess
-        lateness; last-arrival frequency, batch means over steps), each
-        Holm-adjusted over all ranks, in [0, 1].
+      late: named (the decision of `jaxpace._culprit`): significant against
+        per-step noise (`p_adjusted` or `last_p_adjusted` below
+        `stages.culprit.ALPHA`), an outlier of the fleet's own spread
+        (`fleet_sd` above the fleet threshold, or the small-job rule), and above
+        the noise floor.
+      z: `excess_lateness_s` over its standard error (batch means over steps,
+        plus the median's error); any real number, >= 5 is overwhelming
+        evidence against per-step noise at any rank count.
+      p_adjusted: the one-sided p-value of `z` (Student t), Holm-adjusted over
+        all ranks, in [0, 1].
+      fleet_sd: distance above the fleet's median in robust SDs of the per-rank
+        spread (any real number; inf when the ranks do not differ at all).
+      last_p_adjusted: one-sided p-value that it arrives last more often than
+        1/R of steps (batch means), Holm-adjusted over all ranks, in [0, 1].
+      last_count: analyzed steps in which it arrived last (>= 0).
+      top1_count: analyzed steps in which it was among the latest 1% of ranks
+        (the latest `ceil(R / 100)`), >= `last_count`.
     """
 
     rank: int
@@ -102,6 +114,68 @@ class RankStats:
     late: bool
     z: float = 0.0
     p_adjusted: float = 1.0
+    fleet_sd: float = 0.0
+    last_p_adjusted: float = 1.0
+    last_count: int = 0
+    top1_count: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowRank:
+    """One of the slowest ranks, named or not, and what waiting for it costs.
+
+    Attributes:
+      rank, host: who.
+      excess_lateness_s: later than the median rank by this much (seconds).
+      fleet_sd: that in robust SDs of the fleet's per-rank spread.
+      named: a culprit (both tests passed); else "slowest, within normal spread"
+        when `fleet_sd` is below the threshold.
+      within_spread: not an outlier of the fleet (test 2 fails).
+      saving_s, saving_fraction: step time saved (seconds, share of the mean
+        step, >= 0) if its compute ran at the per-step median (the what-if
+        model); NaN without compute.
+    """
+
+    rank: int
+    host: str
+    excess_lateness_s: float
+    fleet_sd: float
+    named: bool
+    within_spread: bool
+    saving_s: float
+    saving_fraction: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetSpread:
+    """How the ranks differ persistently: the fleet's own per-rank spread.
+
+    Healthy devices run persistently a few percent apart; a rank is a culprit
+    only beyond that spread (`jaxpace._culprit`).
+
+    Attributes:
+      rule: `"fleet spread"` (>= 16 ranks: outliers beyond `threshold` robust
+        SDs) or `"small job"` (fewer: beyond `threshold` SDs of the other ranks,
+        or later than the others by more than 5% of the median step).
+      num_ranks: ranks compared; step_s: the median step time (NaN if unknown).
+      median_s, p90_s, p99_s: quantiles over ranks of the per-rank mean
+        lateness (seconds; lateness = ``max_j wait_j - wait_i``).
+      spread_s: robust SD of the per-rank mean excess lateness (seconds, >= 0).
+      threshold: robust SDs a named rank exceeds (rule "fleet spread"); for a
+        small job, the leave-one-out t threshold (SDs of the other ranks; inf
+        below 4 ranks), next to the 5%-of-the-step rule; > 0.
+      slowest: the slowest ranks (up to 5), latest first.
+    """
+
+    rule: str
+    num_ranks: int
+    step_s: float
+    median_s: float
+    p90_s: float
+    p99_s: float
+    spread_s: float
+    threshold: float
+    slowest: tuple[SlowRank, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +194,9 @@ class GroupFinding:
         every group of every kind.
       late_ranks: the members later than the median non-member by more than the
         noise floor.
+      fleet_sd: the group's mean lateness above the median group of its kind, in
+        robust SDs of the groups' spread (any real number; inf when they do not
+        differ at all).
     """
 
     kind: str
@@ -133,6 +210,7 @@ class GroupFinding:
     z: float
     p_adjusted: float
     late_ranks: tuple[int, ...] = ()
+    fleet_sd: float = 0.0
 
     @property
     def name(self) -> str:
@@ -316,6 +394,7 @@ class Report:
       primary_mode: the detected mode with the highest score, or "balanced".
       periodic: periodic slow steps, or None.
       what_if, forecast, pacing: see their classes (None when not computable).
+      fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
     """
 
     run_id: str | None
@@ -347,6 +426,7 @@ class Report:
     costs: tuple[WaitingCost, ...] = ()
     decisions: tuple[str, ...] = ()
     source: str = "jaxpace records"
+    fleet: FleetSpread | None = None
     data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def mode(self, name: str) -> FailureMode:

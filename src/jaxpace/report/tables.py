@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jaxpace.report.fleet_view import fleet_line
 from jaxpace.report.text import format_ms
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ def summary_rows(report: Report) -> list[list[str]]:
         ["synchronization amplification", f"{report.amplification:.3f}"],
         ["primary failure mode", report.primary_mode],
         ["culprit", culprit],
+        ["fleet spread", fleet_line(report.fleet, rule=False)],
     ]
     if len(report.culprits) > 1:
         rows.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import jaxpace.report.tables as tables
+from jaxpace.report.fleet_view import LATE_LEGEND
 
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
@@ -39,7 +40,7 @@ def summary_renderable(report: Report, max_ranks: int = 12) -> Any:
     rt = _rich_table(
         tables.ranking_rows(report, max_ranks), "Culprit ranking (after warm-up; times in ms)"
     )
-    rt.caption = "* = significantly late (CI excludes 0, above the noise floor)"
+    rt.caption = LATE_LEGEND
     if len(report.ranking) > max_ranks:
         rt.caption += f"; {len(report.ranking) - max_ranks} more ranks in the JSON/HTML report"
     parts.append(rt)

@@ -1,14 +1,18 @@
 """Stage 3: rank the ranks by culpability; name persistent culprits and late groups.
 
-A rank is a *culprit* when its excess lateness is significantly above that of
-the typical rank after correcting for testing every rank (Holm, family-wise
-error `ALPHA`), and above the noise floor. How often it arrives last does not
-decide: among thousands of ranks, the per-step maximum of the others' jitter
-beats a modest but persistent lead most of the time. Groups of ranks (host,
-NUMA, NIC, leaf switch, process) are tested the same way on their members'
-mean lateness against the other ranks'; a group is *late* when it is
-significant, its typical member (not one culprit inside it) is above the noise
-floor, and then its late members are explained by the group.
+Who is a culprit is decided in one place, `jaxpace._culprit.decide`, which the
+runtime's live view (`Pacer.stats()`, the Prometheus sink) calls too: a rank
+is named only when its lateness is significant against per-step noise *and*
+it is an outlier of the fleet's own per-rank spread (healthy devices differ
+persistently by a few percent), at a family-wise error `ALPHA` that holds at
+every rank count. How often it arrives last does not decide alone: among
+thousands of ranks, the per-step maximum of the others' jitter beats a modest
+but persistent lead most of the time. Groups of ranks (host, NUMA, NIC, leaf
+switch, process) are tested the same way on their members' mean lateness
+against the other ranks', and against the spread of the groups of their kind;
+a group is *late* when both tests pass, its typical member (not one culprit
+inside it) is above the noise floor, and then its late members are explained
+by the group.
 """
 
 from __future__ import annotations
@@ -19,24 +23,46 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jaxpace.report.model import GroupFinding, IterationStats, RankStats, SiteData
+from jaxpace._culprit import (
+    ALPHA,
+    SMALL_JOB_STEP_FRACTION,
+    Decision,
+    _last_arrival_p,  # noqa: F401  (tests reach it here)
+    decide,
+    fleet_test,
+    noise_floor,
+)
+from jaxpace.report.model import (
+    FleetSpread,
+    GroupFinding,
+    IterationStats,
+    RankStats,
+    SiteData,
+    SlowRank,
+)
 from jaxpace.report.stages.stats import (
     batch_means_se,
     col_mean,
     holm,
-    median_of_others,
+    num_text,
+    p_text,
     robust_std,
     t95,
     t_sf,
 )
 from jaxpace.report.stages.steps import StepSelection
-from jaxpace.report.text import ranges
+from jaxpace.report.text import format_ms, ranges
 
-__all__ = ["ALPHA", "CulpritRanking", "late_groups", "noise_floor", "rank_culprits"]
-
-# Family-wise error rate of one report: the chance, on a healthy run, that any
-# rank or group is named (each family corrected by Holm's method).
-ALPHA = 1e-3
+__all__ = [
+    "ALPHA",
+    "CulpritRanking",
+    "fleet_summary",
+    "fleet_text",
+    "late_groups",
+    "noise_floor",
+    "rank_culprits",
+    "rank_evidence",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +76,7 @@ class CulpritRanking:
     ranking: tuple[int, ...]  # rank ids, most culpable first
     order: tuple[int, ...]  # the same as indices
     last_fraction: np.ndarray  # (R,)
-    late: np.ndarray  # (R,) bool: significant and above the noise floor
+    late: np.ndarray  # (R,) bool: the decision (both tests, above the noise floor)
     noise_floor_s: float
     culprit_index: int | None
     culprit: int | None
@@ -59,64 +85,13 @@ class CulpritRanking:
     culprit_indices: tuple[int, ...] = ()  # every individual culprit, latest first
     groups: tuple[GroupFinding, ...] = ()  # late groups (any kind), most significant first
     excess: np.ndarray | None = None  # (n, R) per-step excess lateness of the analyzed steps
+    fleet: FleetSpread | None = None  # the fleet's per-rank spread, slowest ranks
+    decision: Decision | None = None  # the shared decision's arrays
 
     @property
     def culprits(self) -> tuple[int, ...]:
         """Rank ids of every individual culprit, latest first."""
         return tuple(self.rank_stats[i].rank for i in self.culprit_indices)
-
-
-def noise_floor(excess: np.ndarray, p50_s: float) -> float:
-    """Excess lateness below this is not called late: max(20 us, 1% of p50, MAD term)."""
-    terms = [20e-6]
-    if math.isfinite(p50_s):
-        terms.append(0.01 * p50_s)
-    if excess.shape[0] > 1:
-        terms.append(0.25 * float(np.median(robust_std(excess, axis=0))))
-    return max(terms)
-
-
-def _significance(excess: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Per rank: (d, se, z, p): excess over the median rank, its error, t statistic, p-value.
-
-    `d_i` = mean excess of rank i minus the median over ranks of the mean
-    excess (so a heavy tail shared by every rank cancels). Its variance is the
-    batch-means error of rank i, plus the between-rank spread that healthy
-    ranks show (static speed differences; estimated robustly, so a few
-    culprits do not inflate it), plus the error of the median itself.
-    """
-    n, R = excess.shape
-    m = excess.mean(axis=0)
-    d = m - np.median(m)
-    se, df = batch_means_se(excess)
-    if df < 1 or R < 2:
-        return d, se, np.zeros(R), np.ones(R)
-    se2 = se**2
-    med_se2 = float(np.median(se2))
-    tau2 = max(float(robust_std(d)) ** 2 - med_se2, 0.0)
-    var = se2 + tau2 + 1.571 * med_se2 / R
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(var > 0, d / np.sqrt(var), np.where(d > 0, np.inf, 0.0))
-    return d, np.sqrt(var), z, t_sf(z, df)
-
-
-def _last_arrival_p(last: np.ndarray, R: int, n: int) -> np.ndarray:
-    """Per rank, the one-sided p-value that it is last more often than chance (1/R).
-
-    The indicator "rank i arrived last" is averaged in batches of consecutive
-    steps (as for the mean excess), so an episode that keeps one rank last for
-    several steps widens the error instead of faking persistence.
-    """
-    if n < 2 or R < 2:
-        return np.ones(R)
-    hits = np.zeros((n, R))
-    hits[np.arange(n), last] = 1.0
-    se, df = batch_means_se(hits)
-    if df < 1:
-        return np.ones(R)
-    # A floor on the error: the binomial one of a rank last by chance.
-    se = np.maximum(se, math.sqrt((1.0 / R) * (1.0 - 1.0 / R) / n))
-    return t_sf((hits.mean(axis=0) - 1.0 / R) / se, df)
 
 
 def rank_culprits(
@@ -133,35 +108,17 @@ def rank_culprits(
         processes with several ranks are always tested.
     """
     rows, n, R = sel.rows, sel.n, data.ranks.size
-    wait, lat = data.wait[rows], data.lateness[rows]
-    last = np.argmin(wait, axis=1) if n else np.zeros(0, int)
-    last_fraction = np.bincount(last, minlength=R) / max(n, 1)
-    excess = lat - median_of_others(lat) if n else np.zeros((0, R))
-    ex_mean = excess.mean(axis=0) if n else np.zeros(R)
-    ex_std = excess.std(axis=0, ddof=1) if n > 1 else np.zeros(R)
-    half = t95(n - 1) * ex_std / math.sqrt(n) if n > 1 else np.full(R, math.inf)
-    ci_low, ci_high = ex_mean - half, ex_mean + half
-    floor = noise_floor(excess, iteration.p50_s) if n else 20e-6
-    if n >= 2 and R >= 2:
-        d, _, z, p = _significance(excess)
-    else:
-        d, z, p = np.zeros(R), np.zeros(R), np.ones(R)
-    # Two tests, each Holm-corrected over every rank: mean excess lateness
-    # (scales to thousands of ranks) and how often a rank arrives last beyond
-    # the 1/R of chance (decisive at a few ranks, where heavy-tailed noise
-    # inflates the mean's error but the straggler is last step after step).
-    p_adj = np.minimum(holm(p), holm(_last_arrival_p(last, R, n)))
-    late = (p_adj < ALPHA) & (d > floor)
-    order = sorted(range(R), key=lambda i: (not late[i], -ex_mean[i], int(data.ranks[i])))
-    found = late_groups(data, lat, groups or {}, floor) if n >= 2 else ()
+    lat = data.lateness[rows]
+    dec = decide(lat, iteration.p50_s)
+    last_fraction = dec.last_counts / max(n, 1)
+    late, d, floor = dec.late, dec.d, dec.floor_s
+    order = sorted(range(R), key=lambda i: (not late[i], -d[i], int(data.ranks[i])))
+    found = late_groups(data, lat, groups or {}, floor, iteration.p50_s) if n >= 2 else ()
     explained = np.zeros(R, bool)
     for g in found:
         explained[np.isin(data.ranks, g.ranks)] = True
-    individual = [i for i in order if late[i] and not explained[i]]
-    individual.sort(key=lambda i: (-d[i], int(data.ranks[i])))
-    rank_stats = _rank_stats(
-        data, sel, lat, last_fraction, ex_mean, ci_low, ci_high, late, z, p_adj
-    )
+    individual = [i for i in dec.culprits if not explained[i]]
+    rank_stats = _rank_stats(data, sel, lat, dec)
     culprit_i = individual[0] if individual else None
     culprit_process = int(data.processes[culprit_i]) if culprit_i is not None else None
     notes: list[str] = []
@@ -171,7 +128,7 @@ def rank_culprits(
             members = np.flatnonzero(np.isin(data.ranks, proc.ranks))
             culprit_i = int(members[np.argmax(d[members])])
             culprit_process = int(proc.label)
-            pl = float(np.isin(last, members).mean()) if n else 0.0
+            pl = float(np.isin(dec.last, members).mean()) if n else 0.0
             notes.append(
                 f"process {proc.label} is last in {pl:.0%} of steps: its ranks "
                 f"{ranges(data.ranks[members])} are late together."
@@ -189,11 +146,71 @@ def rank_culprits(
         notes=tuple(notes),
         culprit_indices=tuple(individual),
         groups=found,
-        excess=excess,
+        excess=dec.excess,
+        fleet=fleet_summary(data, sel, dec, iteration),
+        decision=dec,
     )
 
 
-def _rank_stats(data, sel, lat, last_fraction, ex_mean, ci_low, ci_high, late, z, p_adj):
+def _saving_s(compute: np.ndarray, transfer: np.ndarray, idx: np.ndarray) -> float:
+    """Mean step time saved if the ranks `idx` computed at the per-step median.
+
+    The model of `stages.waiting_costs`: step = ``max_i(compute_i) + transfer``.
+    """
+    R = compute.shape[1]
+    keep = np.ones(R, bool)
+    keep[idx] = False
+    med = np.median(compute, axis=1)
+    rest = compute[:, keep].max(axis=1) if keep.any() else np.full(med.shape, -np.inf)
+    model = float((compute.max(axis=1) + transfer).mean())
+    return max(model - float((np.maximum(rest, med) + transfer).mean()), 0.0)
+
+
+def fleet_summary(
+    data: SiteData, sel: StepSelection, dec: Decision, iteration: IterationStats, top: int = 5
+) -> FleetSpread | None:
+    """The fleet's per-rank spread and its `top` slowest ranks, named or not."""
+    R = data.ranks.size
+    if dec.n == 0 or R == 0:
+        return None
+    mean_lat = data.lateness[sel.rows].mean(axis=0)
+    q50, q90, q99 = (float(x) for x in np.quantile(mean_lat, [0.5, 0.9, 0.99]))
+    comp = sel.compute
+    ok = comp.size and R >= 2 and math.isfinite(iteration.mean_s) and iteration.mean_s > 0
+    tr = data.transfer[sel.rows][sel.compute_rows] if ok else None
+    slow = []
+    for i in np.argsort(-dec.d, kind="stable")[: min(top, R)]:
+        if dec.d[i] <= 0:  # at or below the median rank: not slow
+            break
+        saving = _saving_s(comp, tr, np.array([i])) if ok else math.nan
+        slow.append(
+            SlowRank(
+                rank=int(data.ranks[i]),
+                host=data.hosts[i],
+                excess_lateness_s=float(dec.d[i]),
+                fleet_sd=float(dec.fleet.distance[i]),
+                named=bool(dec.late[i]),
+                within_spread=not bool(dec.fleet.outlier[i]),
+                saving_s=saving,
+                saving_fraction=saving / iteration.mean_s if ok else math.nan,
+            )
+        )
+    return FleetSpread(
+        rule=dec.fleet.rule,
+        num_ranks=int(R),
+        step_s=float(iteration.p50_s),
+        median_s=q50,
+        p90_s=q90,
+        p99_s=q99,
+        spread_s=float(dec.fleet.spread_s),
+        threshold=float(dec.fleet.threshold),
+        slowest=tuple(slow),
+    )
+
+
+def _rank_stats(
+    data: SiteData, sel: StepSelection, lat: np.ndarray, dec: Decision
+) -> tuple[RankStats, ...]:
     rows, n, R = sel.rows, sel.n, data.ranks.size
     mean_compute = col_mean(sel.compute, R)
     mean_delay = col_mean(data.delay[rows], R)
@@ -205,18 +222,22 @@ def _rank_stats(data, sel, lat, last_fraction, ex_mean, ci_low, ci_high, late, z
             rank=int(data.ranks[i]),
             process=int(data.processes[i]),
             host=data.hosts[i],
-            last_fraction=float(last_fraction[i]),
+            last_fraction=float(dec.last_counts[i] / max(n, 1)),
             mean_lateness_s=float(mean_lat[i]),
-            excess_lateness_s=float(ex_mean[i]),
-            ci_low_s=float(ci_low[i]),
-            ci_high_s=float(ci_high[i]),
+            excess_lateness_s=float(dec.d[i]),
+            ci_low_s=float(dec.ci_low[i]),
+            ci_high_s=float(dec.ci_high[i]),
             compute_s=float(mean_compute[i]),
             delay_s=float(mean_delay[i]),
             sync_wait_s=float(mean_sync[i]),
             transfer_s=mean_transfer,
-            late=bool(late[i]),
-            z=float(z[i]),
-            p_adjusted=float(p_adj[i]),
+            late=bool(dec.late[i]),
+            z=float(dec.z[i]),
+            p_adjusted=float(dec.p_adjusted[i]),
+            fleet_sd=float(dec.fleet.distance[i]),
+            last_p_adjusted=float(dec.last_p_adjusted[i]),
+            last_count=int(dec.last_counts[i]),
+            top1_count=int(dec.top_counts[i]),
         )
         for i in range(R)
     )
@@ -255,19 +276,25 @@ def late_groups(
     lateness: np.ndarray,
     groups: Mapping[str, Mapping[int, str]],
     floor: float,
+    step_s: float = math.nan,
 ) -> tuple[GroupFinding, ...]:
     """Groups whose ranks are late together, most significant first (see the module docstring).
 
     Per grouping kind and group g, per step: the mean lateness of g's members
-    minus that of the other ranks (`lateness`: analyzed steps x ranks). Its mean over steps is tested with a
-    batch-means t statistic, Holm-corrected over every group of every kind. A
-    significant group is late when its median member is later than the median
-    non-member by more than `floor` and more than half its members are.
+    minus that of the other ranks (`lateness`: analyzed steps x ranks). Its
+    mean over steps is tested with a batch-means t statistic, Holm-corrected
+    over every group of every kind (test 1). Test 2: the group's mean
+    lateness is an outlier of the spread of the groups of its kind
+    (`jaxpace._culprit.fleet_test`, at `ALPHA` over the number of kinds; with
+    fewer than 16 groups, later than the other groups' median by 5% of the
+    median step `step_s`). A group passing both is late when its median
+    member is later than the median non-member by more than `floor` and more
+    than half its members are.
     """
     excess = lateness
     n, R = excess.shape
     parts = _partitions(data, groups)
-    cands: list[tuple[int, str, str, np.ndarray, float, float, float, float]] = []
+    cands: list[tuple] = []
     p_all: list[float] = []
     m_rank = excess.mean(axis=0)
     total = excess.sum(axis=1, keepdims=True)
@@ -278,8 +305,9 @@ def late_groups(
     med_se2 = float(np.median(se_rank**2)) if np.isfinite(se_rank).all() else 0.0
     for kind, names, codes in parts:
         G = names.size
-        order = np.argsort(codes, kind="stable")
         sizes = np.bincount(codes, minlength=G)
+        outlier, dist = _group_outliers(codes, m_rank, sizes, step_s, ALPHA / len(parts))
+        order = np.argsort(codes, kind="stable")
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         sums = np.add.reduceat(excess[:, order], starts, axis=1)  # (n, G)
         rest = np.maximum(R - sizes, 1)
@@ -297,7 +325,7 @@ def late_groups(
         p = t_sf(t, df)
         p_all.extend(p.tolist())  # every group of every kind counts towards the correction
         base = len(p_all) - G
-        for g in np.flatnonzero((eff > floor) & (p < ALPHA)):
+        for g in np.flatnonzero((eff > floor) & (p < ALPHA) & outlier):
             members = codes == g
             if members.all():
                 continue
@@ -307,13 +335,13 @@ def late_groups(
             members = (members, members & (m_rank - ref > floor))
             cands.append(
                 (base + int(g), kind, str(names[g]), members, float(eff[g]), float(se[g]),
-                 typical, share)
+                 typical, share, float(dist[g]), t95(df))
             )  # fmt: skip
     if not cands:
         return ()
     p_adj = holm(np.array(p_all))
     out = []
-    for i, kind, label, (members, late_m), eff, se, typical, share in cands:
+    for i, kind, label, (members, late_m), eff, se, typical, share, dist, tcrit in cands:
         if p_adj[i] >= ALPHA or typical <= floor or share <= 0.5:
             continue
         hosts = sorted({data.hosts[j] for j in np.flatnonzero(members)})
@@ -325,16 +353,34 @@ def late_groups(
                 hosts=tuple(hosts),
                 excess_lateness_s=eff,
                 typical_member_s=typical,
-                ci_low_s=eff - 1.96 * se,
-                ci_high_s=eff + 1.96 * se,
+                ci_low_s=eff - tcrit * se,
+                ci_high_s=eff + tcrit * se,
                 z=eff / se if se > 0 else math.inf,
                 p_adjusted=float(p_adj[i]),
                 late_ranks=tuple(int(r) for r in data.ranks[late_m]),
+                fleet_sd=dist,
             )
         )
     out = _nested(out)
     out.sort(key=lambda g: (g.p_adjusted, -g.excess_lateness_s))
     return tuple(out)
+
+
+def _group_outliers(
+    codes: np.ndarray, m_rank: np.ndarray, sizes: np.ndarray, step_s: float, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Test 2 for the groups of one kind: (outlier per group, distance in robust SDs).
+
+    A group is an outlier of the spread of its kind's group means, and stays one
+    without its latest member: one straggler does not make its NIC pair late.
+    """
+    G = sizes.size
+    sums = np.bincount(codes, m_rank, G)
+    latest = np.full(G, -np.inf)
+    np.maximum.at(latest, codes, m_rank)
+    without = np.where(sizes > 1, (sums - latest) / np.maximum(sizes - 1, 1), sums)
+    fleet = fleet_test(sums / sizes, step_s, alpha)
+    return fleet.outlier & fleet_test(without, step_s, alpha).outlier, fleet.distance
 
 
 def _nested(found: list[GroupFinding]) -> list[GroupFinding]:
@@ -355,3 +401,42 @@ def _nested(found: list[GroupFinding]) -> list[GroupFinding]:
             else:
                 drop.add(a)
     return [g for i, g in enumerate(found) if i not in drop]
+
+
+def fleet_text(rs: RankStats | GroupFinding, fleet: FleetSpread | None, over_s: float) -> str:
+    """Test 2's evidence: how far outside the fleet's spread a rank (or group) sits."""
+    if fleet is None:
+        return ""
+    if fleet.rule == "small job":
+        step = fleet.step_s
+        share = f" ({over_s / step:.0%} of the step)" if math.isfinite(step) and step > 0 else ""
+        loo = (
+            f"{num_text(rs.fleet_sd)} SDs of the others (named beyond {num_text(fleet.threshold)} "
+            "or "
+            if math.isfinite(fleet.threshold)
+            else "(named beyond "
+        )
+        return (
+            f"{format_ms(over_s)}{share} later than the others' median, {loo}"
+            f"{SMALL_JOB_STEP_FRACTION:.0%} of the step: a small job)"
+        )
+    return (
+        f"{num_text(rs.fleet_sd)} robust SDs above the fleet's median (named beyond "
+        f"{num_text(fleet.threshold)})"
+    )
+
+
+def rank_evidence(rs: RankStats, R: int, n: int, fleet: FleetSpread | None, over_s: float) -> str:
+    """One rank's evidence: test 1 (z, p and interval of one test), test 2, last arrivals."""
+    text = (
+        f"rank {rs.rank} ({rs.host}) is {format_ms(rs.excess_lateness_s)} later than the median "
+        f"rank (95% CI {format_ms(rs.ci_low_s)} to {format_ms(rs.ci_high_s)}; z = "
+        f"{num_text(rs.z)}, Holm {p_text(rs.p_adjusted)} over {R} ranks)"
+    )
+    ft = fleet_text(rs, fleet, over_s)
+    if ft:
+        text += f", {ft}"
+    text += f"; last in {rs.last_fraction:.0%} of {n} steps"
+    if rs.last_p_adjusted < ALPHA <= rs.p_adjusted:
+        text += f" against {1 / max(R, 1):.0%} by chance (Holm {p_text(rs.last_p_adjusted)})"
+    return text

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from jaxpace.report.model import FailureMode, PeriodicOutliers, WaitingCost
-from jaxpace.report.stages.culprit import ALPHA, CulpritRanking
+from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, rank_evidence
+from jaxpace.report.stages.stats import num_text, p_text
 from jaxpace.report.text import format_ms, ranges
 
 __all__ = ["decisions"]
-
-
-def _p(p: float) -> str:
-    return f"{p:.2g}" if p >= 1e-12 else "< 1e-12"
 
 
 def _cost(costs: dict[str, WaitingCost], name: str) -> str:
@@ -35,16 +33,14 @@ def decisions(
     """The report's decisions as sentences: culprits, late groups, modes, or why none."""
     by_name = {w.target: w for w in costs}
     R = len(c.rank_stats)
+    n = c.excess.shape[0] if c.excess is not None else 0
     out: list[str] = []
     for i in c.culprit_indices[:10]:
         rs = c.rank_stats[i]
+        over = float(c.decision.fleet.over_others_s[i]) if c.decision is not None else math.nan
         out.append(
-            f"Straggler: rank {rs.rank} ({rs.host}, process {rs.process}) is "
-            f"{format_ms(rs.excess_lateness_s)} later than a typical rank (95% CI "
-            f"{format_ms(rs.ci_low_s)} to {format_ms(rs.ci_high_s)}), last to arrive in "
-            f"{rs.last_fraction:.0%} of steps; confidence: z = {rs.z:.1f}, Holm p = "
-            f"{_p(rs.p_adjusted)} over {R} ranks (the smaller of the lateness and "
-            "last-arrival tests)." + _cost(by_name, f"rank {rs.rank}")
+            f"Straggler: {rank_evidence(rs, R, n, c.fleet, over)} (process {rs.process})."
+            + _cost(by_name, f"rank {rs.rank}")
         )
     if len(c.culprit_indices) > 10:
         out.append(f"... and {len(c.culprit_indices) - 10} more late ranks (see the ranking).")
@@ -54,8 +50,9 @@ def decisions(
             f"{what}: {g.kind} `{g.label}` (ranks {ranges(g.ranks)}; "
             f"{', '.join(g.hosts[:3])}{', ...' if len(g.hosts) > 3 else ''}) is "
             f"{format_ms(g.excess_lateness_s)} later than the other ranks, its typical member "
-            f"+{format_ms(g.typical_member_s)}; confidence: z = {g.z:.1f}, Holm p = "
-            f"{_p(g.p_adjusted)} over all groups." + _cost(by_name, g.name)
+            f"+{format_ms(g.typical_member_s)}; confidence: z = {num_text(g.z)}, Holm "
+            f"{p_text(g.p_adjusted)} over all groups; {num_text(g.fleet_sd)} robust SDs above "
+            f"the median {g.kind}." + _cost(by_name, g.name)
         )
     by_mode = {m.name: m for m in modes}
     for name, label in (
@@ -64,7 +61,7 @@ def decisions(
     ):
         m = by_mode.get(name)
         if m is not None and m.detected:
-            out.append(f"{label} (score {m.score:.2f}): " + "; ".join(m.evidence) + ".")
+            out.append(f"{label} (score {num_text(m.score, 2)}): " + "; ".join(m.evidence) + ".")
     if len(c.culprit_indices) > 1 and "all of the above" in by_name:
         w = by_name["all of the above"]
         out.append(
@@ -80,12 +77,24 @@ def decisions(
         )
     if not out or primary == "balanced" and not c.culprit_indices and not c.groups:
         if c.rank_stats:
-            top = c.rank_stats[c.order[0]]
-            out.append(
-                f"No persistent straggler: the latest rank, {top.rank}, is "
-                f"{format_ms(top.excess_lateness_s)} later than a typical rank (z = {top.z:.1f}, "
-                f"Holm p = {_p(top.p_adjusted)} over {R} ranks; a culprit needs p < {ALPHA:g} "
-                f"and more than the noise floor {format_ms(c.noise_floor_s)}); no group is late "
-                "and no failure mode stands out."
-            )
+            out.append(_nobody(c, R, n))
     return tuple(out)
+
+
+def _nobody(c: CulpritRanking, R: int, n: int) -> str:
+    """Why nobody is named: the slowest rank, within the fleet's normal spread, and its cost."""
+    i = c.order[0]
+    top = c.rank_stats[i]
+    over = float(c.decision.fleet.over_others_s[i]) if c.decision is not None else math.nan
+    slow = next((s for s in (c.fleet.slowest if c.fleet else ()) if s.rank == top.rank), None)
+    cost = ""
+    if slow is not None and math.isfinite(slow.saving_s):
+        cost = (
+            f" Waiting for it costs {format_ms(slow.saving_s)} a step ({slow.saving_fraction:.1%})."
+        )
+    return (
+        f"No persistent straggler: the slowest rank is within the fleet's normal spread: "
+        f"{rank_evidence(top, R, n, c.fleet, over)}. A culprit needs Holm p < {ALPHA:g}, to be "
+        f"outside the fleet's spread and more than the noise floor "
+        f"{format_ms(c.noise_floor_s)}; no group is late and no failure mode stands out." + cost
+    )

@@ -16,9 +16,9 @@ from jaxpace.report.model import (
     SiteData,
 )
 from jaxpace.report.records import Records
-from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, late_groups
-from jaxpace.report.stages.stats import robust_std
-from jaxpace.report.stages.steps import StepSelection
+from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, late_groups, rank_evidence
+from jaxpace.report.stages.stats import num_text, p_text, robust_std
+from jaxpace.report.stages.steps import StepSelection, iteration_stats
 from jaxpace.report.text import format_ms, ranges
 
 __all__ = [
@@ -33,54 +33,52 @@ __all__ = [
 ]
 
 
-def _p_text(p: float) -> str:
-    return f"{p:.2g}" if p >= 1e-12 else "< 1e-12"
+def _over(c: CulpritRanking, i: int) -> float:
+    return float(c.decision.fleet.over_others_s[i]) if c.decision is not None else math.nan
 
 
 def straggler_mode(c: CulpritRanking, n: int) -> FailureMode:
-    """Persistent straggler: ranks (or one process) significantly later than the median rank.
+    """Persistent straggler: ranks (or one process) named by the shared culprit decision.
 
-    Significance is tested per rank against the median rank and corrected for
-    testing all ranks (Holm, family-wise `ALPHA`); see `rank_culprits`.
+    A rank is named when it is significantly later than the median rank
+    (Holm, family-wise `ALPHA`) and an outlier of the fleet's own per-rank
+    spread (see `rank_culprits`). The score is 1 - the top culprit's Holm p
+    (>= 0.5 when detected); 0.4 for the slowest rank that is significant but
+    within the fleet's normal spread (not detected), else 0.
     """
     R = c.last_fraction.size
     if c.culprit_indices:
-        ev = []
-        for i in c.culprit_indices[:5]:
-            rs = c.rank_stats[i]
-            ev.append(
-                f"rank {rs.rank} ({rs.host}) is {format_ms(rs.excess_lateness_s)} later than a "
-                f"typical rank (95% CI {format_ms(rs.ci_low_s)} to {format_ms(rs.ci_high_s)}; "
-                f"z = {rs.z:.1f}, Holm p = {_p_text(rs.p_adjusted)} over {R} ranks); last in "
-                f"{rs.last_fraction:.0%} of {n} steps"
-            )
+        ev = [rank_evidence(c.rank_stats[i], R, n, c.fleet, _over(c, i))
+              for i in c.culprit_indices[:5]]  # fmt: skip
         if len(c.culprit_indices) > 5:
             ev.append(f"... {len(c.culprit_indices) - 5} more late ranks")
         ev.append(f"noise floor {format_ms(c.noise_floor_s)}")
         top = c.rank_stats[c.culprit_indices[0]]
-        return FailureMode("persistent_straggler", max(0.5, 1.0 - top.p_adjusted), True, tuple(ev))
+        p = min(top.p_adjusted, top.last_p_adjusted)
+        return FailureMode("persistent_straggler", max(0.5, 1.0 - p), True, tuple(ev))
     proc = next((g for g in c.groups if g.kind == "process"), None)
     if c.culprit_index is not None and proc is not None:
         ev = (
             f"process {proc.label} (ranks {ranges(proc.ranks)}, {', '.join(proc.hosts)}) is "
             f"{format_ms(proc.excess_lateness_s)} later than the other ranks (95% CI "
-            f"{format_ms(proc.ci_low_s)} to {format_ms(proc.ci_high_s)}; z = {proc.z:.1f}, "
-            f"Holm p = {_p_text(proc.p_adjusted)})",
+            f"{format_ms(proc.ci_low_s)} to {format_ms(proc.ci_high_s)}; z = {num_text(proc.z)}, "
+            f"Holm {p_text(proc.p_adjusted)})",
             f"noise floor {format_ms(c.noise_floor_s)}",
         )
         return FailureMode("persistent_straggler", max(0.5, 1.0 - proc.p_adjusted), True, ev)
     if not c.rank_stats:
         return FailureMode("persistent_straggler", 0.0, False, ("no ranks",))
-    top = c.rank_stats[c.order[0]]
+    i = c.order[0]
+    top = c.rank_stats[i]
+    sig = min(top.p_adjusted, top.last_p_adjusted) < ALPHA
     return FailureMode(
         "persistent_straggler",
-        0.4 if top.p_adjusted < ALPHA else 0.0,
+        0.4 if sig else 0.0,
         False,
         (
-            f"latest rank: {top.rank}, {format_ms(top.excess_lateness_s)} later than a typical "
-            f"rank (z = {top.z:.1f}, Holm p = {_p_text(top.p_adjusted)} over {R} ranks); a "
-            f"culprit needs p < {ALPHA:g} and an excess above the noise floor "
-            f"{format_ms(c.noise_floor_s)}",
+            "slowest rank, within normal spread: " + rank_evidence(top, R, n, c.fleet, _over(c, i)),
+            f"a culprit needs Holm p < {ALPHA:g}, to be outside the fleet's normal spread, and "
+            f"an excess above the noise floor {format_ms(c.noise_floor_s)}",
         ),
     )
 
@@ -175,8 +173,9 @@ def group_line(g: GroupFinding, floor_s: float, num_groups: int | None = None) -
         f"{g.kind} `{g.label}` (ranks {ranges(g.ranks)}) on {', '.join(g.hosts[:3])}"
         f"{', ...' if len(g.hosts) > 3 else ''} is {format_ms(g.excess_lateness_s)} later than "
         f"the other ranks (95% CI {format_ms(g.ci_low_s)} to {format_ms(g.ci_high_s)}; typical "
-        f"member +{format_ms(g.typical_member_s)}; z = {g.z:.1f}, Holm p = "
-        f"{_p_text(g.p_adjusted)}{over}); noise floor {format_ms(floor_s)}"
+        f"member +{format_ms(g.typical_member_s)}; z = {num_text(g.z)}, Holm "
+        f"{p_text(g.p_adjusted)}{over}; {num_text(g.fleet_sd)} robust SDs above the median "
+        f"{g.kind}); noise floor {format_ms(floor_s)}"
     )
 
 
@@ -196,7 +195,8 @@ def locality_mode(
     """
     if findings is None:
         lat = data.lateness[sel.rows]
-        findings = late_groups(data, lat, groups, noise_floor_s) if sel.n >= 2 else ()
+        step_s = iteration_stats(sel.iter_all[sel.rows]).p50_s
+        findings = late_groups(data, lat, groups, noise_floor_s, step_s) if sel.n >= 2 else ()
     found = [g for g in findings if g.kind != "process"]
     lat = data.lateness[sel.rows]
     mean_lat = lat.mean(axis=0) if sel.n else np.zeros(data.ranks.size)
@@ -243,13 +243,13 @@ def amplification_mode(c: CulpritRanking, compute: np.ndarray, amp: float) -> Fa
             ("needs >= 2 ranks and consecutive steps",),
         )
     p_last = c.last_fraction[c.last_fraction > 0]
-    randomness = max(float(-(p_last * np.log(p_last)).sum() / math.log(R)), 0.0)
+    randomness = max(float(-(p_last * np.log(p_last)).sum() / math.log(R)), 0.0) + 0.0  # no -0.0
     x = (compute / compute.mean(axis=1, keepdims=True)).ravel()
     sd = float(x.std())
     kurt = float(((x - x.mean()) ** 4).mean() / sd**4 - 3.0) if sd > 0 else 0.0
     amp_term = min(max((amp - 1.0) / 0.2, 0.0), 1.0)
     tail_term = min(max(kurt / 3.0, 0.0), 1.0)
-    score = max(amp_term * randomness * (0.5 + 0.5 * tail_term), 0.0)
+    score = max(amp_term * randomness * (0.5 + 0.5 * tail_term), 0.0) + 0.0
     if c.culprit_index is not None:
         score *= 1.0 - c.last_fraction[c.culprit_index]
     detected = c.culprit_index is None and score >= 0.5 and amp >= 1.1
@@ -258,7 +258,7 @@ def amplification_mode(c: CulpritRanking, compute: np.ndarray, amp: float) -> Fa
         f"{amp - 1:.1%} above the mean",
         f"last arriver spread over ranks: normalized entropy {randomness:.2f} "
         "(1 = uniformly random)",
-        f"per-rank compute excess kurtosis {kurt:.1f} (0 for a normal; large = heavy tail)",
+        f"per-rank compute excess kurtosis {num_text(kurt)} (0 for a normal; large = heavy tail)",
     )
     return FailureMode("synchronization_amplification", float(score), bool(detected), ev)
 

@@ -1,10 +1,19 @@
-"""Small numerical helpers shared by the analysis stages."""
+"""The statistics helpers of the analysis stages: `jaxpace._stats` (NumPy only), so the
+runtime's live view computes the report's statistics without importing the report."""
 
-from __future__ import annotations
-
-import math
-
-import numpy as np
+from jaxpace._stats import (
+    batch_means_se,
+    col_mean,
+    holm,
+    mean_finite,
+    median_of_others,
+    num_text,
+    p_text,
+    robust_std,
+    t95,
+    t_isf,
+    t_sf,
+)
 
 __all__ = [
     "batch_means_se",
@@ -12,150 +21,10 @@ __all__ = [
     "holm",
     "mean_finite",
     "median_of_others",
+    "num_text",
+    "p_text",
     "robust_std",
     "t95",
+    "t_isf",
     "t_sf",
 ]
-
-# Two-sided 95% Student-t critical values for 1..30 degrees of freedom.
-_T95 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t95(df: int) -> float:
-    """Two-sided 95% Student-t critical value for `df` degrees of freedom (inf below 1)."""
-    if df < 1:
-        return math.inf
-    return _T95[df - 1] if df <= 30 else 1.96 + 2.4 / df
-
-
-def median_of_others(x: np.ndarray) -> np.ndarray:
-    """For each (row, column), the median of the row without that column.
-
-    >>> median_of_others(np.array([[1.0, 2.0, 3.0, 10.0]])).tolist()
-    [[3.0, 3.0, 2.0, 2.0]]
-    """
-    S, R = x.shape
-    if R < 2:
-        return np.zeros_like(x)
-    # Removing x[i, j] leaves the row's order statistics v shifted by one above
-    # x's own position p; "p > k" is "x > v[k]" (with ties, removing any of the equal
-    # values leaves the same multiset). Only two or three central order
-    # statistics are needed: a partial sort, O(R) per row.
-    m = R - 1
-    ks = [(m - 1) // 2, (m - 1) // 2 + 1] if m % 2 else [m // 2 - 1, m // 2, m // 2 + 1]
-    v = np.partition(x, ks, axis=1)
-
-    def other(k: int) -> np.ndarray:  # k-th smallest of the row without x itself
-        return np.where(x > v[:, [k]], v[:, [k]], v[:, [k + 1]])
-
-    if m % 2:
-        return other((m - 1) // 2)
-    return 0.5 * (other(m // 2 - 1) + other(m // 2))
-
-
-def robust_std(x: np.ndarray, axis: int = 0) -> np.ndarray:
-    """1.4826 times the median absolute deviation (the std for normal data)."""
-    med = np.median(x, axis=axis, keepdims=True)
-    return 1.4826 * np.median(np.abs(x - med), axis=axis)
-
-
-def mean_finite(x: np.ndarray) -> float:
-    """Mean of the finite entries; NaN when there are none."""
-    x = x[np.isfinite(x)]
-    return float(x.mean()) if x.size else math.nan
-
-
-def col_mean(a: np.ndarray, num_cols: int) -> np.ndarray:
-    """Column means of a (rows, num_cols) array; NaN per column when it has no rows."""
-    return a.mean(axis=0) if a.shape[0] else np.full(num_cols, np.nan)
-
-
-def t_sf(t: np.ndarray | float, df: float) -> np.ndarray:
-    """One-sided upper tail P(T > t) of Student's t with `df` > 0 degrees of freedom.
-
-    Exact (regularized incomplete beta by Lentz's continued fraction), vectorized.
-
-    >>> [round(float(t_sf(x, 10)), 4) for x in (0.0, 2.228, 4.587)]
-    [0.5, 0.025, 0.0005]
-    """
-    t = np.asarray(t, dtype=np.float64)
-    x = df / (df + t * t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
-    return np.where(t >= 0, tail, 1.0 - tail)
-
-
-def _betainc(a: float, b: float, x: np.ndarray) -> np.ndarray:
-    """Regularized incomplete beta I_x(a, b) for arrays `x` in [0, 1]."""
-    x = np.clip(np.asarray(x, dtype=np.float64), 0.0, 1.0)
-    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        front = np.exp(lbeta + a * np.log(x) + b * np.log1p(-x))
-    swap = x > (a + 1.0) / (a + b + 2.0)
-    xs = np.where(swap, 1.0 - x, x)
-    cf = np.where(swap, _betacf(b, a, xs), _betacf(a, b, xs))
-    out = np.where(swap, 1.0 - front * cf / b, front * cf / a)
-    out = np.where(x <= 0.0, 0.0, np.where(x >= 1.0, 1.0, out))
-    return np.clip(np.nan_to_num(out, nan=0.0), 0.0, 1.0)
-
-
-def _betacf(a: float, b: float, x: np.ndarray) -> np.ndarray:
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c = np.ones_like(x)
-    d = 1.0 - qab * x / qap
-    d = np.where(np.abs(d) < tiny, tiny, d)
-    d = 1.0 / d
-    h = d.copy()
-    for m in range(1, 300):
-        m2 = 2 * m
-        for aa in (
-            m * (b - m) * x / ((qam + m2) * (a + m2)),
-            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
-        ):
-            d = 1.0 + aa * d
-            d = np.where(np.abs(d) < tiny, tiny, d)
-            c = 1.0 + aa / c
-            c = np.where(np.abs(c) < tiny, tiny, c)
-            d = 1.0 / d
-            h = h * d * c
-        if np.all(np.abs(d * c - 1.0) < 1e-13):
-            break
-    return h
-
-
-def holm(p: np.ndarray) -> np.ndarray:
-    """Holm's step-down adjusted p-values (family-wise error control), same order as `p`.
-
-    >>> holm(np.array([0.01, 0.04, 0.03])).round(3).tolist()
-    [0.03, 0.06, 0.06]
-    """
-    p = np.asarray(p, dtype=np.float64)
-    m = p.size
-    if m == 0:
-        return p.copy()
-    order = np.argsort(p, kind="stable")
-    adj = np.maximum.accumulate(p[order] * (m - np.arange(m)))
-    out = np.empty(m)
-    out[order] = np.minimum(adj, 1.0)
-    return out
-
-
-def batch_means_se(x: np.ndarray, max_batches: int = 30) -> tuple[np.ndarray, int]:
-    """Standard error of the column means of `x` (steps x columns) by batch means.
-
-    Consecutive steps are averaged in `max_batches` batches (one step per batch
-    when there are fewer steps), so slow drifts and multi-step episodes, which
-    make neighbouring steps alike, widen the error instead of faking
-    significance. Returns (standard errors, degrees of freedom = batches - 1).
-    """
-    n = x.shape[0]
-    size = max(1, n // max_batches)
-    nb = n // size
-    if nb < 2:
-        return np.full(x.shape[1:], np.inf), 0
-    b = x[: nb * size].reshape(nb, size, *x.shape[1:]).mean(axis=1)
-    return b.std(axis=0, ddof=1) / math.sqrt(nb), nb - 1
