@@ -165,7 +165,7 @@ def pacing_table(p: PacingEffect) -> list[list[str]]:
     return [
         ["", "steps", "step time", "CV", "sync wait", "delay"],
         [
-            "not engaged",
+            "not engaged" if p.comparable else "not engaged (warm-up)",
             str(p.unengaged_steps),
             format_ms(p.unengaged_step_s),
             f"{p.unengaged_cv:.3f}",
@@ -189,10 +189,11 @@ def decision_rows(report: Report) -> list[list[str]]:
 
 
 def cost_rows(report: Report) -> list[list[str]]:
-    """GPU-hours spent waiting for each culprit / late group; empty when there are none."""
+    """Device-hours (GPU-h on GPUs) spent waiting for each culprit / late group, or []."""
     if not report.costs:
         return []
-    rows = [["waiting for", "ranks", "saved per step", "step faster", "GPU-h per 1,000 steps"]]
+    unit = report.context.hours_unit
+    rows = [["waiting for", "ranks", "saved per step", "step faster", f"{unit} per 1,000 steps"]]
     for w in report.costs:
         rows.append(
             [

@@ -15,12 +15,12 @@ def _p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-12 else "< 1e-12"
 
 
-def _cost(costs: dict[str, WaitingCost], name: str) -> str:
+def _cost(costs: dict[str, WaitingCost], name: str, unit: str) -> str:
     w = costs.get(name)
     if w is None:
         return ""
     return (
-        f" Waiting for it costs {w.gpu_hours_per_1000_steps:.3g} GPU-h per 1,000 steps; "
+        f" Waiting for it costs {w.gpu_hours_per_1000_steps:.3g} {unit} per 1,000 steps; "
         f"fixed, a step would be {w.saving_fraction:.1%} faster ({format_ms(w.saving_s)})."
     )
 
@@ -31,8 +31,12 @@ def decisions(
     primary: str,
     costs: Sequence[WaitingCost],
     periodic: PeriodicOutliers | None,
+    unit: str = "device-h",
 ) -> tuple[str, ...]:
-    """The report's decisions as sentences: culprits, late groups, modes, or why none."""
+    """The report's decisions as sentences: culprits, late groups, modes, or why none.
+
+    `unit`: the waiting cost's unit on the run's platform (`RunContext.hours_unit`).
+    """
     by_name = {w.target: w for w in costs}
     R = len(c.rank_stats)
     out: list[str] = []
@@ -44,7 +48,7 @@ def decisions(
             f"{format_ms(rs.ci_low_s)} to {format_ms(rs.ci_high_s)}), last to arrive in "
             f"{rs.last_fraction:.0%} of steps; confidence: z = {rs.z:.1f}, Holm p = "
             f"{_p(rs.p_adjusted)} over {R} ranks (the smaller of the lateness and "
-            "last-arrival tests)." + _cost(by_name, f"rank {rs.rank}")
+            "last-arrival tests)." + _cost(by_name, f"rank {rs.rank}", unit)
         )
     if len(c.culprit_indices) > 10:
         out.append(f"... and {len(c.culprit_indices) - 10} more late ranks (see the ranking).")
@@ -55,7 +59,7 @@ def decisions(
             f"{', '.join(g.hosts[:3])}{', ...' if len(g.hosts) > 3 else ''}) is "
             f"{format_ms(g.excess_lateness_s)} later than the other ranks, its typical member "
             f"+{format_ms(g.typical_member_s)}; confidence: z = {g.z:.1f}, Holm p = "
-            f"{_p(g.p_adjusted)} over all groups." + _cost(by_name, g.name)
+            f"{_p(g.p_adjusted)} over all groups." + _cost(by_name, g.name, unit)
         )
     by_mode = {m.name: m for m in modes}
     for name, label in (
@@ -69,7 +73,7 @@ def decisions(
         w = by_name["all of the above"]
         out.append(
             f"Fixing every culprit and late group together saves {w.saving_fraction:.1%} of "
-            f"the step, {w.gpu_hours_per_1000_steps:.3g} GPU-h per 1,000 steps."
+            f"the step, {w.gpu_hours_per_1000_steps:.3g} {unit} per 1,000 steps."
         )
     if periodic is not None:
         out.append(
