@@ -43,11 +43,12 @@ def test_report_on_a_folder_of_runs_lists_each_with_its_command(tmp_path, capsys
         "ab/on",
         "diagnose/off",
     ]
-    assert _cli([str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "holds 3 runs" in err
+    # Listing the runs is what the README uses it for: not an error (issue 26).
+    assert _cli([str(tmp_path)]) == 0
+    cap = capsys.readouterr()
+    assert "holds 3 runs" in cap.out and "error" not in cap.out + cap.err
     for sub in ("diagnose/off", "ab/off", "ab/on"):
-        assert f"jaxpace report {tmp_path / sub}\n" in err + "\n"
+        assert f"jaxpace report {tmp_path / sub}\n" in cap.out + "\n"
     with pytest.raises(RecordsError, match="holds 3 runs"):
         report.load_records(tmp_path)
 

@@ -63,9 +63,10 @@ def _device_checks(host: str, platform: str) -> list[str]:
     if platform == "gpu":
         return gpu
     return [  # records without a platform (older versions): say which checks fit which
-        f"On {host}, check for other work: `top` (CPU contention on the input pipeline) and "
-        "the data loader's time per step.",
-        "If it runs on a GPU: " + gpu[0][0].lower() + gpu[0][1:],
+        f"On {host}, check for other work (`top`: CPU contention on the input pipeline; the "
+        "data loader's time per step) and, on a GPU, the device's clocks and throttling: "
+        "`nvidia-smi -q -d CLOCK,TEMPERATURE,PERFORMANCE`.",
+        gpu[1],
     ]
 
 
