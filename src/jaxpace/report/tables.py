@@ -30,6 +30,8 @@ def summary_rows(report: Report) -> list[list[str]]:
     """The headline numbers: ranks, steps, iteration time, amplification, culprit, what-if."""
     it = report.iteration
     culprit = "none (no persistent straggler)"
+    if report.context.invariant_over:
+        culprit = "none named: the operand was already invariant (see NO CULPRIT)"
     if report.culprit is not None:
         rs = report.rank_stats(report.culprit)
         culprit = (
