@@ -21,7 +21,7 @@ from jaxpace.report.text import format_ms
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
 
-__all__ = ["next_steps"]
+__all__ = ["advice_blocks", "next_steps"]
 
 
 def _saving(report: Report) -> str:
@@ -226,25 +226,33 @@ def next_steps(report: Report) -> list[str]:
     The primary mode's actions come first; a culprit named with confidence is
     always covered (with the other detected modes' first actions after it).
     """
+    return [line for block in advice_blocks(report) for line in block]
+
+
+def advice_blocks(report: Report) -> list[list[str]]:
+    """`next_steps` grouped by what each block is about (primary mode first)."""
     if report.num_ranks < 2:
         return [
-            "One rank: nothing to compare. Time each device with "
-            "`jp.Pacer(granularity='device')`, or run several processes (`jaxpace launch -n N`)."
+            [
+                "One rank: nothing to compare. Time each device with "
+                "`jp.Pacer(granularity='device')`, or run several processes "
+                "(`jaxpace launch -n N`)."
+            ]
         ]
     ctx = getattr(report, "context", None)
     if ctx is not None and ctx.invariant_over:
-        return _invariant(report)
+        return [_invariant(report)]
     detected = [m.name for m in report.failure_modes if m.detected and m.name != "balanced"]
     order = [report.primary_mode] + [m for m in detected if m != report.primary_mode]
     if report.culprit is not None and "persistent_straggler" not in order:
         order.append("persistent_straggler")
-    out: list[str] = []
-    for i, mode in enumerate(order):
+    out: list[list[str]] = []
+    for mode in order:
         if mode == "persistent_straggler" and report.culprit is not None:
             lines = _straggler(report)
         elif mode in _ADVICE:
             lines = _ADVICE[mode](report)
         else:
             continue
-        out += lines if i == 0 else lines[:2]
-    return out or _balanced(report)
+        out.append(lines if not out else lines[:2])
+    return out or [_balanced(report)]

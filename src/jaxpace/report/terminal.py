@@ -144,6 +144,17 @@ def _outlook(report: Report, width: int) -> list[str]:
     return out
 
 
+def _actions(report: Report, verbose: bool) -> list[str]:
+    """Every action with --verbose; else the primary block's first `DEFAULT_ACTIONS` and
+    the first action of every other block (a named culprit is never left out)."""
+    from jaxpace.report.advice import advice_blocks
+
+    blocks = advice_blocks(report)
+    if verbose:
+        return [line for b in blocks for line in b]
+    return blocks[0][:DEFAULT_ACTIONS] + [b[0] for b in blocks[1:]]
+
+
 def summary_lines(report: Report, *, verbose: bool = False, width: int = PIPE_WIDTH) -> list[str]:
     """The summary as lines of plain text, at most `width` columns where words allow.
 
@@ -169,11 +180,7 @@ def summary_lines(report: Report, *, verbose: bool = False, width: int = PIPE_WI
     notes = _notes(report, verbose)
     if notes:
         out += ["", *_sentences("Notes", notes, width)]
-    actions = [r[0] for r in tables.next_steps_rows(report)[1:]]
-    out += [
-        "",
-        *_sentences("What to do next", actions if verbose else actions[:DEFAULT_ACTIONS], width),
-    ]
+    out += ["", *_sentences("What to do next", _actions(report, verbose), width)]
     if not verbose:
         out.append(
             "(--verbose: every rank, the decisions' evidence, costs, forecast, pacing, notes)"
