@@ -21,7 +21,14 @@ import jaxpace.report.tables as tables
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
 
-__all__ = ["print_summary", "summary_lines", "summary_renderable"]
+__all__ = [
+    "display_name",
+    "print_summary",
+    "summary_lines",
+    "summary_renderable",
+    "text_table",
+    "wrap_text",
+]
 
 PIPE_WIDTH = 100  # columns of text off a terminal
 DEFAULT_RANKS = 3  # ranking rows in the short summary
@@ -35,7 +42,7 @@ def display_name(name: object) -> str:
     return str(name)
 
 
-def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
+def wrap_text(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
     """`text` wrapped at `width` on word boundaries, never inside a `backticked span`."""
     protected = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", _NBSP), text)
     lines = textwrap.wrap(
@@ -49,7 +56,7 @@ def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
     return [ln.replace(_NBSP, " ") for ln in lines]
 
 
-def _table(rows: list[list[str]], title: str | None = None, header: bool = True) -> list[str]:
+def text_table(rows: list[list[str]], title: str | None = None, header: bool = True) -> list[str]:
     """`rows` (header first) as fixed-width columns: text left, numbers right, nothing cut."""
     head, *body = rows
     shown = [head, *body] if header else body
@@ -76,17 +83,18 @@ def _summary(report: Report, width: int) -> list[str]:
     key = max(len(m) for m, _ in rows)
     out = []
     for metric, value in rows:
-        out += _wrap(value, width, f"  {metric.ljust(key)}  ", " " * (key + 4))
+        out += wrap_text(value, width, f"  {metric.ljust(key)}  ", " " * (key + 4))
     return out
 
 
-def _ranking(report: Report, n: int) -> list[str]:
+def _ranking(report: Report, n: int, verbose: bool, width: int) -> list[str]:
     title = f"Culprit ranking (after warm-up; times in ms; top {min(n, len(report.ranking))})"
-    lines = _table(tables.ranking_rows(report, n), title)
-    lines.append("  * = significantly late (CI excludes 0, above the noise floor)")
+    lines = text_table(tables.ranking_rows(report, n), title)
+    legend = "* = significantly late (CI excludes 0, above the noise floor)"
     if len(report.ranking) > n:
-        lines[-1] += f"; {len(report.ranking) - n} more ranks with --verbose / in the HTML"
-    return lines
+        where = "in the HTML and JSON" if verbose else "with --verbose / in the HTML"
+        legend += f"; {len(report.ranking) - n} more ranks {where}"
+    return lines + wrap_text(legend, width, "  ", "  ")
 
 
 def _modes(report: Report, width: int, verbose: bool) -> list[str]:
@@ -97,7 +105,7 @@ def _modes(report: Report, width: int, verbose: bool) -> list[str]:
             if m.detected and m.name != "balanced"
         ]
         text = ", ".join(found) if found else "none (balanced)"
-        return _wrap(f"primary {display_name(report.primary_mode)}; detected: {text}", width,
+        return wrap_text(f"primary {display_name(report.primary_mode)}; detected: {text}", width,
                      "Failure modes: ", "  ")  # fmt: skip
     out = ["Failure modes"]
     for m in report.failure_modes:
@@ -105,14 +113,14 @@ def _modes(report: Report, width: int, verbose: bool) -> list[str]:
             f"  {display_name(m.name)}: score {m.score:.2f}{', detected' if m.detected else ''}"
         )
         for ev in m.evidence:
-            out += _wrap(ev, width, "    - ", "      ")
+            out += wrap_text(ev, width, "    - ", "      ")
     return out
 
 
 def _sentences(title: str, items: list[str], width: int) -> list[str]:
     out = [title]
     for s in items:
-        out += _wrap(s, width, "  - ", "    ")
+        out += wrap_text(s, width, "  - ", "    ")
     return out
 
 
@@ -124,13 +132,13 @@ def _notes(report: Report, verbose: bool) -> list[str]:
 def _outlook(report: Report, width: int) -> list[str]:
     out: list[str] = []
     if tables.cost_rows(report):
-        out += ["", *_table(tables.cost_rows(report), "Cost of waiting")]
+        out += ["", *text_table(tables.cost_rows(report), "Cost of waiting")]
     if len(tables.host_rows(report)) > 2:
-        out += ["", *_table(tables.host_rows(report, 8), "Hosts, latest first (ms)")]
+        out += ["", *text_table(tables.host_rows(report, 8), "Hosts, latest first (ms)")]
     if report.forecast is not None and tables.forecast_rows(report):
         fc = report.forecast
-        out += ["", *_table(tables.forecast_rows(report), "Amplification forecast")]
-        out += _wrap(
+        out += ["", *text_table(tables.forecast_rows(report), "Amplification forecast")]
+        out += wrap_text(
             f"measured {fc.measured_amplification:.3f} at {fc.measured_ranks} ranks (forecast "
             f"there {fc.forecast_at_measured:.3f}); {tables.forecast_support(report)[2]}",
             width,
@@ -138,9 +146,9 @@ def _outlook(report: Report, width: int) -> list[str]:
             "  ",
         )
     if report.pacing is not None:
-        out += ["", *_table(tables.pacing_table(report.pacing), "Pacing effect")]
+        out += ["", *text_table(tables.pacing_table(report.pacing), "Pacing effect")]
         if report.pacing.caveat:
-            out += _wrap(report.pacing.caveat, width, "  ", "  ")
+            out += wrap_text(report.pacing.caveat, width, "  ", "  ")
     return out
 
 
@@ -171,7 +179,7 @@ def summary_lines(report: Report, *, verbose: bool = False, width: int = PIPE_WI
         f"jaxpace report: run `{display_name(report.run_id)}`, site `{display_name(report.site)}`"
     )
     out += _summary(report, width)
-    out += ["", *_ranking(report, 12 if verbose else DEFAULT_RANKS)]
+    out += ["", *_ranking(report, 12 if verbose else DEFAULT_RANKS, verbose, width)]
     if verbose:
         out += ["", *_sentences("Decisions (evidence, confidence)", list(report.decisions), width)]
     out += ["", *_modes(report, width, verbose)]
