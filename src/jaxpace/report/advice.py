@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from jaxpace.report.reach import forecast_support
 from jaxpace.report.text import format_ms
 
 if TYPE_CHECKING:
@@ -103,8 +104,6 @@ def _forecast_line(report: Report) -> tuple[int, float] | None:
     The same bound as the forecast table and plot (`tables.forecast_support`):
     nothing is forecast where the report says it cannot fit one.
     """
-    from jaxpace.report.tables import forecast_support
-
     fc = report.forecast
     if fc is None or not fc.ranks:
         return None

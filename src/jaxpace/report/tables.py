@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jaxpace.report.reach import SAMPLES_PER_RANK, forecast_support
 from jaxpace.report.text import format_ms
 
 if TYPE_CHECKING:
     from jaxpace.report.model import PacingEffect, Report
 
 __all__ = [
+    "SAMPLES_PER_RANK",
     "failure_mode_rows",
     "forecast_rows",
     "forecast_support",
@@ -104,42 +106,6 @@ def failure_mode_rows(report: Report) -> list[list[str]]:
     for m in report.failure_modes:
         rows.append([m.name, f"{m.score:.2f}", "yes" if m.detected else "", "\n".join(m.evidence)])
     return rows
-
-
-SAMPLES_PER_RANK = 4  # order statistics of N ranks: at least 4N compute samples behind them
-
-
-def forecast_support(report: Report) -> tuple[int, bool, str]:
-    """(largest rank count the data supports, whether the lognormal fit is shown, why).
-
-    The empirical forecast resamples the measured per-rank compute: it is shown
-    up to the rank count that the analyzed samples cover `SAMPLES_PER_RANK` times.
-    The lognormal fit extrapolates a shape; it is shown only when no rank or
-    group is persistently late (a straggler makes the spread bimodal, not
-    lognormal) and the run has 8+ ranks to fit it on.
-    """
-    fc = report.forecast
-    if fc is None:
-        return 0, False, ""
-    samples = report.analyzed_steps * report.num_ranks
-    top = max((n for n in fc.ranks if n * SAMPLES_PER_RANK <= samples), default=0)
-    lognormal = (
-        report.culprit is None
-        and report.primary_mode in ("balanced", "synchronization_amplification")
-        and report.num_ranks >= 8
-    )
-    why = f"empirical order statistics from {samples} compute samples, shown up to {top} ranks"
-    if not lognormal:
-        why += (
-            "; no lognormal extrapolation ("
-            + (
-                "a persistent straggler is not lognormal noise"
-                if report.culprit is not None
-                else f"{report.num_ranks} ranks are too few to fit it"
-            )  # fmt: skip
-            + ")"
-        )
-    return top, lognormal, why
 
 
 def forecast_rows(report: Report) -> list[list[str]]:
