@@ -114,3 +114,31 @@ def test_two_processes_without_pcast_report_no_culprit(tmp_path):
     print_summary(rep, Console(file=buf, width=100))
     text = buf.getvalue()
     assert "NO CULPRIT" in text and "nvidia-smi" not in text and "GPU-h" not in text
+
+
+def test_sampling_and_a_stopped_policy_are_noted():
+    recs = synthetic_records(4, 40, seed=0)
+    for r in recs:
+        if r["type"] == "header":
+            r["sample_every"] = 4
+            r["sites"] = {"train.py:1:train_step": {"backed_off": True, "invariant_over": None}}
+    rep = analyze(recs)
+    assert rep.context.sample_every == 4 and rep.context.policy_stopped
+    assert any(n.startswith("SAMPLED: every 4th step") for n in rep.notes)
+    assert any("stopped pacing" in n for n in rep.notes)
+    buf = io.StringIO()
+    print_summary(rep, Console(file=buf, width=100))
+    assert "SAMPLED" in buf.getvalue()  # a tagged note: shown without --verbose
+
+
+def test_pacer_writes_its_sampling_into_the_header():
+    mesh = jax.make_mesh((8,), ("data",))
+    pacer = jp.Pacer(granularity="device", mesh=mesh, sample_every=2)
+    step = _grad_step(pacer, mesh, pcast=True)
+    x = jax.device_put(np.ones((16, 3), np.float32), NamedSharding(mesh, P("data")))
+    w = jnp.ones(3)
+    for _ in range(4):
+        w = step(w, x)
+    header = pacer.records()[0]
+    pacer.close()
+    assert header["sample_every"] == 2

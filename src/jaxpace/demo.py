@@ -329,7 +329,7 @@ def _diagnosis_lines(rep, rows, losses, same_params: bool, paths: dict[str, str]
     )
     detected = sorted(
         (m for m in rep.failure_modes if m.detected and m.name != "balanced"),
-        key=lambda m: -m.score,
+        key=lambda m: (m.name != rep.primary_mode, -m.score),  # the report's order
     )
     mode_lines = [f"  {m.name} (score {m.score:.2f}): {m.evidence[0]}" for m in detected]
     return [
