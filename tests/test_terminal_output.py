@@ -94,6 +94,7 @@ def test_demo_prints_a_screenful(tmp_path, monkeypatch):
     assert summary["culprit_rank"] == 1
     assert len(out.splitlines()) <= 60, out
     assert "…" not in out and "Culprit: rank 1" in out and demo.AB_TITLE in out
+    assert max(len(ln) for ln in out.splitlines()) <= 100
 
 
 # --------------------------------------------------------------------------- simulate

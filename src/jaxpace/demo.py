@@ -115,7 +115,7 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     lag_s, p_straggle, straggle_s = IMBALANCE_PROFILES[args.imbalance]
     if args.lag_ms is not None:
         lag_s = args.lag_ms / 1000.0
-    say(_intro(args, lag_s, p_straggle, straggle_s))
+    say("\n".join(_wrap(_intro(args, lag_s, p_straggle, straggle_s), indent="")))
     t0 = time.monotonic()
     _run_jobs(args, out, _train_command(args, lag_s, p_straggle, straggle_s), console, say)
     diag, ab = (
@@ -161,10 +161,11 @@ def _printer(console: Any) -> Any:
     return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def _wrap(line: str) -> list[str]:
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    """`text` (lines) wrapped at the report's piped width, continuation lines indented."""
     from jaxpace.report.terminal import PIPE_WIDTH, wrap_text
 
-    return wrap_text(line, PIPE_WIDTH, "  ", "    ")
+    return [w for ln in text.split("\n") for w in wrap_text(ln, PIPE_WIDTH, indent, indent + "  ")]
 
 
 def _intro(args: argparse.Namespace, lag_s: float, p_straggle: float, straggle_s: float) -> str:

@@ -93,7 +93,8 @@ def _ranking(report: Report, n: int, verbose: bool, width: int) -> list[str]:
     legend = "* = significantly late (CI excludes 0, above the noise floor)"
     if len(report.ranking) > n:
         where = "in the HTML and JSON" if verbose else "with --verbose / in the HTML"
-        legend += f"; {len(report.ranking) - n} more ranks {where}"
+        more = len(report.ranking) - n
+        legend += f"; {more} more rank{'s' * (more > 1)} {where}"
     return lines + wrap_text(legend, width, "  ", "  ")
 
 
