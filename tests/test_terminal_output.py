@@ -149,3 +149,20 @@ def test_demo_progress_bars_fit_80_columns():
     assert "…" not in out and "99999/100000" in out
     for label, _ in demo.JOBS.values():
         assert label in out
+
+
+def test_report_cli_short_by_default_and_verbose_on_request(tmp_path, capsys):
+    from jaxpace.report import cli as report_cli
+
+    run = tmp_path / "run"
+    synthetic_run(8, 60, late_rank=3, late_s=0.01, seed=1).write_jsonl(run)
+    outputs = []
+    for extra in ([], ["--verbose"]):
+        ap = argparse.ArgumentParser()
+        report_cli.configure_parser(ap)
+        assert report_cli.cli_main(ap.parse_args([str(run), *extra])) == 0
+        outputs.append(capsys.readouterr().out)
+    short, full = outputs
+    assert "Decisions (evidence, confidence)" not in short and "--verbose" in short
+    assert "Decisions (evidence, confidence)" in full and "Cost of waiting" in full
+    assert len(short.splitlines()) <= 32 < len(full.splitlines())
