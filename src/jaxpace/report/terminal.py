@@ -38,12 +38,17 @@ _NBSP = "\x00"
 
 
 def display_name(name: object) -> str:
-    """A run id, site, host or mode name as printed: every name goes through here."""
+    """A run id, site, host or mode name as printed.
+
+    Every piece of text the summary prints goes through here (table cells and
+    sentences too, since they embed names), so one change covers every name.
+    """
     return str(name)
 
 
 def wrap_text(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
     """`text` wrapped at `width` on word boundaries, never inside a `backticked span`."""
+    text = display_name(text)
     protected = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", _NBSP), text)
     lines = textwrap.wrap(
         protected,
@@ -58,7 +63,7 @@ def wrap_text(text: str, width: int, first: str = "", rest: str = "") -> list[st
 
 def text_table(rows: list[list[str]], title: str | None = None, header: bool = True) -> list[str]:
     """`rows` (header first) as fixed-width columns: text left, numbers right, nothing cut."""
-    head, *body = rows
+    head, *body = [[display_name(c) for c in r] for r in rows]
     shown = [head, *body] if header else body
     if not shown:
         return []
