@@ -88,6 +88,12 @@ def test_no_forecast_in_the_advice_where_none_can_be_fitted():
         assert "scaling efficiency at" not in text and "1024 ranks" not in text
 
 
+def test_no_note_about_a_forecast_that_is_not_shown():
+    rep = analyze(synthetic_records(4, 9, late_rank=1, late_s=0.02, seed=0))
+    assert rep.culprit == 1 and forecast_support(rep)[0] == 0  # 28 samples: no rank count
+    assert not any("forecast treats" in n for n in rep.notes)
+
+
 def test_the_advice_forecasts_only_as_far_as_the_table_goes():
     rep = analyze(synthetic_records(16, 200, seed=0, straggler_prob=0.05, straggler_factor=2.0))
     assert rep.primary_mode == "synchronization_amplification"

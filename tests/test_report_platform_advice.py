@@ -80,7 +80,12 @@ def test_no_try_pacing_when_adaptive_pacing_already_ran():
     assert "pacing already ran" in text
 
 
-def test_try_pacing_is_offered_when_the_run_only_measured():
-    rep = _amplification("no_pacing()")
+@pytest.mark.parametrize("policy", ["no_pacing()", None])  # None: the generator's "synthetic"
+def test_try_pacing_is_offered_when_the_run_only_measured(policy):
+    rep = _amplification(policy)
     assert not rep.context.pacing_ran
     assert any("try pacing" in s for s in next_steps(rep))
+
+
+def test_a_fixed_delay_policy_counts_as_pacing():
+    assert _amplification("fixed(delay_s=0.001)").context.pacing_ran

@@ -117,20 +117,15 @@ def analyze(
     culprits, refused = stages.refuse_invariant(culprits, ctx, site)
     notes += ([refused] if refused else []) + stages.context_notes(ctx, site)
     costs = stages.waiting_costs(data, sel, culprits, iteration.mean_s)
+    cost_s = costs[0].saving_s if costs else math.nan
     failure_modes, primary = stages.assess_modes(
-        data,
-        sel,
-        culprits,
-        iteration,
-        amplification,
-        groups,
-        expected_transfer_s,
-        refused,
-        straggler_cost_s=costs[0].saving_s if costs else math.nan,
+        data, sel, culprits, iteration, amplification, groups, expected_transfer_s, refused,
+        straggler_cost_s=cost_s,
+    )  # fmt: skip
+    forecast, forecast_note = stages.forecast(
+        sel.compute, amplification, culprits.culprit, analyzed_steps=sel.n
     )
-    forecast, forecast_note = stages.forecast(sel.compute, amplification, culprits.culprit)
-    if forecast_note:
-        notes.append(forecast_note)
+    notes += [forecast_note] if forecast_note else []
     return Report(
         run_id=recs.run_id,
         site=site,

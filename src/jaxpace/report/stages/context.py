@@ -18,7 +18,10 @@ from jaxpace.report.model import RunContext, SiteData
 from jaxpace.report.records import Records
 from jaxpace.report.stages.culprit import CulpritRanking
 
-__all__ = ["context_notes", "refuse_invariant", "run_context"]
+__all__ = ["PACING_POLICIES", "context_notes", "refuse_invariant", "run_context"]
+
+# Header `policy` names of the policies that pace (`jaxpace.adaptive`, `jaxpace.fixed`).
+PACING_POLICIES = ("adaptive(", "fixed(")
 
 
 def run_context(records: Records, site: str, data: SiteData) -> RunContext:
@@ -29,7 +32,7 @@ def run_context(records: Records, site: str, data: SiteData) -> RunContext:
     known = [p for p in platforms if p != "unknown"]
     platform = known[0] if len(set(known)) == 1 else ("mixed" if known else "unknown")
     policies = tuple(sorted({str(h.get("policy", "")) for h in headers if h.get("policy")}))
-    paced = any(not p.startswith("no_pacing") for p in policies) or bool(np.any(data.engaged))
+    paced = any(p.startswith(PACING_POLICIES) for p in policies) or bool(np.any(data.engaged))
     sample = max((_int(h.get("sample_every"), 1) for h in headers), default=1)
     invariant = probe = None
     stopped = False

@@ -17,6 +17,7 @@ from jaxpace.report.model import (
     WaitingCost,
     WhatIf,
 )
+from jaxpace.report.reach import SAMPLES_PER_RANK
 from jaxpace.report.stages.culprit import CulpritRanking
 from jaxpace.report.stages.stats import mean_finite
 from jaxpace.report.stages.steps import StepSelection
@@ -98,8 +99,14 @@ def waiting_costs(
     return tuple(out)
 
 
-def forecast(compute: np.ndarray, amp: float, culprit: int | None) -> tuple[Forecast | None, str]:
-    """Order-statistics forecast at `FORECAST_RANKS`; returns (forecast, note or "")."""
+def forecast(
+    compute: np.ndarray, amp: float, culprit: int | None, *, analyzed_steps: int | None = None
+) -> tuple[Forecast | None, str]:
+    """Order-statistics forecast at `FORECAST_RANKS`; returns (forecast, note or "").
+
+    With `analyzed_steps`, the note about a culprit is left out when the data
+    supports no forecast at all (`reach.forecast_support`): nothing to qualify.
+    """
     R = compute.shape[1] if compute.ndim == 2 else 0
     if not (compute.size and R >= 2 and np.all(compute > 0)):
         return None, ""
@@ -121,7 +128,8 @@ def forecast(compute: np.ndarray, amp: float, culprit: int | None) -> tuple[Fore
         forecast_at_measured=emp[-1],
     )
     note = ""
-    if culprit is not None:
+    shown = analyzed_steps is None or FORECAST_RANKS[0] * SAMPLES_PER_RANK <= analyzed_steps * R
+    if culprit is not None and shown:
         note = (
             f"the forecast treats culprit rank {culprit} as one draw in {R} of the "
             "compute distribution (a chance per rank), so it can sit below the "
