@@ -264,7 +264,7 @@ def test_records_and_stats_per_device():
     run_psum(pacer, "s", 5)
     s = pacer.stats()["s"]
     assert s.measured and s.ranks == list(range(8))
-    assert s.steps == 5 * 8 and s.errors == 0
+    assert s.steps == 5 and s.errors == 0  # steps, not rank-steps (issue 26)
     recs = [r for r in pacer.records() if r["type"] == "step"]
     assert len(recs) == 40
     assert all(r["wait_ns"] >= 0 and r["done_ns"] >= r["arrive_ns"] for r in recs)
@@ -299,8 +299,10 @@ def test_scan_and_fori_loop_count_callbacks():
     ref = jax.jit(jax.shard_map(ref_body, mesh=MESH, in_specs=P("data"), out_specs=P("data")))(x)
     same_bytes(ours, ref)
     st_ = pacer.stats()
-    assert st_["scan"].steps == 4 * 8
-    assert st_["fori"].steps == 3 * 8
+    assert st_["scan"].steps == 4 and st_["fori"].steps == 3  # steps, not rank-steps
+    recs = [r for r in pacer.records() if r["type"] == "step"]  # one callback per shard
+    assert sum(r["site"] == "scan" for r in recs) == 4 * 8
+    assert sum(r["site"] == "fori" for r in recs) == 3 * 8
 
 
 def test_pmap():
@@ -309,7 +311,8 @@ def test_pmap():
     a = jax.pmap(lambda v: pacer.pmean(v, "i", site="pm"), axis_name="i")(x)
     b = jax.pmap(lambda v: lax.pmean(v, "i"), axis_name="i")(x)
     same_bytes(a, b)
-    assert pacer.stats()["pm"].steps == 8
+    assert pacer.stats()["pm"].steps == 1  # one step of 8 shards (issue 26)
+    assert sum(r["type"] == "step" for r in pacer.records()) == 8
 
 
 def test_unbound_axis_names_bound_axes():

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import warnings
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -600,9 +601,11 @@ def test_vmap_scan_cond_callback_counts():
         smap(ref, out_specs=spec)(x.reshape(8, 2)[:, :2])
     )
     s = pacer.stats()
-    assert s["vmap"].steps == 8  # one measured call for the whole batch, per shard
-    assert s["scan"].steps == 3 * 8
-    assert s["cond_yes"].steps == 8 and "cond_no" not in s or s["cond_no"].steps == 0
+    assert s["vmap"].steps == 1 and s["scan"].steps == 3  # steps, not rank-steps (issue 26)
+    assert s["cond_yes"].steps == 1 and "cond_no" not in s or s["cond_no"].steps == 0
+    per_site = Counter(r["site"] for r in pacer.records() if r["type"] == "step")
+    assert per_site["vmap"] == 8  # one measured call for the whole batch, per shard
+    assert per_site["scan"] == 3 * 8 and per_site["cond_yes"] == 8
 
 
 def _collect_warnings(fn):

@@ -46,6 +46,9 @@ class Runtime(Protocol):
     def note_unmeasured(self, site: str, reason: str) -> None:
         """Records that `site` passes straight to `jax.lax`, and why."""
 
+    def note_invariant(self, site: str, axis: str) -> None:
+        """The operand at `site` is already invariant over `axis` (records it)."""
+
     def open_site(self, name: str, num_slots: int, layout: str | None) -> Any:
         """The host state of a measured site (created on first use)."""
 
@@ -360,7 +363,8 @@ def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
     if reason is not None:
         rt.note_unmeasured(site, reason)
         return plain()
-    _invariant.warn_if_invariant(kind, leaves, axes, site)  # the skew would be hidden
+    if _invariant.warn_if_invariant(kind, leaves, axes, site):  # the skew would be hidden
+        rt.note_invariant(site, str(axes[0]))  # into the records: the report refuses a culprit
     return _measured(
         rt, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am, probe
     )

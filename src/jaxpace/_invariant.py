@@ -3,7 +3,9 @@
 In `shard_map` (with `check_vma`, the default), `jax.grad` with respect to
 replicated parameters inserts its own all-reduce: the gradients reaching
 `jaxpace.pmean` are already in sync, so every rank's wait is the same and the
-report finds no straggler. `warn_if_invariant` logs that once per site, with the fix.
+report finds no straggler. `warn_if_invariant` logs that once per site, with the fix,
+and tells the caller, which writes it into the records (header `sites`), so the
+report refuses to name a culprit from that site (docs/records.md).
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ def already_invariant(leaves, axes) -> bool:
     return probe is not None and axes[0] in probe
 
 
-def warn_if_invariant(kind: str, leaves, axes, site: str) -> None:
-    if site in _warned or not already_invariant(leaves, axes):
-        return
+def warn_if_invariant(kind: str, leaves, axes, site: str) -> bool:
+    """True when the operand is already invariant over `axes` (warns once per site)."""
+    if not already_invariant(leaves, axes):
+        return False
+    if site in _warned:
+        return True
     _warned.add(site)
     ax = axes[0]
     log.warning(
@@ -58,3 +63,4 @@ def warn_if_invariant(kind: str, leaves, axes, site: str) -> None:
         ax,
         ax,
     )
+    return True

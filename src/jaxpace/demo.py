@@ -53,7 +53,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 class _Progress:
-    """A text stream for `launch` that drives a rich progress bar and keeps a log."""
+    """A text stream for `launch` that keeps a log and drives a rich progress bar (if any)."""
 
     def __init__(self, progress, task: Any, log) -> None:
         self.progress = progress
@@ -62,6 +62,8 @@ class _Progress:
 
     def write(self, s: str) -> int:
         self.log.write(s)
+        if self.progress is None:
+            return len(s)
         for line in s.splitlines():
             if "PROGRESS " in line:
                 parts = line.split("PROGRESS ", 1)[1].split()
@@ -104,21 +106,18 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     2. A/B: measure only, exchange without pacing, and pacing on, interleaved
        step by step (A B C A B C ...) so machine noise hits all three alike.
     """
-    from rich.console import Console
-    from rich.panel import Panel
-
     from jaxpace import report
 
     _validate(args)
-    console = console or Console()
+    say = _printer(console)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     lag_s, p_straggle, straggle_s = IMBALANCE_PROFILES[args.imbalance]
     if args.lag_ms is not None:
         lag_s = args.lag_ms / 1000.0
-    console.print(_intro(args, lag_s, p_straggle, straggle_s))
+    say("\n".join(_wrap(_intro(args, lag_s, p_straggle, straggle_s), indent="")))
     t0 = time.monotonic()
-    _run_jobs(args, out, _train_command(args, lag_s, p_straggle, straggle_s), console)
+    _run_jobs(args, out, _train_command(args, lag_s, p_straggle, straggle_s), console, say)
     diag, ab = (
         _load_results(out, "diagnose", args.processes),
         _load_results(out, "ab", args.processes),
@@ -130,9 +129,9 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     losses = diag[0]["off"]["losses"]
     warmup = min(5, args.steps // 4)
     rows = {ph: _phase_row(out, ab, ph, warmup, rep.culprit) for ph in PHASES}
-    console.print(_ab_table(rows))
+    say("\n".join(["", *_ab_table(rows)]))
     lines = _diagnosis_lines(rep, rows, losses, same_params, paths)
-    console.print(Panel("\n".join(lines), title="Diagnosis", expand=False))
+    say("\n".join(["", "Diagnosis", *(w for ln in lines for w in _wrap(ln))]))
     # The HTML carries the same A/B table and Diagnosis as the terminal.
     report.write_html(rep, paths["html"], extra_sections=html_sections(rows, lines))
     report.write_trace(out / "diagnose" / "off", paths["trace"])
@@ -155,9 +154,23 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
     return summary
 
 
+def _printer(console: Any) -> Any:
+    """Prints plain text to `console` (a rich Console, not re-wrapped) or to stdout."""
+    if console is None:
+        return print
+    return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    """`text` (lines) wrapped at the report's piped width, continuation lines indented."""
+    from jaxpace.report.terminal import PIPE_WIDTH, wrap_text
+
+    return [w for ln in text.split("\n") for w in wrap_text(ln, PIPE_WIDTH, indent, indent + "  ")]
+
+
 def _intro(args: argparse.Namespace, lag_s: float, p_straggle: float, straggle_s: float) -> str:
     return (
-        f"[bold]jaxpace demo[/]: {args.processes} processes x {args.devices} CPU devices, "
+        f"jaxpace demo: {args.processes} processes x {args.devices} CPU devices, "
         f"Flax/Optax MLP, {args.steps} steps to diagnose, then {args.steps} steps each of "
         f"{', '.join(PHASES.values())}, interleaved.\n"
         f"Injected imbalance '{args.imbalance}': process {args.slow_process} is "
@@ -197,42 +210,60 @@ def _train_command(
     ]
 
 
-def _run_jobs(args: argparse.Namespace, out: Path, common: list[str], console) -> None:
-    """Launches the diagnosis job and the interleaved A/B job, with progress bars."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+# The two launches: label (short, so a progress bar fits 80 columns) and extra flags.
+JOBS = {
+    "diagnose": ("diagnose (measure only)", ["--pacing", "off"]),
+    "ab": ("A/B (3 runs interleaved)", ["--pacing", ",".join(PHASES)]),
+}
 
+
+def _run_jobs(args: argparse.Namespace, out: Path, common: list[str], console, say) -> None:
+    """Launches the diagnosis job and the interleaved A/B job.
+
+    On a terminal, a progress bar per job; off one (piped, logged), one line per
+    job when it ends, so no bar is redrawn or cut into the output.
+    """
     from jaxpace import launch
     from jaxpace.errors import LaunchError
 
-    jobs = {
-        "diagnose": ("diagnose (measure only)", ["--pacing", "off"]),
-        "ab": ("A/B: " + " | ".join(PHASES.values()), ["--pacing", ",".join(PHASES)]),
-    }
     log_path = out / "launch.log"
-    with (
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as progress,
-        open(log_path, "w") as log,
-    ):
-        for name, (label, extra) in jobs.items():
-            stream = _Progress(progress, progress.add_task(label, total=args.steps), log)
+    with _progress(console) as progress, open(log_path, "w") as log:
+        for name, (label, extra) in JOBS.items():
+            task = progress.add_task(label, total=args.steps) if progress else None
+            t0 = time.monotonic()
             res = launch.launch(
                 common + extra + ["--out", str(out / name)],
                 num_processes=args.processes,
                 local_devices=args.devices,
                 timeout_s=args.timeout,
-                stream=stream,
+                stream=_Progress(progress, task, log),
             )
             if not res.ok:
                 raise LaunchError(
                     launch.describe_failure(res, args.timeout) + f"\nFull log: {log_path}"
                 )
+            if progress is None:
+                say(f"{label}: {args.steps} steps in {time.monotonic() - t0:.1f} s")
+
+
+def _progress(console: Any) -> Any:
+    """A rich progress display on a terminal, else a context that yields None."""
+    import contextlib
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console()
+    if not console.is_terminal:
+        return contextlib.nullcontext(None)
+    return Progress(
+        TextColumn("{task.description}", table_column=None),
+        BarColumn(bar_width=24),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 def _load_results(out: Path, job: str, processes: int) -> list[dict]:
@@ -280,17 +311,11 @@ def html_sections(rows: dict[str, dict[str, float]], lines: list[str]) -> list[t
     return [(AB_TITLE, ab_rows(rows)), ("Diagnosis", list(lines))]
 
 
-def _ab_table(rows: dict[str, dict[str, float]]):
-    from rich.table import Table
+def _ab_table(rows: dict[str, dict[str, float]]) -> list[str]:
+    """The A/B table as fixed-width text lines (title first)."""
+    from jaxpace.report.terminal import text_table
 
-    header, *body = ab_rows(rows)
-    t = Table(title=AB_TITLE)
-    t.add_column(header[0])
-    for label in header[1:]:
-        t.add_column(label, justify="right")
-    for row in body:
-        t.add_row(*row)
-    return t
+    return text_table(ab_rows(rows), AB_TITLE)
 
 
 def _diagnosis_lines(rep, rows, losses, same_params: bool, paths: dict[str, str]) -> list[str]:
@@ -305,7 +330,7 @@ def _diagnosis_lines(rep, rows, losses, same_params: bool, paths: dict[str, str]
     )
     detected = sorted(
         (m for m in rep.failure_modes if m.detected and m.name != "balanced"),
-        key=lambda m: -m.score,
+        key=lambda m: (m.name != rep.primary_mode, -m.score),  # the report's order
     )
     mode_lines = [f"  {m.name} (score {m.score:.2f}): {m.evidence[0]}" for m in detected]
     return [

@@ -88,11 +88,13 @@ class _Window:
     def culprit(self) -> tuple[int, float, np.ndarray]:
         """(culprit or -1, fraction of the window's steps it was last, mean earliness).
 
+        -1, -1.0 and an empty array before any exchanged step (docs/api.md).
+
         The culprit is the report's decision (`jaxpace._culprit.decide`) over the
         window: late against per-step noise and outside the fleet's own spread.
         """
         if not self.rows or len({r.size for r in self.rows}) != 1:
-            return -1, math.nan, np.zeros(0)
+            return -1, -1.0, np.zeros(0)  # -1, not NaN: docs/api.md
         h = np.stack(self.rows)
         ok = np.isfinite(h).any(axis=0)
         mean = np.full(h.shape[1], np.nan)
@@ -169,7 +171,8 @@ class PrometheusTextfile:
         )
         self._culprit_frac = g(
             "jaxpace_culprit_last_fraction",
-            "Fraction of the last 64 exchanged steps in which the culprit arrived last",
+            "Fraction of the last 64 exchanged steps in which the culprit arrived last (-1: "
+            "unknown, the policy does not exchange waits)",
             cl,
             registry=reg,
         )

@@ -26,6 +26,7 @@ log = logging.getLogger("jaxpace")
 _HEADER_FIELDS = (
     "type", "format", "run_id", "process_index", "process_count", "host", "pid",
     "granularity", "jaxpace_version", "policy", "local_devices", "topology",
+    "platform", "sample_every", "sites",
 )  # fmt: skip
 
 
@@ -113,7 +114,49 @@ def header(pacer: Pacer) -> dict[str, Any]:
         policy=pacer.policy.name,
         local_devices=[d.id for d in jax.local_devices()],
         rank_groups=_rank_groups(pacer),
+        platform=_platform(),
+        sample_every=int(pacer.config.sample_every),
+        sites=_site_context(pacer),
     )
+
+
+def _platform() -> str:
+    """`cpu`, `gpu` or `tpu` (or what JAX calls it): the devices this process's ranks ran on."""
+    import jax
+
+    try:
+        p = str(jax.local_devices()[0].platform).lower()
+    except Exception:  # noqa: BLE001 - no backend: say so rather than fail the export
+        return "unknown"
+    return "gpu" if p in ("cuda", "rocm") else p
+
+
+def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
+    """Per site, what changes what its numbers mean (docs/records.md, header `sites`).
+
+    `probe`: which probes timed it; `invariant_over`: the axis its operand was
+    already reduced over (the skew is hidden), else None; `backed_off` /
+    `ab_rejected`: the policy stopped pacing during the run on some rank.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    invariant = dict(getattr(pacer.hooks, "invariant_sites", {}))
+    for name, site in sorted(pacer._sites.items()):
+        backed_off = ab_rejected = False
+        for st in list(site.ranks.values()):
+            with st.lock:
+                status = pacer.policy.status(st.policy_state)
+            backed_off = backed_off or bool(status.backed_off)
+            ab = status.ab_effect or {}
+            ab_rejected = ab_rejected or bool(ab.get("rejected"))
+        out[name] = {
+            "probe": site.probe,
+            "invariant_over": invariant.get(name),
+            "backed_off": backed_off,
+            "ab_rejected": ab_rejected,
+        }
+    for name, axis in sorted(invariant.items()):
+        out.setdefault(name, {"probe": None, "invariant_over": axis})
+    return out
 
 
 def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:

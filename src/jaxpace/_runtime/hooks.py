@@ -44,6 +44,7 @@ class Hooks:
     def __init__(self, pacer: Pacer) -> None:
         self._p = pacer
         self._callbacks_ok: bool | None = None
+        self.invariant_sites: dict[str, str] = {}  # site -> axis its operand was invariant over
 
     # ------------------------------------------------------------------ settings
 
@@ -84,6 +85,11 @@ class Hooks:
             if p._unmeasured.get(site) != reason:
                 log.info("jaxpace: collective at %s is not measured: %s", site, reason)
             p._unmeasured[site] = reason
+
+    def note_invariant(self, site: str, axis: str) -> None:
+        """Trace time: the operand at `site` was already reduced over `axis` (docs/records.md)."""
+        with self._p._lock:
+            self.invariant_sites[site] = axis
 
     def open_site(self, name: str, num_slots: int, layout: str | None) -> Site:
         p = self._p

@@ -27,9 +27,11 @@ class SiteStats:
       measured: False when every call at this site passed straight to `jax.lax`.
       unmeasured_reason: why it was passed through (e.g. "vmap axis"), or None.
       ranks: the ranks this process recorded (process index or axis index).
-      steps: steps recorded (after sampling) on this process.
+      steps: steps recorded (after sampling) on this process: the most any of its
+        ranks recorded, so 100 steps of 8 device shards count 100, not 800.
       engaged: whether the policy was pacing at the last step.
-      steps_paced: steps on which this process slept before the collective.
+      steps_paced: steps on which this process slept before the collective (the
+        most of any of its ranks, like `steps`).
       total_delay_s: seconds this process slept at this site.
       wait_mean_s: mean time this process's ranks waited inside the collective.
       earliness_mean_s / earliness_p50_s / earliness_p99_s: per rank of the job
@@ -262,8 +264,8 @@ def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
     for r in ranks:
         st = site.ranks[r]
         with st.lock:
-            s.steps += st.steps
-            s.steps_paced += st.steps_paced
+            s.steps = max(s.steps, st.steps)  # steps, not rank-steps (granularity="device")
+            s.steps_paced = max(s.steps_paced, st.steps_paced)
             s.total_delay_s += st.total_delay_ns / 1e9
             s.engaged = s.engaged or st.engaged
             if st.steps:

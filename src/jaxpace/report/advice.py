@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from jaxpace.report.reach import forecast_support
 from jaxpace.report.text import format_ms
 
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
 
-__all__ = ["next_steps"]
+__all__ = ["advice_blocks", "next_steps"]
 
 
 def _saving(report: Report) -> str:
@@ -34,6 +35,42 @@ def _saving(report: Report) -> str:
     )
 
 
+def _device_checks(host: str, platform: str) -> list[str]:
+    """Where to look on `host` for a slow rank, for the run's platform."""
+    if platform == "cpu":
+        return [
+            f"On {host}, look for other work on its cores: `top` or `ps -eo pid,pcpu,comm "
+            "--sort=-pcpu | head` (processes competing for CPU), its CPU binding "
+            "(`taskset -cp PID`), and frequency scaling (`grep MHz /proc/cpuinfo`).",
+            "Compare that process's own per-step work with the others' (input pipeline, "
+            "extra work such as logging or sleeps on that process only).",
+        ]
+    if platform == "tpu":
+        return [
+            f"On {host}, check for other work on the host (`top`: the input pipeline and "
+            "host callbacks run on its CPUs) and the data loader's time per step.",
+            "Check the TPU host's health in your cloud's TPU monitoring (duty cycle, HBM use) "
+            "against the other hosts'.",
+        ]
+    gpu = [
+        f"On {host}, check the device's clocks, thermals and throttling: "
+        "`nvidia-smi -q -d CLOCK,TEMPERATURE,PERFORMANCE` (clocks below the others', "
+        "'HW Slowdown' or 'Thermal' active).",
+        "Check its PCIe link: `nvidia-smi -q | grep -A2 'Link Width'` and "
+        "`lspci -vv | grep LnkSta` (a link trained below x16 or below its generation).",
+        f"Check for other work on {host}: `nvidia-smi` (other processes on the GPU), "
+        "`top` (CPU contention on the input pipeline), and the data loader's time per step.",
+    ]
+    if platform == "gpu":
+        return gpu
+    return [  # records without a platform (older versions): say which checks fit which
+        f"On {host}, check for other work (`top`: CPU contention on the input pipeline; the "
+        "data loader's time per step) and, on a GPU, the device's clocks and throttling: "
+        "`nvidia-smi -q -d CLOCK,TEMPERATURE,PERFORMANCE`.",
+        gpu[1],
+    ]
+
+
 def _straggler(report: Report) -> list[str]:
     rs = report.rank_stats(report.culprit)
     out = [
@@ -41,13 +78,7 @@ def _straggler(report: Report) -> list[str]:
         f"{format_ms(rs.excess_lateness_s)} later than a typical rank, last in "
         f"{rs.last_fraction:.0%} of steps: look at that process and its device first."
         + _saving(report),
-        f"On {rs.host}, check the device's clocks, thermals and throttling: "
-        "`nvidia-smi -q -d CLOCK,TEMPERATURE,PERFORMANCE` (clocks below the others', "
-        "'HW Slowdown' or 'Thermal' active).",
-        "Check its PCIe link: `nvidia-smi -q | grep -A2 'Link Width'` and "
-        "`lspci -vv | grep LnkSta` (a link trained below x16 or below its generation).",
-        f"Check for other work on {rs.host}: `nvidia-smi` (other processes on the GPU), "
-        "`top` (CPU contention on the input pipeline), and the data loader's time per step.",
+        *_device_checks(rs.host, _platform(report)),
     ]
     if rs.compute_s > 0 and math.isfinite(rs.compute_s):
         out.append(
@@ -55,6 +86,30 @@ def _straggler(report: Report) -> list[str]:
             "healthy, compare its batch size / sequence lengths with the other ranks'."
         )
     return out
+
+
+def _platform(report: Report) -> str:
+    ctx = getattr(report, "context", None)
+    return ctx.platform if ctx is not None else "unknown"
+
+
+def _pacing_ran(report: Report) -> bool:
+    ctx = getattr(report, "context", None)
+    return bool(ctx is not None and ctx.pacing_ran)
+
+
+def _forecast_line(report: Report) -> tuple[int, float] | None:
+    """(ranks, amplification) at the largest rank count the data supports, or None.
+
+    The same bound as the forecast table and plot (`tables.forecast_support`):
+    nothing is forecast where the report says it cannot fit one.
+    """
+    fc = report.forecast
+    if fc is None or not fc.ranks:
+        return None
+    top, _, _ = forecast_support(report)
+    pts = [(n, a) for n, a in zip(fc.ranks, fc.amplification, strict=True) if n <= top]
+    return pts[-1] if pts else None
 
 
 def _locality(report: Report) -> list[str]:
@@ -93,7 +148,12 @@ def _contention(report: Report) -> list[str]:
     if math.isfinite(share):
         lines.append(
             f"The collective takes {share:.0%} of the step ({transfer:.0%} moving data, the "
-            "rest waiting): the fabric, not one rank, sets the pace."
+            "rest waiting)"
+            + (
+                ": the fabric, not one rank, sets the pace."
+                if report.culprit is None
+                else f"; besides rank {report.culprit}, the fabric costs time too."
+            )
         )
     lines += [
         "See what more nodes would cost: `jaxpace simulate --nodes 8,16,32,64 --scenario "
@@ -105,18 +165,25 @@ def _contention(report: Report) -> list[str]:
 
 
 def _amplification(report: Report) -> list[str]:
-    fc = report.forecast
     lines = [
         f"Random per-step noise across ranks costs {report.amplification - 1:.1%} of compute "
         "here (synchronization amplification); no single rank is to blame."
     ]
-    if fc is not None and fc.ranks:
-        n, a = fc.ranks[-1], fc.amplification[-1]
-        lines.append(
-            f"It grows with scale: about {a:.2f}x at {n} ranks (empirical forecast). "
-            "Reduce variance at its source (data loading, garbage collection, host jitter), "
-            "or try pacing: `jp.configure(policy=jp.adaptive(max_delay_s=0.005))`."
+    fc = _forecast_line(report)
+    grow = (
+        f"It grows with scale: about {fc[1]:.2f}x at {fc[0]} ranks (empirical forecast). "
+        if fc
+        else ""
+    )
+    lines.append(
+        grow
+        + "Reduce variance at its source (data loading, garbage collection, host jitter)"
+        + (
+            "; pacing already ran here, so see its table for what it changed."
+            if _pacing_ran(report)
+            else ", or try pacing: `jp.configure(policy=jp.adaptive(max_delay_s=0.005))`."
         )
+    )
     return lines
 
 
@@ -127,29 +194,64 @@ def _balanced(report: Report) -> list[str]:
     if math.isfinite(eff):
         line += f" Scaling efficiency lost to waiting at this size: {1 - eff:.1%}."
     lines = [line]
-    fc = report.forecast
-    if fc is not None and fc.ranks:
-        n, a = fc.ranks[-1], fc.amplification[-1]
-        lines.append(f"Expect about {1 / a:.0%} scaling efficiency at {n} ranks (forecast).")
+    fc = _forecast_line(report)
+    if fc is not None:
+        lines.append(
+            f"Expect about {1 / fc[1]:.0%} scaling efficiency at {fc[0]} ranks (forecast)."
+        )
     return lines
 
 
+def _invariant(report: Report) -> list[str]:
+    axis = report.context.invariant_over
+    return [
+        f"Make the operand of `{report.site}` vary over `{axis}` before timing it: "
+        f"`local = jax.tree.map(lambda p: jax.lax.pcast(p, '{axis}', to='varying'), params)`, "
+        "then `jax.grad(loss)(local, ...)`. As run, JAX reduced the gradients before "
+        "jaxpace saw them, so every rank waited alike and no straggler can be named.",
+    ]
+
+
+_ADVICE = {
+    "locality": _locality,
+    "topology_contention": _contention,
+    "synchronization_amplification": _amplification,
+}
+
+
 def next_steps(report: Report) -> list[str]:
-    """What to do next, most useful first, from the primary failure mode and its evidence."""
+    """What to do next, most useful first: every detected mode, costliest first.
+
+    The primary mode's actions come first; a culprit named with confidence is
+    always covered (with the other detected modes' first actions after it).
+    """
+    return [line for block in advice_blocks(report) for line in block]
+
+
+def advice_blocks(report: Report) -> list[list[str]]:
+    """`next_steps` grouped by what each block is about (primary mode first)."""
     if report.num_ranks < 2:
         return [
-            "One rank: nothing to compare. Time each device with "
-            "`jp.Pacer(granularity='device')`, or run several processes (`jaxpace launch -n N`)."
+            [
+                "One rank: nothing to compare. Time each device with "
+                "`jp.Pacer(granularity='device')`, or run several processes "
+                "(`jaxpace launch -n N`)."
+            ]
         ]
-    mode = report.primary_mode
-    if mode == "persistent_straggler" and report.culprit is not None:
-        return _straggler(report)
-    if mode == "locality":
-        return _locality(report)
-    if mode == "topology_contention":
-        return _contention(report)
-    if mode == "synchronization_amplification":
-        return _amplification(report)
-    if report.culprit is not None:
-        return _straggler(report)
-    return _balanced(report)
+    ctx = getattr(report, "context", None)
+    if ctx is not None and ctx.invariant_over:
+        return [_invariant(report)]
+    detected = [m.name for m in report.failure_modes if m.detected and m.name != "balanced"]
+    order = [report.primary_mode] + [m for m in detected if m != report.primary_mode]
+    if report.culprit is not None and "persistent_straggler" not in order:
+        order.append("persistent_straggler")
+    out: list[list[str]] = []
+    for mode in order:
+        if mode == "persistent_straggler" and report.culprit is not None:
+            lines = _straggler(report)
+        elif mode in _ADVICE:
+            lines = _ADVICE[mode](report)
+        else:
+            continue
+        out.append(lines if not out else lines[:2])
+    return out or [_balanced(report)]

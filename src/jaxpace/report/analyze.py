@@ -125,13 +125,19 @@ def analyze(
     groups = stages.normalize_groups(topology_groups, recs, data)
     culprits = stages.rank_culprits(data, sel, iteration, groups)
     notes += culprits.notes
-    failure_modes, primary = stages.assess_modes(
-        data, sel, culprits, iteration, amplification, groups, expected_transfer_s
-    )
-    forecast, forecast_note = stages.forecast(sel.compute, amplification, culprits.culprit)
-    if forecast_note:
-        notes.append(forecast_note)
+    ctx = stages.run_context(recs, site, data)
+    culprits, refused = stages.refuse_invariant(culprits, ctx, site)
+    notes += ([refused] if refused else []) + stages.context_notes(ctx, site)
     costs = stages.waiting_costs(data, sel, culprits, iteration.mean_s)
+    cost_s = costs[0].saving_s if costs else math.nan
+    failure_modes, primary = stages.assess_modes(
+        data, sel, culprits, iteration, amplification, groups, expected_transfer_s, refused,
+        straggler_cost_s=cost_s,
+    )  # fmt: skip
+    forecast, forecast_note = stages.forecast(
+        sel.compute, amplification, culprits.culprit, analyzed_steps=sel.n
+    )
+    notes += [forecast_note] if forecast_note else []
     return Report(
         run_id=recs.run_id,
         source=loaded.source,
@@ -157,11 +163,13 @@ def analyze(
         periodic=sel.periodic,
         what_if=stages.what_if(data, sel, culprits, iteration.mean_s),
         forecast=forecast,
-        pacing=stages.pacing_effect(data, sel),
+        pacing=stages.pacing_effect(data, sel, ctx),
         culprits=culprits.culprits,
         late_groups=culprits.groups,
         costs=costs,
-        decisions=stages.decisions(culprits, failure_modes, primary, costs, sel.periodic),
+        decisions=((refused,) if refused else ())
+        + stages.decisions(culprits, failure_modes, primary, costs, sel.periodic, ctx.hours_unit),
         fleet=culprits.fleet,
+        context=ctx,
         data=data,
     )

@@ -38,6 +38,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--site", help="collective site to analyze (default: the busiest)")
     parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="print every table, the evidence and the notes (default: a short summary)",
+    )
+    parser.add_argument(
         "--expected-transfer-ms",
         type=float,
         default=None,
@@ -46,7 +52,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def cli_main(args: argparse.Namespace) -> int:
-    """Runs `jaxpace report`; returns the exit code (2 for unusable records)."""
+    """Runs `jaxpace report`; returns the exit code (2 for unusable records).
+
+    A folder that holds several runs and no records of its own (`jaxpace demo`'s
+    output) is listed, with the command that reports each: exit code 0.
+    """
+    runs = _runs_inside(args.run_dir)
+    if len(runs) > 1:
+        print(f"{args.run_dir} holds {len(runs)} runs; report one of them:")
+        print("\n".join(f"  jaxpace report {r}" for r in runs))
+        return 0
     args.run_dir = _one_run(args.run_dir)
     stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
     if stalls:
@@ -62,7 +77,7 @@ def cli_main(args: argparse.Namespace) -> int:
                 else None
             ),
         )
-        print_summary(report)
+        print_summary(report, verbose=bool(getattr(args, "verbose", False)))
         base = Path(args.run_dir)
         out_dir = base if base.is_dir() else base.parent
         html = write_html(report, args.html or out_dir / "report.html")
@@ -84,11 +99,18 @@ def cli_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs_inside(run_dir: str) -> list[Path]:
+    """The runs inside a folder without records of its own (else [])."""
+    base = Path(run_dir)
+    if base.is_dir() and not any(base.glob(RECORDS_GLOB)):
+        return find_runs(base)
+    return []
+
+
 def _one_run(run_dir: str) -> str:
     """`run_dir`, or the one run inside a folder without records of its own.
 
-    A folder of several runs is left as is: loading it then fails with the list of
-    runs and the command that reports each.
+    A folder of several runs is listed by `cli_main` before this.
     """
     base = Path(run_dir)
     if detect(base) != "records":  # a profiler trace or Inspector logs: one run

@@ -53,6 +53,16 @@ def fleet_line(fleet: FleetSpread | None, rule: bool = True) -> str:
     return f"{text}{_pct(fleet.spread_s, st)}; {how}" if rule else text
 
 
+def fleet_short(fleet: FleetSpread | None) -> str:
+    """The spread in a few words: median and p99 of per-rank mean lateness, robust SD."""
+    if fleet is None:
+        return "n/a"
+    return (
+        f"median {format_ms(fleet.median_s)}, p99 {format_ms(fleet.p99_s)}"
+        f"{_pct(fleet.p99_s, fleet.step_s)}; robust SD {format_ms(fleet.spread_s)}"
+    )
+
+
 def slowest_rows(report: Report) -> list[list[str]]:
     """The slowest ranks, named or "slowest, within normal spread", and what waiting costs."""
     rows = [

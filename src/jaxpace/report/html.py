@@ -37,8 +37,9 @@ _CMAP = np.array(
     [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=float
 )
 
-W, H = 760, 330
+W, H = 700, 330  # fits a 760 px window beside the page margins; CSS scales it down below
 ML, MR, MT, MB = 70, 20, 40, 50  # margins
+FONT_PX = 11  # the plots' text size, set in each SVG (so it renders the same anywhere)
 
 
 def _color(v: float) -> str:
@@ -58,9 +59,11 @@ def _fmt(x: float) -> str:
 def _svg_open(title: str, xlabel: str, ylabel: str, width: int = W, height: int = H) -> list[str]:
     return [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}" '
+        f'font-family="sans-serif" font-size="{FONT_PX}">',
         f"<title>{escape(title)}</title>",
-        f'<text x="{width / 2}" y="20" text-anchor="middle" class="t">{escape(title)}</text>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" class="t" font-size="14" '
+        f'font-weight="bold">{escape(title)}</text>',
         f'<text x="{ML + (width - ML - MR) / 2}" y="{height - 8}" text-anchor="middle">'
         f"{escape(xlabel)}</text>",
         f'<text x="16" y="{MT + (height - MT - MB) / 2}" text-anchor="middle" '
@@ -110,6 +113,19 @@ def _axes(x0: float, x1: float, y0: float, y1: float, xt, yt, width=W, height=H,
     return out, fx, fy
 
 
+def _index_ticks(n: int, most: int) -> list[int]:
+    """At most `most` distinct indices in [0, n), evenly spread (each label once)."""
+    return sorted({int(t) for t in _ticks(0, n - 1, max(most, 1)) if 0 <= t <= n - 1}) or [0]
+
+
+def _label_step(labels: Sequence[str], span_px: float) -> int:
+    """Show every k-th of `labels` across `span_px` so that none overlaps its neighbours."""
+    if not labels:
+        return 1
+    need = max(len(lbl) for lbl in labels) * FONT_PX * 0.62 + 8  # px per label
+    return max(1, math.ceil(len(labels) * need / max(span_px, 1.0)))
+
+
 def _analyzed(report: Report) -> np.ndarray:
     """Row indices of `report.data` that the summary's statistics use: after the warm-up
     (a prefix of the sorted steps), without periodic outliers."""
@@ -147,13 +163,11 @@ def _heatmap(report: Report) -> str:
                 f'height="{rh + 0.3:.2f}" fill="{_color(m[j, i] / vmax)}"/>'
             )
     steps = data.steps[rows_used]
-    for t in _ticks(0, cols - 1, 6):
-        j = int(t)
+    for j in _index_ticks(cols, 6):
         X = ML + (j + 0.5) * cw
         label = int(steps[min(sb[j], S - 1)])
         out.append(f'<text x="{X:.1f}" y="{MT + ph + 16}" text-anchor="middle">{label}</text>')
-    for t in _ticks(0, rows - 1, 8):
-        i = int(t)
+    for i in _index_ticks(rows, min(8, int(ph // (FONT_PX + 3)))):
         Y = MT + (i + 0.5) * rh
         lbl = int(data.ranks[rb[i]])
         out.append(f'<text x="{ML - 6}" y="{Y + 4:.1f}" text-anchor="end">{lbl}</text>')
@@ -165,7 +179,7 @@ def _heatmap(report: Report) -> str:
             f'<rect x="{bx}" y="{y:.2f}" width="14" height="{ph / 50 + 0.3:.2f}" '
             f'fill="{_color(k / 49)}"/>'
         )
-    out.append(f'<text x="{bx + 18}" y="{MT + 8}">{_fmt(vmax)} ms</text>')
+    out.append(f'<text x="{bx + 18}" y="{MT + 10}">{_fmt(vmax)} ms</text>')
     out.append(f'<text x="{bx + 18}" y="{MT + ph}">0</text>')
     out.append(f'<text x="{bx}" y="{MT - 6}" text-anchor="start">lateness (ms)</text>')
     out.append("</svg>")
@@ -207,7 +221,7 @@ def _phases(report: Report) -> str:
                 f"{name}: {v:.3g} ms</title></rect>"
             )
             y += v
-    step = max(1, n // 16)
+    step = _label_step(labels, W - ML - MR)
     for i in range(0, n, step):
         out.append(
             f'<text x="{fx(i) + bw / 2:.1f}" y="{H - MB + 16}" text-anchor="middle">'
@@ -276,7 +290,7 @@ def _forecast(report: Report) -> str:
     keep = [i for i, n in enumerate(fc.ranks) if n <= top]
     if not keep:
         out.append(
-            f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">not shown: {escape(why)}</text>'
+            f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">not shown (see below)</text>'
         )
         out.append("</svg>")
         return "\n".join(out)
@@ -318,8 +332,7 @@ def _forecast(report: Report) -> str:
         x = ML + 10 + k * 220
         out.append(f'<rect x="{x}" y="28" width="10" height="10" fill="{color}"/>')
         out.append(f'<text x="{x + 14}" y="37">{escape(name)}</text>')
-    out.append(f'<text x="{ML}" y="{H - 8}">{escape(why)}</text>')
-    out.append("</svg>")
+    out.append("</svg>")  # `why` goes below the plot as a caption (html `_figure`)
     return "\n".join(out)
 
 
@@ -351,7 +364,8 @@ h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;
 text-align:right;font-size:.9em}th{background:#f3f3f3}td:first-child,td.l{text-align:left}
 .partial{background:#fde2e2;border:2px solid #c00;padding:8px;font-weight:bold}
-svg{font-size:11px;margin:8px 0;display:block}svg .t{font-size:14px;font-weight:bold}
+svg{margin:8px 0 2px;display:block;max-width:100%;height:auto}
+figure{margin:0 0 12px}figcaption{font-size:.85em;color:#444;max-width:700px}
 svg .ax{stroke:#333;stroke-width:1}svg .q{stroke:#c00;stroke-dasharray:4 3}
 """
 
@@ -392,7 +406,8 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
     parts.append("<h2>Plots</h2>")
     if report.data is not None:
         parts += [_heatmap(report), _phases(report), _histogram(report)]
-    parts.append(_forecast(report))
+    why = tables.forecast_support(report)[2] if report.forecast is not None else ""
+    parts.append(f"<figure>{_forecast(report)}<figcaption>{escape(why)}</figcaption></figure>")
     parts.append(
         "<h2>Culprit ranking (after warm-up; times in ms)</h2>"
         + _table(tables.ranking_rows(report, 64))
@@ -402,6 +417,8 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
         parts.append(f"<h2>{escape(title)}</h2>" + _table(rows))
     if report.pacing is not None:
         parts.append("<h2>Pacing effect</h2>" + _table(tables.pacing_table(report.pacing)))
+        if report.pacing.caveat:
+            parts.append(f"<p>{escape(report.pacing.caveat)}</p>")
     if report.notes:
         parts.append(
             "<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul>"

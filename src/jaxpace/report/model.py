@@ -28,6 +28,7 @@ __all__ = [
     "PeriodicOutliers",
     "RankStats",
     "Report",
+    "RunContext",
     "SiteData",
     "SlowRank",
     "WaitingCost",
@@ -231,9 +232,10 @@ class WaitingCost:
       saving_s: mean step time saved per step, seconds (>= 0).
       saving_fraction: `saving_s` over the measured mean step time.
       what_if_step_s: measured mean step time minus `saving_s`.
-      gpu_hours_per_1000_steps: GPU-hours all ranks spend waiting for the
-        target per 1,000 steps, ``saving_s x ranks x 1000 / 3600``: what fixing
-        it gives back.
+      gpu_hours_per_1000_steps: device-hours (GPU-hours on GPUs; the report
+        names the unit of the run's platform, `RunContext.hours_unit`) all ranks
+        spend waiting for the target per 1,000 steps,
+        ``saving_s x ranks x 1000 / 3600``: what fixing it gives back.
     """
 
     target: str
@@ -254,12 +256,17 @@ class FailureMode:
         for each mode's formula).
       detected: whether the report calls this mode present.
       evidence: human-readable facts behind the score.
+      cost_s: what the mode costs a step, seconds, where the report estimates it
+        (a straggler: what fixing it saves; contention: the transfer time above
+        its expectation, trend start or spike-free median), else NaN. Detected
+        modes with a cost are ranked by it.
     """
 
     name: str
     score: float
     detected: bool
     evidence: tuple[str, ...]
+    cost_s: float = math.nan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,8 +330,46 @@ class Forecast:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunContext:
+    """What the runtime knew that changes what the numbers mean (the records' headers).
+
+    Attributes:
+      platform: `cpu`, `gpu`, `tpu`, or `unknown` (records without the field).
+      policies: the pacing policy of each process (`no_pacing()`, `adaptive(...)`).
+      pacing_ran: a pacing policy was configured, or some step was engaged: advice
+        does not suggest trying pacing.
+      sample_every: every k-th step was measured (1 = all).
+      invariant_over: the axis the analyzed site's operand was already reduced
+        over (its waits are all alike, the skew hidden: no culprit is named), or None.
+      probe: which probes timed the analyzed site, as the runtime said, or None.
+      policy_stopped: the policy backed off or its A/B guard rejected pacing
+        on some process during the run.
+    """
+
+    platform: str = "unknown"
+    policies: tuple[str, ...] = ()
+    pacing_ran: bool = False
+    sample_every: int = 1
+    invariant_over: str | None = None
+    probe: str | None = None
+    policy_stopped: bool = False
+
+    @property
+    def hours_unit(self) -> str:
+        """The unit of waiting costs: `GPU-h`, `TPU-h`, `CPU-rank-h`, else `device-h`."""
+        return {"gpu": "GPU-h", "tpu": "TPU-h", "cpu": "CPU-rank-h"}.get(self.platform, "device-h")
+
+
+@dataclasses.dataclass(frozen=True)
 class PacingEffect:
-    """Steps with pacing engaged vs. not, side by side (means over steps)."""
+    """Steps with pacing engaged vs. not, side by side (means over steps).
+
+    `comparable` is False when the two sets are not alike (the unengaged steps
+    all ran before pacing engaged: the policy's own warm-up); `caveat` says why,
+    or what else limits the comparison (a CPU run, where pacing cannot shorten a
+    step). The unengaged steps are those after pacing first engaged when there
+    are any (interleaved with the engaged ones, like with like).
+    """
 
     engaged_steps: int
     unengaged_steps: int
@@ -336,6 +381,8 @@ class PacingEffect:
     unengaged_sync_wait_s: float
     engaged_delay_s: float
     unengaged_delay_s: float
+    comparable: bool = True
+    caveat: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,6 +442,8 @@ class Report:
       periodic: periodic slow steps, or None.
       what_if, forecast, pacing: see their classes (None when not computable).
       fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
+      context: what the headers say about the run (platform, policy, an
+        invariant operand, sampling): `RunContext`.
     """
 
     run_id: str | None
@@ -427,6 +476,7 @@ class Report:
     decisions: tuple[str, ...] = ()
     source: str = "jaxpace records"
     fleet: FleetSpread | None = None
+    context: RunContext = dataclasses.field(default_factory=RunContext)
     data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def mode(self, name: str) -> FailureMode:

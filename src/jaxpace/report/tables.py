@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jaxpace.report.fleet_view import fleet_line
+from jaxpace.report.reach import SAMPLES_PER_RANK, forecast_support
 from jaxpace.report.text import format_ms
 
 if TYPE_CHECKING:
     from jaxpace.report.model import PacingEffect, Report
 
 __all__ = [
+    "SAMPLES_PER_RANK",
     "failure_mode_rows",
     "forecast_rows",
     "forecast_support",
@@ -31,6 +33,8 @@ def summary_rows(report: Report) -> list[list[str]]:
     """The headline numbers: ranks, steps, iteration time, amplification, culprit, what-if."""
     it = report.iteration
     culprit = "none (no persistent straggler)"
+    if report.context.invariant_over:
+        culprit = "none named: the operand was already invariant (see NO CULPRIT)"
     if report.culprit is not None:
         rs = report.rank_stats(report.culprit)
         culprit = (
@@ -71,7 +75,7 @@ def summary_rows(report: Report) -> list[list[str]]:
         w = report.what_if
         rows.append(
             [
-                f"what if rank {w.rank} were as fast as the median rank",
+                f"if rank {w.rank} ran like the median",
                 f"{format_ms(w.what_if_step_s)} per step ({w.saving_fraction:.1%} faster)",
             ]
         )
@@ -107,42 +111,6 @@ def failure_mode_rows(report: Report) -> list[list[str]]:
     return rows
 
 
-SAMPLES_PER_RANK = 4  # order statistics of N ranks: at least 4N compute samples behind them
-
-
-def forecast_support(report: Report) -> tuple[int, bool, str]:
-    """(largest rank count the data supports, whether the lognormal fit is shown, why).
-
-    The empirical forecast resamples the measured per-rank compute: it is shown
-    up to the rank count that the analyzed samples cover `SAMPLES_PER_RANK` times.
-    The lognormal fit extrapolates a shape; it is shown only when no rank or
-    group is persistently late (a straggler makes the spread bimodal, not
-    lognormal) and the run has 8+ ranks to fit it on.
-    """
-    fc = report.forecast
-    if fc is None:
-        return 0, False, ""
-    samples = report.analyzed_steps * report.num_ranks
-    top = max((n for n in fc.ranks if n * SAMPLES_PER_RANK <= samples), default=0)
-    lognormal = (
-        report.culprit is None
-        and report.primary_mode in ("balanced", "synchronization_amplification")
-        and report.num_ranks >= 8
-    )
-    why = f"empirical order statistics from {samples} compute samples, shown up to {top} ranks"
-    if not lognormal:
-        why += (
-            "; no lognormal extrapolation ("
-            + (
-                "a persistent straggler is not lognormal noise"
-                if report.culprit is not None
-                else f"{report.num_ranks} ranks are too few to fit it"
-            )  # fmt: skip
-            + ")"
-        )
-    return top, lognormal, why
-
-
 def forecast_rows(report: Report) -> list[list[str]]:
     """Forecast amplification per supported rank count; empty when there is none."""
     fc = report.forecast
@@ -168,7 +136,7 @@ def pacing_table(p: PacingEffect) -> list[list[str]]:
     return [
         ["", "steps", "step time", "CV", "sync wait", "delay"],
         [
-            "not engaged",
+            "not engaged" if p.comparable else "not engaged (warm-up)",
             str(p.unengaged_steps),
             format_ms(p.unengaged_step_s),
             f"{p.unengaged_cv:.3f}",
@@ -192,10 +160,11 @@ def decision_rows(report: Report) -> list[list[str]]:
 
 
 def cost_rows(report: Report) -> list[list[str]]:
-    """GPU-hours spent waiting for each culprit / late group; empty when there are none."""
+    """Device-hours (GPU-h on GPUs) spent waiting for each culprit / late group, or []."""
     if not report.costs:
         return []
-    rows = [["waiting for", "ranks", "saved per step", "step faster", "GPU-h per 1,000 steps"]]
+    unit = report.context.hours_unit
+    rows = [["waiting for", "ranks", "saved per step", "step faster", f"{unit} per 1,000 steps"]]
     for w in report.costs:
         rows.append(
             [

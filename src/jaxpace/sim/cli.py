@@ -163,6 +163,38 @@ def _check_memory(args: argparse.Namespace, scenario, nodes: list[int], runs: in
         )
 
 
+THROUGHPUT_COLUMN = "rank-steps/s"  # `SimResult.throughput_per_s`: ranks / mean step time
+BAR_WIDTH = 24  # the live bar, so label, bar, count and time fit 80 columns
+
+
+def conclusion(rows) -> str:
+    """One line that says what the table shows: scaling, and what pacing changed.
+
+    `rows`: `(nodes, baseline SimResult, paced SimResult or None)`, by node count.
+    """
+    (n0, b0, _), (n1, b1, _) = rows[0], rows[-1]
+    scale = f"scaling efficiency {b0.scaling_efficiency:.2f} at {n0} node{'s' * (n0 > 1)}" + (
+        f", {b1.scaling_efficiency:.2f} at {n1} nodes" if n1 != n0 else ""
+    )
+    paced = [(n, Comparison(baseline=b, paced=p).throughput_gain) for n, b, p in rows if p]
+    if not paced:
+        return f"Conclusion: {scale} (no pacing compared; pass --policy adaptive)."
+    best_n, best = max(paced, key=lambda t: t[1])
+    gains = ", ".join(f"{_pct(g)} at {n}" for n, g in paced)
+    verdict = (
+        f"pacing helps most at {best_n} nodes ({_pct(best)} rank-steps/s)"
+        if best > 0.005
+        else "pacing does not raise throughput here (no gain above 0.5%)"
+    )
+    return f"Conclusion: {verdict}; gain by nodes: {gains}; {scale}."
+
+
+def _pct(x: float) -> str:
+    """A signed percentage to 0.1%, with no `-0.0%` for a change that rounds to zero."""
+    v = round(x * 100, 1)
+    return f"{v:+.1f}%" if v != 0 else "0.0%"
+
+
 def _size(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
@@ -204,7 +236,7 @@ class _Progress:
 
             self.bar = Progress(
                 TextColumn("{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=BAR_WIDTH),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 console=Console(file=self.stream),
@@ -298,7 +330,7 @@ def _table(rows, scenario_name: str, policy: str):
         "nodes",
         "ranks",
         "pacing",
-        "throughput/s",
+        THROUGHPUT_COLUMN,
         "scaling eff.",
         "mean step ms",
         "p99 step ms",
@@ -312,9 +344,7 @@ def _table(rows, scenario_name: str, policy: str):
             if r is None:
                 continue
             gain = (
-                ""
-                if label == "off"
-                else f"{Comparison(baseline=base, paced=r).throughput_gain * 100:+.1f}%"
+                "" if label == "off" else _pct(Comparison(baseline=base, paced=r).throughput_gain)
             )
             t.add_row(
                 str(n),
@@ -399,7 +429,7 @@ def render_scaling_html(rows, scenario_name: str, policy: str) -> str:
         for h in (
             "nodes",
             "pacing",
-            "throughput/s",
+            THROUGHPUT_COLUMN,
             "scaling eff.",
             "mean step ms",
             "p99 step ms",
@@ -476,6 +506,7 @@ def _note_engine() -> None:
 
 def _write(args: argparse.Namespace, console, scenario_name: str, rows) -> int:
     console.print(_table(rows, scenario_name, args.policy))
+    console.print(conclusion(rows), markup=False, highlight=False, soft_wrap=True)
     try:
         if args.json is not None:
             data = {

@@ -3,11 +3,13 @@
 1. `site`: pick the site, build its dense `SiteData`;
 2. `steps`: drop the warm-up and periodic slow steps; iteration statistics;
 3. `culprit`: per-rank statistics, the ranking, the persistent culprit;
+   `context`: what the headers say (platform, policy, an invariant operand: no culprit);
 4. `modes`: score each failure mode, pick the primary one;
 5. `outlook`: what-if, waiting costs, the amplification forecast, the pacing effect;
 6. `decide`: one line per decision with its evidence and confidence.
 """
 
+from jaxpace.report.stages.context import context_notes, refuse_invariant, run_context
 from jaxpace.report.stages.culprit import (
     ALPHA,
     CulpritRanking,
@@ -51,6 +53,7 @@ __all__ = [
     "amplification_mode",
     "assess_modes",
     "classify",
+    "context_notes",
     "contention_mode",
     "decisions",
     "empirical_max_ratio",
@@ -66,6 +69,8 @@ __all__ = [
     "periodic_outliers",
     "pick_site",
     "rank_culprits",
+    "refuse_invariant",
+    "run_context",
     "select_steps",
     "site_data",
     "straggler_mode",

@@ -13,12 +13,12 @@ from jaxpace.report.text import format_ms, ranges
 __all__ = ["decisions"]
 
 
-def _cost(costs: dict[str, WaitingCost], name: str) -> str:
+def _cost(costs: dict[str, WaitingCost], name: str, unit: str) -> str:
     w = costs.get(name)
     if w is None:
         return ""
     return (
-        f" Waiting for it costs {w.gpu_hours_per_1000_steps:.3g} GPU-h per 1,000 steps; "
+        f" Waiting for it costs {w.gpu_hours_per_1000_steps:.3g} {unit} per 1,000 steps; "
         f"fixed, a step would be {w.saving_fraction:.1%} faster ({format_ms(w.saving_s)})."
     )
 
@@ -29,8 +29,12 @@ def decisions(
     primary: str,
     costs: Sequence[WaitingCost],
     periodic: PeriodicOutliers | None,
+    unit: str = "device-h",
 ) -> tuple[str, ...]:
-    """The report's decisions as sentences: culprits, late groups, modes, or why none."""
+    """The report's decisions as sentences: culprits, late groups, modes, or why none.
+
+    `unit`: the waiting cost's unit on the run's platform (`RunContext.hours_unit`).
+    """
     by_name = {w.target: w for w in costs}
     R = len(c.rank_stats)
     n = c.excess.shape[0] if c.excess is not None else 0
@@ -40,7 +44,7 @@ def decisions(
         over = float(c.decision.fleet.over_others_s[i]) if c.decision is not None else math.nan
         out.append(
             f"Straggler: {rank_evidence(rs, R, n, c.fleet, over)} (process {rs.process})."
-            + _cost(by_name, f"rank {rs.rank}")
+            + _cost(by_name, f"rank {rs.rank}", unit)
         )
     if len(c.culprit_indices) > 10:
         out.append(f"... and {len(c.culprit_indices) - 10} more late ranks (see the ranking).")
@@ -52,7 +56,7 @@ def decisions(
             f"{format_ms(g.excess_lateness_s)} later than the other ranks, its typical member "
             f"+{format_ms(g.typical_member_s)}; confidence: z = {num_text(g.z)}, Holm "
             f"{p_text(g.p_adjusted)} over all groups; {num_text(g.fleet_sd)} robust SDs above "
-            f"the median {g.kind}." + _cost(by_name, g.name)
+            f"the median {g.kind}." + _cost(by_name, g.name, unit)
         )
     by_mode = {m.name: m for m in modes}
     for name, label in (
@@ -66,7 +70,7 @@ def decisions(
         w = by_name["all of the above"]
         out.append(
             f"Fixing every culprit and late group together saves {w.saving_fraction:.1%} of "
-            f"the step, {w.gpu_hours_per_1000_steps:.3g} GPU-h per 1,000 steps."
+            f"the step, {w.gpu_hours_per_1000_steps:.3g} {unit} per 1,000 steps."
         )
     if periodic is not None:
         out.append(

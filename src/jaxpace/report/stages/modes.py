@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -284,6 +285,7 @@ def contention_mode(
     it = sel.iter_all[sel.rows]
     ev_t: list[str] = []
     score_ab = score_trend = score_tail = 0.0
+    cost_ab = cost_trend = cost_tail = 0.0
     if sel.n < 2:
         return FailureMode("topology_contention", 0.0, False, ("too few steps",))
     med_tr = float(np.median(tr))
@@ -297,6 +299,7 @@ def contention_mode(
     if expected_transfer_s:
         ratio = med_tr / expected_transfer_s
         score_ab = min(max(ratio - 1.0, 0.0), 1.0)
+        cost_ab = max(med_tr - expected_transfer_s, 0.0)
         ev_t.append(f"{ratio:.2f}x the alpha-beta expectation {format_ms(expected_transfer_s)}")
     spike = tr > 1.5 * med_tr + 3.0 * float(robust_std(tr))
     calm = ~spike
@@ -308,6 +311,7 @@ def contention_mode(
         growth = slope * float(np.ptp(x)) / start if start > 0 else 0.0
         if r * r >= 0.3:
             score_trend = min(max(growth / 0.5, 0.0), 1.0)
+            cost_trend = max(float(slope * np.ptp(x)) / 2.0, 0.0)  # mean extra over the run
         ev_t.append(f"transfer changes {growth:+.0%} over the run (linear fit, r^2 = {r * r:.2f})")
     if spike.any() and ok_it:
         lost = float((tr[spike] - med_tr).sum() / sel.n)
@@ -316,6 +320,7 @@ def contention_mode(
         if fin.sum() > 2 and np.var(it[fin]) > 0:
             share = float(np.cov(tr[fin], it[fin])[0, 1] / np.var(it[fin], ddof=1))
         score_tail = min(max(lost / (0.005 * mean_it), 0.0), 1.0) * min(max(share / 0.3, 0.0), 1.0)
+        cost_tail = max(lost, 0.0)
         ev_t.append(
             f"transfer spikes on {spike.mean():.1%} of steps (up to {tr.max() / med_tr:.1f}x the "
             f"median): {format_ms(lost)} lost per step ({lost / mean_it:.1%}), "
@@ -330,7 +335,10 @@ def contention_mode(
             f"the ranks span {len(leaves)} leaf switches: collisions of flows on leaf uplinks "
             "(ECMP) are a likely cause; compare a run inside one leaf"
         )
-    return FailureMode("topology_contention", score, score >= 0.5, tuple(ev_t))
+    costs = [c for c, sc in ((cost_ab, score_ab), (cost_trend, score_trend), (cost_tail, score_tail))
+             if sc > 0]  # fmt: skip
+    cost = max(costs) if costs else math.nan
+    return FailureMode("topology_contention", score, score >= 0.5, tuple(ev_t), cost)
 
 
 def classify(modes: Mapping[str, FailureMode]) -> tuple[tuple[FailureMode, ...], str]:
@@ -347,9 +355,20 @@ def classify(modes: Mapping[str, FailureMode]) -> tuple[tuple[FailureMode, ...],
             else "not balanced: " + ", ".join(m.name for m in others if m.detected),
         ),
     )
-    detected = [m for m in others if m.detected]
-    primary = max(detected, key=lambda m: m.score).name if detected else "balanced"
-    return (*others, balanced), primary
+    return (*others, balanced), _primary([m for m in others if m.detected])
+
+
+def _primary(detected: list[FailureMode]) -> str:
+    """The detected mode that costs the most where every one has a cost, else the top score.
+
+    A straggler named with high confidence and contention can both be detected;
+    the one that costs a step more is the primary mode, and the advice covers both.
+    """
+    if not detected:
+        return "balanced"
+    if len(detected) > 1 and all(math.isfinite(m.cost_s) for m in detected):
+        return max(detected, key=lambda m: (m.cost_s, m.score)).name
+    return max(detected, key=lambda m: m.score).name
 
 
 def assess_modes(
@@ -360,10 +379,23 @@ def assess_modes(
     amp: float,
     groups: Mapping[str, Mapping[int, str]],
     expected_transfer_s: float | None,
+    refused: str = "",
+    *,
+    straggler_cost_s: float = math.nan,
 ) -> tuple[tuple[FailureMode, ...], str]:
-    """Every failure mode in `FAILURE_MODES` order, and the primary one."""
+    """Every failure mode in `FAILURE_MODES` order, and the primary one.
+
+    `refused`: why no culprit may be named here (an invariant operand,
+    `stages.refuse_invariant`), which the straggler mode then says.
+    `straggler_cost_s`: what fixing the culprit saves per step (`waiting_costs`).
+    """
+    straggler = straggler_mode(c, sel.n)
+    if refused:
+        straggler = FailureMode("persistent_straggler", 0.0, False, (refused,))
+    elif straggler.detected:
+        straggler = dataclasses.replace(straggler, cost_s=straggler_cost_s)
     modes = {
-        "persistent_straggler": straggler_mode(c, sel.n),
+        "persistent_straggler": straggler,
         "locality": locality_mode(groups, data, sel, c.noise_floor_s, c.groups),
         "synchronization_amplification": amplification_mode(c, sel.compute, amp),
         "topology_contention": contention_mode(

@@ -12,10 +12,12 @@ from jaxpace.report.model import (
     FORECAST_RANKS,
     Forecast,
     PacingEffect,
+    RunContext,
     SiteData,
     WaitingCost,
     WhatIf,
 )
+from jaxpace.report.reach import SAMPLES_PER_RANK
 from jaxpace.report.stages.culprit import CulpritRanking
 from jaxpace.report.stages.stats import mean_finite
 from jaxpace.report.stages.steps import StepSelection
@@ -97,8 +99,14 @@ def waiting_costs(
     return tuple(out)
 
 
-def forecast(compute: np.ndarray, amp: float, culprit: int | None) -> tuple[Forecast | None, str]:
-    """Order-statistics forecast at `FORECAST_RANKS`; returns (forecast, note or "")."""
+def forecast(
+    compute: np.ndarray, amp: float, culprit: int | None, *, analyzed_steps: int | None = None
+) -> tuple[Forecast | None, str]:
+    """Order-statistics forecast at `FORECAST_RANKS`; returns (forecast, note or "").
+
+    With `analyzed_steps`, the note about a culprit is left out when the data
+    supports no forecast at all (`reach.forecast_support`): nothing to qualify.
+    """
     R = compute.shape[1] if compute.ndim == 2 else 0
     if not (compute.size and R >= 2 and np.all(compute > 0)):
         return None, ""
@@ -120,7 +128,8 @@ def forecast(compute: np.ndarray, amp: float, culprit: int | None) -> tuple[Fore
         forecast_at_measured=emp[-1],
     )
     note = ""
-    if culprit is not None:
+    shown = analyzed_steps is None or FORECAST_RANKS[0] * SAMPLES_PER_RANK <= analyzed_steps * R
+    if culprit is not None and shown:
         note = (
             f"the forecast treats culprit rank {culprit} as one draw in {R} of the "
             "compute distribution (a chance per rank), so it can sit below the "
@@ -165,13 +174,43 @@ def _cv(x: np.ndarray) -> float:
     return float(x.std(ddof=1) / x.mean()) if x.size > 1 and x.mean() > 0 else math.nan
 
 
-def pacing_effect(data: SiteData, sel: StepSelection) -> PacingEffect | None:
-    """Engaged vs. unengaged steps after warm-up (periodic outliers excluded); None unless both."""
-    base = sel.after_warmup & ~(np.isin(data.steps, sel.periodic.steps) if sel.periodic else False)
+def pacing_effect(
+    data: SiteData, sel: StepSelection, ctx: RunContext | None = None
+) -> PacingEffect | None:
+    """Engaged vs. unengaged steps after warm-up (periodic outliers excluded), like with like.
+
+    The unengaged steps compared are those after pacing first engaged
+    (interleaved with engaged ones); when every unengaged step came before (the
+    policy's own warm-up), the effect is marked not comparable and says why.
+    None unless both kinds of step exist.
+    """
+    periodic = np.isin(data.steps, sel.periodic.steps) if sel.periodic else False
+    base = sel.after_warmup & ~periodic
     eng_rows = np.flatnonzero(base & data.engaged)
-    un_rows = np.flatnonzero(base & ~data.engaged)
-    if not (eng_rows.size and un_rows.size):
+    un_all = np.flatnonzero(base & ~data.engaged)
+    if not (eng_rows.size and un_all.size):
         return None
+    un_rows = un_all[un_all > eng_rows[0]]
+    caveats, comparable = [], True
+    if un_rows.size and un_rows.size < un_all.size:
+        caveats.append(
+            f"{un_all.size - un_rows.size} unengaged steps before pacing first engaged (the "
+            "policy's warm-up) are left out: only steps after it are compared"
+        )
+    elif not un_rows.size:
+        un_rows, comparable = un_all, False
+        first, last = int(data.steps[un_all[0]]), int(data.steps[un_all[-1]])
+        caveats.append(
+            f"not comparable: every unengaged step (steps {first}-{last}) ran before pacing "
+            "first engaged, in the policy's warm-up while compilation and caches still slow "
+            "steps, so the difference is not pacing's effect; compare with a run without "
+            "pacing, interleaved step by step (`jaxpace demo` does)"
+        )
+    if ctx is not None and ctx.platform == "cpu":
+        caveats.append(
+            "on CPU nothing is shared that early ranks could free: pacing moves waiting into "
+            "sleeps and cannot shorten a step (docs/concepts.md)"
+        )
     it = sel.iter_all
     return PacingEffect(
         engaged_steps=int(eng_rows.size),
@@ -184,4 +223,6 @@ def pacing_effect(data: SiteData, sel: StepSelection) -> PacingEffect | None:
         unengaged_sync_wait_s=float(data.sync_wait[un_rows].mean()),
         engaged_delay_s=float(data.delay[eng_rows].mean()),
         unengaged_delay_s=float(data.delay[un_rows].mean()),
+        comparable=comparable,
+        caveat="; ".join(caveats) + ("." if caveats else ""),
     )
