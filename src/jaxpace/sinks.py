@@ -8,6 +8,7 @@ library, installed with an extra:
 
 - `prometheus_textfile(path)`: `pip install "jaxpace[prometheus]"` (prometheus_client)
 - `tensorboard(logdir)`: `pip install "jaxpace[tensorboard]"` (tensorboardX; no TensorFlow)
+- `jax_monitoring()`: events in `jax.monitoring` under `/jaxpace/...` (no extra)
 
 What a summary carries (one per measured step, site and rank of this
 process): `site`, `step`, `rank`, `wait_s` (time inside the collective),
@@ -46,13 +47,16 @@ from typing import Any
 
 import numpy as np
 
+from jaxpace._runtime import monitoring as _monitoring
 from jaxpace.errors import ConfigError
 
 __all__ = [
     "FleetView",
+    "JaxMonitoringSink",
     "PrometheusTextfile",
     "TensorBoardSink",
     "fleet_view",
+    "jax_monitoring",
     "job_labels",
     "prometheus_textfile",
     "tensorboard",
@@ -128,10 +132,20 @@ class FleetView:
 
 
 class _Window:
-    """Per site: the last `WINDOW_STEPS` exchanged earliness vectors, one per step."""
+    """Per site: the last `WINDOW_STEPS` exchanged earliness vectors, one per step.
+
+    Kept as a ring with running per-rank sums, so adding a step and reading the
+    means cost O(ranks), not O(window x ranks): at 8192 ranks the sink thread
+    keeps up with every step.
+    """
 
     def __init__(self) -> None:
-        self.rows: deque[np.ndarray] = deque(maxlen=WINDOW_STEPS)
+        self._buf: np.ndarray | None = None  # (WINDOW_STEPS, ranks)
+        self._sums = np.zeros(0)
+        self._counts = np.zeros(0, np.int64)
+        self._head = 0
+        self._rows = 0
+        self._last: deque[int] = deque(maxlen=WINDOW_STEPS)  # the rank last at each step
         self.last_step: int | None = None
 
     def add(self, step: int, earliness: Any) -> bool:
@@ -139,32 +153,43 @@ class _Window:
         if earliness is None or step == self.last_step:
             return False
         e = np.asarray(earliness, dtype=np.float64).reshape(-1)
-        if not (e.size and np.isfinite(e).any()):
+        fin = np.isfinite(e)
+        if not (e.size and fin.any()):
             return False
-        if self.rows and self.rows[-1].size != e.size:
-            self.rows.clear()  # a new layout: start over
-        self.rows.append(e)
+        if self._buf is None or self._buf.shape[1] != e.size:  # a new layout: start over
+            self._buf = np.full((WINDOW_STEPS, e.size), np.nan)
+            self._sums, self._counts = np.zeros(e.size), np.zeros(e.size, np.int64)
+            self._head = self._rows = 0
+            self._last.clear()
+        if self._rows == WINDOW_STEPS:  # evict the oldest row from the sums
+            old = self._buf[self._head]
+            ofin = np.isfinite(old)
+            self._sums[ofin] -= old[ofin]
+            self._counts -= ofin
+        self._buf[self._head] = e
+        self._sums[fin] += e[fin]
+        self._counts += fin
+        self._head = (self._head + 1) % WINDOW_STEPS
+        self._rows = min(self._rows + 1, WINDOW_STEPS)
+        self._last.append(int(np.argmin(np.where(fin, e, np.inf))))
         self.last_step = step
         return True
 
     def mean(self) -> np.ndarray:
         """Each rank's mean earliness over the window (NaN where never finite)."""
-        if not self.rows:
+        if self._buf is None:
             return np.zeros(0)
-        h = np.stack(self.rows)
-        ok = np.isfinite(h).any(axis=0)
-        mean = np.full(h.shape[1], np.nan)
-        mean[ok] = np.nanmean(h[:, ok], axis=0)
+        mean = np.full(self._sums.size, np.nan)
+        ok = self._counts > 0
+        mean[ok] = self._sums[ok] / self._counts[ok]
         return mean
 
     def culprit(self, mean: np.ndarray) -> tuple[int, float]:
         """(rank last on average, fraction of steps it was last), or (-1, -1.0) when unknown."""
-        if not self.rows or not np.isfinite(mean).any():
+        if not self._last or not np.isfinite(mean).any():
             return -1, -1.0
         r = int(np.nanargmin(mean))
-        h = np.stack(self.rows)
-        last = np.nanargmin(np.where(np.isfinite(h), h, np.inf), axis=1)
-        return r, float(np.mean(last == r))
+        return r, sum(1 for x in self._last if x == r) / len(self._last)
 
 
 def fleet_view(window: _Window, mean: np.ndarray | None = None) -> FleetView:
@@ -408,6 +433,50 @@ class TensorBoardSink:
     def close(self) -> None:
         """Flushes and closes the event file (the sink thread calls it at pacer close)."""
         self._writer.close()
+
+
+class JaxMonitoringSink:
+    """Sink recording jaxpace's events in `jax.monitoring` (names under `/jaxpace/...`).
+
+    For each summary: the wait and the pacing delay as event durations; when
+    the exchanged earliness names a new culprit (the rank last on average over
+    the last 64 steps), a `/jaxpace/culprit/changed` event. Listeners that JAX
+    and Orbax users already register (`jax.monitoring.register_*_listener`)
+    receive them on the pacer's sink thread. Names and metadata:
+    `jaxpace._runtime.monitoring` and docs/api.md.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._windows: dict[str, _Window] = {}
+        self._culprit: dict[str, int] = {}
+
+    def __call__(self, s: dict[str, Any]) -> None:
+        _monitoring.record_step(s)
+        early = s.get("earliness_s")
+        if early is None:
+            return
+        site = str(s["site"])
+        with self._lock:
+            win = self._windows.setdefault(site, _Window())
+            if not win.add(int(s.get("step", -1)), early):
+                return
+            culprit, _ = win.culprit(win.mean())
+            previous = self._culprit.get(site, -1)
+            if culprit < 0 or culprit == previous:
+                return
+            self._culprit[site] = culprit
+        _monitoring.record_culprit_change(site, culprit, previous)
+
+
+def jax_monitoring() -> JaxMonitoringSink:
+    """A sink recording waits, delays and culprit changes as `jax.monitoring` events.
+
+    Off unless added (`Pacer(sinks=[jaxpace.sinks.jax_monitoring()])`): like any
+    sink it makes the runtime build a summary per measured step and rank.
+    No extra is needed.
+    """
+    return JaxMonitoringSink()
 
 
 def prometheus_textfile(
