@@ -168,6 +168,14 @@ def test_sigterm_with_the_programs_own_handler_delivers_every_step(tmp_path):
     assert _records(tmp_path) == STEPS * RANKS
 
 
+@pytest.mark.timeout(300)
+def test_sigterm_while_the_main_thread_waits_on_a_step_that_never_ends(tmp_path):
+    """The handler still runs (JAX's wait lets it); close waits its bound, then delivers."""
+    rc, err = _sigterm(tmp_path, "sigterm_stuck")
+    assert rc == -signal.SIGTERM, err[-3000:]
+    _check_sinks(tmp_path)
+
+
 @pytest.mark.timeout(120)
 def test_close_is_bounded_when_a_step_never_finishes_and_counts_it(caplog):
     """An io_callback step that never finishes: close() returns within its bound and counts it."""

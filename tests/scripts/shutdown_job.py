@@ -6,6 +6,8 @@ python tests/scripts/shutdown_job.py OUT MODE   (MODE: exit | sigterm | sigterm_
 - raise: an exception ends the training loop (uncaught: exit code 1).
 - sigterm: writes OUT/ready, then waits to be killed by SIGTERM (default action).
 - sigterm_handled: as sigterm, with the program's own SIGTERM handler (sys.exit(143)).
+- sigterm_stuck: as sigterm, but the main thread is blocked inside a computation that never
+  ends, so Python cannot run a signal handler there.
 
 A counting sink writes how many summaries it received when its close() is called
 (OUT/sink-closed.json); an atexit hook registered before the first trace (so it runs
@@ -17,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -84,6 +87,11 @@ if mode == "raise":
 if mode.startswith("sigterm"):
     with open(os.path.join(out, "ready"), "w") as f:
         f.write("1")
+if mode == "sigterm_stuck":  # the main thread blocks inside a computation that never ends
+    forever = threading.Event()
+    stuck = jax.jit(lambda v: jax.pure_callback(lambda a: forever.wait() or a, v, v))
+    np.asarray(stuck(np.ones(2, np.float32)))  # device_get: waits in C++, no signal checks
+if mode.startswith("sigterm"):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the test kills us long before
         time.sleep(0.05)

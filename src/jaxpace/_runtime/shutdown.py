@@ -13,7 +13,10 @@ the two shutdowns the user does not write themselves do the same:
   releases pacing sleeps, closes every pacer (the default action then kills
   the process, as it would have) or, when the program has its own SIGTERM
   handler, delivers what is pending without closing (the program goes on and
-  may keep training) and then calls that handler.
+  may keep training) and then calls that handler. Python runs the handler on
+  the main thread; on jax 0.10.2 (CPU) it also ran while the main thread waited
+  in `np.asarray` for a computation that never ends: `close` then waits its
+  bound and delivers every finished step.
 
 Process-wide state: a weak set of traced pacers, and two once-only hooks.
 """
