@@ -201,7 +201,8 @@ def fleet_view(window: _Window, mean: np.ndarray | None = None) -> FleetView:
     culprit, frac = window.culprit(mean)
     vals = mean[finite]
     k = min(SLOWEST_K, finite.size)
-    idx = finite[np.argsort(vals, kind="stable")[:k]]
+    part = np.argpartition(vals, k - 1)[:k] if k < vals.size else np.arange(vals.size)
+    idx = finite[part[np.argsort(vals[part], kind="stable")]]
     median = float(np.median(vals))
     q = np.quantile(vals, QUANTILES)
     return FleetView(
