@@ -60,17 +60,22 @@ def test_prometheus_runs_on_the_sink_thread_and_closes_with_it(tmp_path):
     assert set(seen) == {"jaxpace-sinks"} and len(seen) == 10
     fams = _families(tmp_path / "m.prom")  # written once, by close(), with write_every_s=1h
     [(labels, culprit)] = _samples(fams, "jaxpace_culprit_rank")
-    assert culprit == 2 and labels["site"] == "grads" and labels["process"] == "0"
+    assert culprit == 2 and labels["site"] == "grads" and labels["node"]
     [(_, frac)] = _samples(fams, "jaxpace_culprit_last_fraction")
     assert frac == pytest.approx(0.8)
     [(labels, steps)] = _samples(fams, "jaxpace_steps_measured")
-    assert steps == 10 and labels["rank"] == "0" and labels["host"]
+    assert steps == 10 and labels["rank"] == "0" and labels["node"] and labels["process"] == "0"
     [(_, wait)] = _samples(fams, "jaxpace_wait_seconds")
     assert wait == pytest.approx(0.019)
     [(_, total)] = _samples(fams, "jaxpace_delay_total_seconds")
     assert total == pytest.approx(0.02)
+    # Each process exports its own ranks' earliness (here rank 0); the fleet view the rest.
     early = {int(lab["rank"]): v for lab, v in _samples(fams, "jaxpace_earliness_seconds")}
-    assert early[2] == pytest.approx(0.0002) and early[3] == pytest.approx(0.03)
+    assert early == {0: pytest.approx(0.01 * 0.8)}
+    quantiles = dict(
+        (lab["quantile"], v) for lab, v in _samples(fams, "jaxpace_fleet_earliness_seconds")
+    )
+    assert quantiles["0"] == pytest.approx(0.0002) and quantiles["1"] == pytest.approx(0.03)
 
 
 def test_prometheus_culprit_unknown_without_exchange(tmp_path):
@@ -117,8 +122,9 @@ def test_tensorboard_single_process_pacer(tmp_path):
     assert steps == list(range(6))
     assert all(v >= 0 and math.isfinite(v) for _, v in got["jaxpace/s/wait_ms/rank3"])
     assert {f"jaxpace/s/delay_ms/rank{r}" for r in range(8)} <= set(got)
-    # earliness of all 8 ranks, written once per step (by this process's lowest rank)
+    # each rank's own earliness, and the fleet view once per step
     assert len(got["jaxpace/s/earliness_ms/rank7"]) >= 5
+    assert len(got["jaxpace/s/fleet/culprit_rank"]) >= 5
 
 
 @pytest.fixture(scope="module")
@@ -130,19 +136,24 @@ def four_by_two(tmp_path_factory):
 
 @pytest.mark.multiprocess
 def test_prometheus_textfile_4x2(four_by_two):
-    """Each process's textfile parses; all name process 1 (20 ms late) culprit; waits per rank."""
+    """Each process's textfile parses; process 0's fleet view names process 1 (20 ms late)."""
     waits = {}
     for p in range(4):
         fams = _families(four_by_two / f"jaxpace.p{p}.prom")
-        [(labels, culprit)] = _samples(fams, "jaxpace_culprit_rank")
-        assert labels == {"site": "grads", "process": str(p), "host": labels["host"]}
-        assert culprit == 1
+        culprit = _samples(fams, "jaxpace_culprit_rank") if "jaxpace_culprit_rank" in fams else []
+        if p == 0:  # the fleet-wide view comes from one process
+            [(labels, value)] = culprit
+            assert labels["site"] == "grads" and labels["node"] and value == 1
+            slowest = {lab["k"]: v for lab, v in _samples(fams, "jaxpace_slowest_rank")}
+            assert slowest["1"] == 1
+        else:
+            assert culprit == []
         for labels, v in _samples(fams, "jaxpace_wait_mean_seconds"):
             waits[int(labels["rank"])] = v
         [(_, steps)] = _samples(fams, "jaxpace_steps_measured")
         assert steps == 30
         early = {int(lab["rank"]): v for lab, v in _samples(fams, "jaxpace_earliness_seconds")}
-        assert sorted(early) == [0, 1, 2, 3] and min(early, key=early.get) == 1
+        assert sorted(early) == [p]  # its own rank only
     assert sorted(waits) == [0, 1, 2, 3]
     # the late process waits least; the others wait for it
     assert min(waits, key=waits.get) == 1
@@ -154,4 +165,5 @@ def test_tensorboard_4x2(four_by_two):
     for p in range(4):
         got = _scalars(four_by_two / "tb" / f"process-{p}")
         assert len(got[f"jaxpace/grads/wait_ms/rank{p}"]) == 30
-        assert {f"jaxpace/grads/earliness_ms/rank{r}" for r in range(4)} <= set(got)
+        assert f"jaxpace/grads/earliness_ms/rank{p}" in got
+        assert ("jaxpace/grads/fleet/culprit_rank" in got) == (p == 0)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # loaded on first use (below): they import JAX
     from jaxpace import launch, report, sim, sinks, topology
     from jaxpace._dropins import pmean, psum
     from jaxpace._runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
+    from jaxpace._runtime.pauses import expected_pause
     from jaxpace.topology import make_mesh
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "configure",
     "default_pacer",
     "errors",
+    "expected_pause",
     "fixed",
     "launch",
     "make_mesh",
@@ -61,6 +63,7 @@ _LAZY = {
     "SiteStats": ("jaxpace._runtime", "SiteStats"),
     "configure": ("jaxpace._runtime", "configure"),
     "default_pacer": ("jaxpace._runtime", "default_pacer"),
+    "expected_pause": ("jaxpace._runtime.pauses", "expected_pause"),
     "make_mesh": ("jaxpace.topology", "make_mesh"),
     "launch": ("jaxpace.launch", None),
     "topology": ("jaxpace.topology", None),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import socket
@@ -25,6 +26,8 @@ __all__ = [
     "ENV_PREFIX",
     "STALL_EXIT_CODE",
 ]
+
+log = logging.getLogger("jaxpace")
 
 ENV_PREFIX = "JAXPACE_"
 _ENV = {
@@ -54,22 +57,40 @@ def _env_int(name: str, default: int | None = None) -> int | None:
         raise ConfigError(f"environment variable `{name}` must be an integer, got {v!r}.") from None
 
 
-def init_from_env(*, platform: str | None = None) -> tuple[int, int]:
+# What `jax.distributed.initialize()` raises when its cluster detection found no cluster
+# (jax/_src/distributed.py): the job is then a single process.
+_NO_CLUSTER = (
+    "coordinator_address should be defined",
+    "Number of processes must be defined",
+    "process id of the current process must be defined",
+)
+
+
+def init_from_env(
+    *, platform: str | None = None, cluster_detection_method: str | None = None
+) -> tuple[int, int]:
     """Joins the job described by the environment and returns `(process_id, num_processes)`.
 
     Under `jaxpace launch` this reads `JAXPACE_*` variables: it requests
     `JAXPACE_LOCAL_DEVICES` CPU devices (when running on CPU) and calls
     `jax.distributed.initialize` with the launcher's coordinator and short
     init/heartbeat timeouts, so a dead peer ends the job in seconds, not
-    minutes. Outside the launcher with no such variables, on a cluster
-    (SLURM, Kubernetes, ...) it calls `jax.distributed.initialize()` with JAX's
-    auto-detection when `JAX_COORDINATOR_ADDRESS` or a scheduler is present;
-    otherwise it does nothing (single process).
+    minutes. Otherwise JAX's own cluster detection decides: it calls
+    `jax.distributed.initialize()`, which finds SLURM, Open MPI, Kubernetes
+    (Job/JobSet), Cloud TPU (GCE, GKE), an explicit `JAX_COORDINATOR_ADDRESS`,
+    or, with `cluster_detection_method="mpi4py"`, any MPI; when it finds no
+    cluster the process runs alone (single process, logged at INFO). A SLURM
+    step of one task is run as a single process without initializing (JAX
+    would otherwise hide all but one GPU). If `jax.distributed` is already
+    initialized, nothing is done.
 
     Must run before anything initializes the JAX backend.
 
     Args:
       platform: force `"cpu"` (tests, demo); default: whatever JAX picks.
+      cluster_detection_method: passed to `jax.distributed.initialize` (e.g.
+        `"mpi4py"`, which JAX only uses when asked); default: JAX's automatic
+        detection.
 
     Returns:
       `(jax.process_index(), jax.process_count())`.
@@ -96,15 +117,46 @@ def init_from_env(*, platform: str | None = None) -> tuple[int, int]:
             process_id=pid,
             initialization_timeout=_env_int(_ENV["init_timeout"], 60),
             heartbeat_timeout_seconds=_env_int(_ENV["heartbeat_timeout"], 10),
+            # The launcher's job, not a cluster around it (SLURM would hide local devices).
+            cluster_detection_method="deactivate",
         )
-    elif nproc is None and (
-        os.environ.get("JAX_COORDINATOR_ADDRESS")
-        or os.environ.get("SLURM_JOB_ID")
-        and int(os.environ.get("SLURM_NTASKS", "1")) > 1
-        or os.environ.get("OMPI_COMM_WORLD_SIZE")
-    ):
-        jax.distributed.initialize()
+    elif nproc is None:
+        _join_detected_cluster(cluster_detection_method)
     return jax.process_index(), jax.process_count()
+
+
+def _join_detected_cluster(cluster_detection_method: str | None = None) -> bool:
+    """`jax.distributed.initialize()` with JAX's own detection; False when it finds no cluster.
+
+    Any other error (a cluster was found but joining it failed, or an explicit
+    `JAX_COORDINATOR_ADDRESS` is incomplete) propagates.
+    """
+    import jax
+
+    from jaxpace import _jax_compat
+
+    if _jax_compat.distributed_client() is not None:
+        return True  # the program initialized jax.distributed itself
+    if os.environ.get("SLURM_NTASKS") == "1" and not os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        return False
+    try:
+        jax.distributed.initialize(cluster_detection_method=cluster_detection_method)
+    except ValueError as e:
+        if os.environ.get("JAX_COORDINATOR_ADDRESS") or not any(m in str(e) for m in _NO_CLUSTER):
+            raise
+        log.info("jaxpace: jax.distributed found no cluster (%s); running as one process.", e)
+        return False
+    except RuntimeError as e:
+        if "must be called before" not in str(e):
+            raise
+        log.warning(
+            "jaxpace: init_from_env() ran after the JAX backend started, so it cannot join a "
+            "cluster; this process runs as jax.process_count()=%d process(es). Call "
+            "`jaxpace.launch.init_from_env()` first in your program, before any JAX call.",
+            jax.process_count(),
+        )
+        return False
+    return True
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ from typing import Any
 from jaxpace import _collectives, _policy
 from jaxpace._delay import register_stop
 from jaxpace._probe import Clock, RateLimitedLog, Sink
-from jaxpace._runtime import consensus
+from jaxpace._runtime import consensus, shutdown
 from jaxpace._runtime import export as _export
 from jaxpace._runtime.config import Granularity, PacerConfig
 from jaxpace._runtime.hooks import Hooks
@@ -23,7 +23,9 @@ from jaxpace._runtime.watchdog import Watchdog, WatchdogConfig
 from jaxpace._validate import check_callable, check_callables, check_rank_groups
 from jaxpace.errors import ConfigError, TracedConfigChangeError
 
-__all__ = ["Pacer", "configure", "default_pacer"]
+__all__ = ["CLOSE_TIMEOUT_S", "Pacer", "configure", "default_pacer"]
+
+CLOSE_TIMEOUT_S = 10.0  # Pacer.close(): the whole shutdown's bound, steps and sinks together
 
 
 def _check_policy(policy: Any) -> _policy.PacingPolicy:
@@ -165,6 +167,8 @@ class Pacer:
         self._fault_hook = None  # tests: called inside callbacks to inject faults
         self.hooks = Hooks(self)
         self._watchdog = Watchdog(self, watchdog)  # thread starts at the first trace
+        self._closed = False
+        self.in_flight_at_close = 0
 
     # ------------------------------------------------------------------ config
 
@@ -219,6 +223,8 @@ class Pacer:
     def _freeze_and_agree(self) -> None:
         """Freezes settings and agrees on them across processes (once, at first trace)."""
         self._traced = True
+        if self._sink_thread.sinks:  # SIGTERM delivers their summaries (main thread only)
+            shutdown.ensure_sigterm_delivery()
         if self._consensus_done:
             return
         with self._lock:
@@ -227,6 +233,7 @@ class Pacer:
             mine = consensus.fingerprint(self._agreed_settings())
             self.run_id = consensus.agree(mine, self._config.consensus_timeout_s)
             self._consensus_done = True
+            shutdown.register(self)  # closed at interpreter exit (after jax.distributed's init)
             if self._config.enabled:
                 self._watchdog.start(self.run_id)
 
@@ -255,21 +262,47 @@ class Pacer:
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self, timeout_s: float = 5.0) -> None:
-        """Waits (bounded) until queued sink summaries are delivered."""
-        for site in list(self._sites.values()):
-            site.flush()  # native probes: their records make the summaries
-        self._sink_thread.flush(timeout_s)
+        """Waits (bounded) for this process's dispatched steps and delivers their summaries.
 
-    def close(self, timeout_s: float = 1.0) -> None:
-        """Releases any pacing sleep now and makes later sleeps zero; ends the sink thread.
-
-        Bounded: waits at most about `timeout_s` for sinks to drain, even when
-        one never returns. Summaries left undelivered are counted in
-        `sink_dropped` and the total is logged.
+        At most about `timeout_s` in all; the sinks stay open (see `close`).
         """
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        settle(self, timeout_s)  # also drains the native probes: their records make summaries
+        self._sink_thread.flush(max(0.0, deadline - time.monotonic()))
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> int:
+        """Delivers every measured step to the sinks and the records, then closes the sinks.
+
+        In order, within about `timeout_s` seconds in all (default 10): releases
+        any pacing sleep and makes later sleeps zero; waits for the steps this
+        process dispatched and drains the probes, so `records()` and the sinks
+        see every finished step; lets the sink thread deliver what is queued;
+        calls each sink's `close()` (final file writes); stops the stall
+        watchdog. Interpreter exit, an exception that ends the program and
+        SIGTERM run the same close (docs/guarantees.md).
+
+        Never blocks past the bound, even when a step never finishes or a sink
+        never returns: steps still in flight then are counted (the return
+        value, also `in_flight_at_close`) and logged; summaries left
+        undelivered are counted in `sink_dropped` and logged. A second call
+        returns at once.
+
+        Returns:
+          The number of measured steps (summed over this process's ranks) that
+          had not finished when the bound ran out; 0 normally.
+        """
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+        if not first:
+            return self.in_flight_at_close
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
         self._stop.set()
-        self._sink_thread.close(timeout_s)
-        self._watchdog.stop(timeout_s)
+        if self._sites:
+            self.in_flight_at_close = sum(settle(self, timeout_s).values())
+        self._sink_thread.close(max(0.0, deadline - time.monotonic()))
+        self._watchdog.stop(min(1.0, max(0.0, deadline - time.monotonic())))
+        return self.in_flight_at_close
 
     def release(self) -> None:
         """Ends any pacing sleep in progress (SIGTERM does this too)."""

@@ -44,6 +44,7 @@ import numpy as np
 
 from jaxpace import _jax_compat
 from jaxpace import _native as nat
+from jaxpace._runtime import pauses
 from jaxpace._text import ranges
 from jaxpace._validate import check_choice, check_number
 from jaxpace.errors import ConfigError, StallError
@@ -245,6 +246,8 @@ class Watchdog:
         self._kv: _BoundedKV | None = None
         self.me, self.nproc, self.host = 0, 1, socket.gethostname()
         self.prefix = ""
+        self._pauses = pauses.Tracker()  # peers' announced pauses and host phases
+        self._quiet_until = -1e18  # no new declaration before (a peer's pause excused the last)
 
     @property
     def tick_s(self) -> float:
@@ -318,7 +321,8 @@ class Watchdog:
             limit = self.config.stall_after_s
             if step < WARMUP_STEPS:
                 limit = max(limit, WARMUP_STALL_S)
-            if stalled >= limit and (site, step) not in self._declared:
+            quiet = now < self._quiet_until
+            if stalled >= limit and (site, step) not in self._declared and not quiet:
                 self._declared.add((site, step))
                 self.declare(site, step, stalled, counts)
         return True
@@ -401,6 +405,7 @@ class Watchdog:
             "age_s": round(now - last["at"], 3) if last else None,
             "counts": counts,
             "answered": answered,
+            "pause": pauses.current(),
         }
 
     # ------------------------------------------------------------------ key-value store
@@ -418,6 +423,7 @@ class Watchdog:
             (self._last or {}).get("site"),
             (self._last or {}).get("step"),
             (self._last or {}).get("state"),
+            (pauses.current() or {}).get("id"),
         )
         if key != self._published or peer_stall:
             entry = self._entry(now, counts, answered=bool(peer_stall))
@@ -507,6 +513,8 @@ class Watchdog:
                     peers = {p: None for p in range(self.nproc)}
                     for e in got:
                         peers[int(e["p"])] = e
+                    if self._excused(key, site, step, counts, peers):
+                        return None
                     self._kv.call(
                         lambda c: c.key_value_set(
                             key, json.dumps({**notice, "confirmed": True}), True
@@ -539,6 +547,18 @@ class Watchdog:
         self._act(message, [p for p, _ in here])
         return rec
 
+    def _excused(self, key: str, site: str, step: int, counts: dict, peers: dict) -> bool:
+        """Every process this stall waits for is in a pause within its bound: withdraw, retry."""
+        now = time.monotonic()
+        got = self._pauses.all_excused(classify(self.me, site, step, counts, peers), peers, now)
+        if not got:
+            return False
+        self._kv.call(lambda c: c.key_value_delete(key))
+        self._declared.discard((site, step))
+        self._quiet_until = now + PUBLISH_EVERY_S
+        log.info("jaxpace: at %s step %d waiting for processes in a pause: %s", site, step, got)
+        return True
+
     def _message(self, site, step, stalled_s, counts, peers, coordinator) -> str:
         head = f"jaxpace: stalled {_secs(stalled_s)} s at {site} step {step}"
         if self.nproc == 1:
@@ -564,6 +584,8 @@ class Watchdog:
             parts.append(
                 "waiting for " + "; ".join(f"process {p} (host {host(p)}), {w}" for p, w in missing)
             )
+            over = self._pauses.overrun([p for p, _ in missing], peers, time.monotonic())
+            parts += [over] if over else []
         parts.append(
             f"processes {ranges(sorted([self.me] + [p for p, _ in here]), sep=',')} are here."
         )

@@ -1,0 +1,98 @@
+"""One process, 8 CPU devices, granularity="device": STEPS measured steps, then one way of ending.
+
+python tests/scripts/shutdown_job.py OUT MODE   (MODE: exit | sigterm | sigterm_handled | raise)
+
+- exit: the loop ends and the interpreter exits; nobody calls close().
+- raise: an exception ends the training loop (uncaught: exit code 1).
+- sigterm: writes OUT/ready, then waits to be killed by SIGTERM (default action).
+- sigterm_handled: as sigterm, with the program's own SIGTERM handler (sys.exit(143)).
+- sigterm_stuck: as sigterm, but the main thread is blocked inside a computation that never
+  ends, so Python cannot run a signal handler there.
+
+A counting sink writes how many summaries it received when its close() is called
+(OUT/sink-closed.json); an atexit hook registered before the first trace (so it runs
+after jaxpace's own) writes how many step records the pacer holds (OUT/records.json).
+"""
+
+import atexit
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.pop("XLA_FLAGS", None)
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jaxpace as jp  # noqa: E402
+import jaxpace.sinks  # noqa: E402
+
+out, mode = sys.argv[1], sys.argv[2]
+STEPS = 40
+
+
+class CountingSink:
+    def __init__(self) -> None:
+        self.pairs = set()
+        self.n = 0
+
+    def __call__(self, s) -> None:
+        self.n += 1
+        self.pairs.add((s["rank"], s["step"]))
+
+    def close(self) -> None:
+        with open(os.path.join(out, "sink-closed.json"), "w") as f:
+            json.dump({"summaries": self.n, "distinct": len(self.pairs)}, f)
+
+
+counting = CountingSink()
+prom = jaxpace.sinks.prometheus_textfile(os.path.join(out, "m.prom"), write_every_s=3600)
+tb = jaxpace.sinks.tensorboard(os.path.join(out, "tb"), flush_secs=3600)
+pacer = jp.Pacer(granularity="device", sinks=[counting, prom, tb])
+
+
+def count_records() -> None:
+    steps = [r for r in pacer.records() if r.get("type") == "step"]
+    with open(os.path.join(out, "records.json"), "w") as f:
+        json.dump({"steps": len(steps)}, f)
+
+
+atexit.register(count_records)  # before the first trace: runs after jaxpace's close
+if mode == "sigterm_handled":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+mesh = jax.make_mesh((8,), ("data",))
+step = jax.jit(
+    jax.shard_map(
+        lambda x: pacer.psum(x, "data", site="grads"), mesh=mesh, in_specs=P("data"), out_specs=P()
+    )
+)
+x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("data")))
+for _ in range(STEPS - 1):
+    # One step at a time: XLA:CPU can deadlock its collective rendezvous with many 8-device
+    # steps queued on few cores (seen with plain lax.psum too).
+    jax.block_until_ready(step(x))
+y = step(x)  # the last step: not waited for, still in flight when the loop ends
+if mode == "raise":
+    raise RuntimeError("the training loop ended with an exception")
+if mode.startswith("sigterm"):
+    with open(os.path.join(out, "ready"), "w") as f:
+        f.write("1")
+if mode == "sigterm_stuck":  # the main thread blocks inside a computation that never ends
+    forever = threading.Event()
+    stuck = jax.jit(lambda v: jax.pure_callback(lambda a: forever.wait() or a, v, v))
+    np.asarray(stuck(np.ones(2, np.float32)))  # device_get: waits in C++, no signal checks
+if mode.startswith("sigterm"):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the test kills us long before
+        time.sleep(0.05)
+    sys.exit(3)
