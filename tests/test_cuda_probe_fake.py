@@ -339,6 +339,53 @@ def test_the_drain_makes_each_device_current_and_restores_the_callers(fake, coun
     assert nat.counters(sid)["cuda_errors"] == 0
 
 
+def test_a_process_on_one_device_never_selects_another(fake, counts):
+    """Selecting a device makes a CUDA context there (hundreds of MB): set-up and drain keep to
+    the devices the site measures on, even from threads whose current device is another."""
+    sid = new_site(2, [-1, 0])  # ordinal 0 does not measure, ordinal 1 is rank 0
+    rk = Rank(fake, sid, 1, 0)
+    try:
+        for _ in range(3):
+            rk.step()
+        rk.sync()
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("r", nat.drain(sid)[0]))
+        t.start()
+        t.join(SYNC_MS / 1000)
+        assert not t.is_alive()
+        got["main"] = nat.drain(sid)[0]  # nothing left; this thread's device is 0
+    finally:
+        rk.close()
+    assert got["r"]["step"].tolist() == [0, 1, 2]
+    assert counts("cudaSetDevice:0") == 0 and counts("cudaSetDevice:1") >= 1
+
+
+def test_a_delay_that_could_not_be_enqueued_is_recorded_as_none(fake, counts):
+    sid = new_site(2, [0], max_delay_s=1.0)
+    rk = Rank(fake, sid, 0, 0)
+    try:
+        nat.set_delay(sid, 0, 0.01)
+        rk.step()  # slept: 10 ms
+        rk.sync()
+        first, _ = nat.drain(sid)
+        for _ in range(63):  # the same slot comes back after 64 steps, with no delay asked
+            rk.step()
+        rk.sync()
+        nat.drain(sid)
+        rk.step()  # step 64, in step 0's slot, with no delay
+        nat.set_delay(sid, 0, 0.01)
+        fake.fake_inject(b"cudaLaunchHostFunc", 1, 999)  # step 65: a delay that cannot be queued
+        rk.step()
+        rk.sync()
+        last, _ = nat.drain(sid)
+    finally:
+        rk.close()
+    assert first["delay_ns"][0] >= 10_000_000
+    assert last["step"].tolist() == [64, 65]
+    assert last["delay_ns"].tolist() == [0, 0]  # not the slot's old 10 ms, not the one asked
+    assert nat.counters(sid)["cuda_errors"] == 1
+
+
 def test_a_gpu_step_wakes_the_drain_when_the_policy_may_delay(fake, counts):
     eager = new_site(2, [0], max_delay_s=0.01)
     lazy = new_site(2, [0], max_delay_s=0.0)  # measure only: no host function at all

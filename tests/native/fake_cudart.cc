@@ -158,6 +158,7 @@ int cudaGetDevice(int* d) {
 int cudaSetDevice(int d) {
   if (int rc = injected("cudaSetDevice")) return rc;
   if (d < 0 || d >= g_num_devices) return fail(kInvalidDevice);
+  count("cudaSetDevice:" + std::to_string(d));  // each selects (and may create) a context
   t_device = d;
   return 0;
 }

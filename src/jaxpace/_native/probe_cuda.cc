@@ -80,6 +80,7 @@ struct GpuStep {
   float* host_payload = nullptr;  // pinned: the reduced payload copied back (payload_len)
   int64_t step = -1, host_arrive_ns = 0;
   HostSleep sleep;
+  bool slept_here = false;  // this step's delay ran in `sleep` (else the record says 0)
   int state = 0;  // 0 free, 1 arrived, 2 enqueued (waiting for the drain), 3 failed
 };
 
@@ -210,12 +211,15 @@ const char* arrive_cuda(cudaStream_t stream, int32_t ordinal, int64_t site, int3
   if (gs != nullptr) {
     gs->step = step;
     gs->host_arrive_ns = t;
-    gs->sleep.ns = 0;
-    gs->sleep.slept.store(0, std::memory_order_relaxed);
+    gs->slept_here = false;
     ok = ck(s, g_cuda.EventRecord(gs->ev_arrive, stream), "cudaEventRecord");
   }
-  HostSleep* hs = delay > 0 ? (gs != nullptr ? &gs->sleep : spare_sleep(gp)) : nullptr;
-  if (hs != nullptr && !launch_sleep(s, hs, delay, stream)) delay = 0;
+  // A reused slot whose abandoned arrive's sleep is still queued keeps it: no delay then.
+  HostSleep* hs = gs != nullptr ? (gs->sleep.busy.load(std::memory_order_acquire) ? nullptr
+                                                                                   : &gs->sleep)
+                                : spare_sleep(gp);
+  if (delay > 0 && (hs == nullptr || !launch_sleep(s, hs, delay, stream))) delay = 0;
+  if (gs != nullptr) gs->slept_here = delay > 0;
   if (gs == nullptr) return nullptr;
   ok = ok && copy_arrive_outputs(s, gs, r, f, flag_dev, pay_dev, len, stream);
   gs->state = ok ? 1 : 3;
@@ -308,8 +312,8 @@ bool push_gpu_record(Site* s, GpuPair* gp, GpuStep& gs) {
   int64_t last = st.last_done_ns.exchange(t_done, std::memory_order_relaxed);
   st.prev_step_ns.store(last >= 0 && t_done > last ? t_done - last : -1,
                         std::memory_order_relaxed);
-  RecordOut rec{gs.step, gs.host_arrive_ns, t_done,
-                gs.sleep.slept.load(std::memory_order_acquire), wait, gp->rank, 1};
+  int64_t slept = gs.slept_here ? gs.sleep.slept.load(std::memory_order_acquire) : 0;
+  RecordOut rec{gs.step, gs.host_arrive_ns, t_done, slept, wait, gp->rank, 1};
   push_record(s, rec, gs.host_payload, s->payload_len, /*notify=*/false);
   s->cuda_streak.store(0, std::memory_order_relaxed);
   return true;
@@ -408,9 +412,11 @@ int setup_pairs(Site* s, const std::vector<int32_t>& ranks) {
   }
   int prev = -1;
   if (g_cuda.GetDevice(&prev) != 0) g_cuda.GetLastError();
+  bool restore = false;  // only to a device this site uses: cudaSetDevice makes a context
   int rc = 0;
   for (int32_t o = 0; o < static_cast<int32_t>(ranks.size()) && rc == 0; ++o) {
     int32_t r = resolve_rank(s, ranks[o]);
+    restore = restore || (r >= 0 && o == prev);
     if (r < 0 || tab[r].load(std::memory_order_acquire) != nullptr) continue;
     GpuPair* gp = new GpuPair();
     gp->device = o;
@@ -422,7 +428,7 @@ int setup_pairs(Site* s, const std::vector<int32_t>& ranks) {
     s->gpu_list.push_back(gp);
     tab[r].store(gp, std::memory_order_release);
   }
-  if (prev >= 0) ck(s, g_cuda.SetDevice(prev), "cudaSetDevice");
+  if (restore) ck(s, g_cuda.SetDevice(prev), "cudaSetDevice");
   return rc;
 }
 
