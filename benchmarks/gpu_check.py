@@ -236,7 +236,9 @@ def _traced_waits(args, jax, devs, mesh, smap, x, *, sync: bool) -> list[Check]:
         return checks
     waits: dict[int, list[float]] = {}
     for r in recs:
-        waits.setdefault(devs[r["rank"]].local_hardware_id, []).append(r["wait_ns"] * 1e-9)
+        waits.setdefault(mesh.devices.flat[r["rank"]].local_hardware_id, []).append(
+            r["wait_ns"] * 1e-9
+        )
     checks.append(waits_vs_kernels(waits, kernels, args.steps, sync=sync))
     return checks
 

@@ -44,3 +44,13 @@ def test_tags_survive_a_pmean_division_at_large_steps():
     mean = (p.astype(np.float32) / np.float32(n)).astype(np.float32)  # what pmean hands back
     view = _exchange.decode(mean, n, _exchange.reduction_scale("pmean", n))
     assert view.mismatched == 0 and np.isfinite(view.earliness_s).all()
+
+
+def test_stats_probe_line_names_every_loss():
+    from jaxpace._native import driver
+
+    assert driver._lost_text(0, 0, 0, 0, 0) == []
+    text = " ".join(driver._lost_text(3, 17, 16, 1, 2))
+    assert "3 records dropped" in text
+    assert "17 CUDA calls failed, 16 steps not recorded" in text and "disabled" in text
+    assert "2 exchanged waits of another step dropped" in text
