@@ -107,6 +107,20 @@ def delay_applied(delays_s: list[float], want_s: float) -> Check:
     )
 
 
+def delays_overlap(step_paced: list[float], step_lax: list[float], delay_s: float) -> Check:
+    """Each device sleeps its delay on its own stream, at the same time as the others: a step
+    grows by about one delay, not one per device. CUDA may run host functions of independent
+    streams one after another; this catches it."""
+    grew = statistics.median(step_paced) - statistics.median(step_lax)
+    ok = grew <= 1.5 * delay_s + 1e-3
+    return Check(
+        "delays of the devices overlap",
+        ok,
+        f"median step +{grew * 1e3:.2f} ms with a {delay_s * 1e3:g} ms delay per device "
+        f"(at most {(1.5 * delay_s + 1e-3) * 1e3:g} ms)",
+    )
+
+
 def nothing_lost(recorded: int, dropped: int, expected: int, cuda_errors: int) -> Check:
     ok = recorded + dropped == expected and cuda_errors == 0
     return Check(
@@ -253,11 +267,26 @@ def _fixed(args, jax, devs, mesh, smap, x) -> list[Check]:
     g = smap(lambda v: lax.psum(v * 1.5, "d"))
     got = _run(f, x, args.steps)
     delays = [r["delay_ns"] * 1e-9 for r in _site_records(pacer, "fixed") if r["step"] >= 2]
+    want = _run(g, x, args.steps)
+    step_f, step_g = _step_times(f, x, args.steps), _step_times(g, x, args.steps)
     pacer.close()
-    slept = delay_applied(delays, FIXED_DELAY_S)
+    found = [delay_applied(delays, FIXED_DELAY_S), delays_overlap(step_f, step_g, FIXED_DELAY_S)]
     if devs[0].platform != "gpu":  # the delay lands a step later when the drain lags (host load)
-        slept = informational(slept, "not a GPU")
-    return [bitwise("fixed delay", got, _run(g, x, args.steps)), slept]
+        found = [informational(c, "not a GPU") for c in found]
+    elif len(devs) < 2:
+        found[1] = informational(found[1], "one device: nothing to serialize")
+    return [bitwise("fixed delay", got, want), *found]
+
+
+def _step_times(fn, x, steps: int) -> list[float]:
+    import time
+
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn(x).block_until_ready()
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def _adaptive(args, jax, devs, mesh, smap, x) -> list[Check]:
@@ -485,6 +514,8 @@ def dry_run() -> list[Check]:
         (delay_applied([0.002] * 9 + [0.0], 0.002), True),
         (delay_applied([0.0] * 5 + [0.002] * 5, 0.002), False),
         (delay_applied([0.002] * 9 + [0.05], 0.002), False),
+        (delays_overlap([0.0045] * 5, [0.002] * 5, 0.002), True),
+        (delays_overlap([0.018] * 5, [0.002] * 5, 0.002), False),  # 8 devices, one by one
         (nothing_lost(190, 10, 200, 0), True),
         (nothing_lost(190, 0, 200, 0), False),
         (nothing_lost(200, 0, 200, 1), False),
