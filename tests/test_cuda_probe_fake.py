@@ -451,3 +451,47 @@ def test_loader_candidates_put_the_cuda13_wheel_and_mapped_runtime_first(tmp_pat
     monkeypatch.setattr(nat, "_plugin_majors", lambda: [12, 13])
     monkeypatch.setattr(nat, "_mapped_cudart", lambda: [])
     assert nat.cudart_candidates()[0].endswith("libcudart.so.12")
+
+
+def test_the_drain_thread_turns_a_gpu_step_into_the_next_steps_delay(fake, counts):
+    """End to end on the fake: GPU step -> drain thread -> policy -> native delay -> the next
+    step's stream sleeps it, and the record says so."""
+    from jaxpace._native import driver
+
+    calls: list[tuple[int, int]] = []
+    first = threading.Event()
+
+    class Runtime:  # the two methods the drain thread calls (jaxpace._runtime.hooks)
+        def native_record(self, site, rank, step, arrive_ns, done_ns, delay_ns, red, scale):
+            calls.append((step, delay_ns))
+            first.set()
+            return 0.005  # the policy's answer: sleep 5 ms at the next arrival
+
+        def native_wants_wake(self, site):
+            return True
+
+    class HostSite:
+        name, probe, memo = "gpu-site", "native", None
+
+    sid = driver.attach(
+        Runtime(), HostSite(), num_slots=2, fixed_rank=-1, sample_every=1, payload_len=0,
+        scale=1.0, capacity=64, max_delay_s=0.05, stop=None,
+    )  # fmt: skip
+    nat.set_site_devices(sid, [0])
+    rk = Rank(fake, sid, 0, 0)
+    try:
+        rk.step()
+        assert first.wait(SYNC_MS / 1000)  # the drain thread read step 0 by itself
+        # The thread stores the delay right after the policy returns: it lands on the next
+        # arrival after that (bounded retries, no timing assumption).
+        for _ in range(100):
+            rk.step()
+            rk.sync()
+            driver.sync(sid)
+            if any(d > 0 for _, d in calls):
+                break
+    finally:
+        rk.close()
+    assert calls[0] == (0, 0)
+    assert [s for s, _ in calls] == list(range(len(calls)))  # every step, once, in order
+    assert max(d for _, d in calls) >= 5_000_000  # a later step slept the 5 ms on its stream
