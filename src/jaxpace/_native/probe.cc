@@ -50,8 +50,10 @@ inline int64_t now_ns() {
 
 // ------------------------------------------------------------------ release / sleep
 
-std::mutex g_sleep_mu;
-std::condition_variable g_sleep_cv;
+// Never destroyed: threads the process does not join (the drain thread, CUDA's host-function
+// thread in a sleep) may still wait on them while static destructors run at exit.
+std::mutex& g_sleep_mu = *new std::mutex;
+std::condition_variable& g_sleep_cv = *new std::condition_variable;
 std::atomic<int> g_released{0};
 std::atomic<int64_t> g_max_delay_ns{0};  // 0: no delays at all
 
@@ -169,8 +171,8 @@ std::atomic<Site*> g_sites[kMaxSites];
 // notify (no futex call on the hot path); the drain thread batches them on a timer.
 std::atomic<uint64_t> g_pushed_eager{0};
 std::atomic<int> g_waiters{0};
-std::mutex g_wait_mu;
-std::condition_variable g_wait_cv;
+std::mutex& g_wait_mu = *new std::mutex;  // never destroyed (see g_sleep_mu)
+std::condition_variable& g_wait_cv = *new std::condition_variable;
 
 // Wakes the drain thread (jaxpace_wait_records): records (or GPU steps) of a site that can
 // delay are ready. Only atomics, one short lock when someone waits; called from CUDA's

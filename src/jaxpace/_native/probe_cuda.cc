@@ -55,7 +55,7 @@ struct Cuda {
   const char* (*GetErrorString)(cudaError_t) = nullptr;
 };
 Cuda g_cuda;
-std::mutex g_cuda_mu;  // loading; the last error's text
+std::mutex& g_cuda_mu = *new std::mutex;  // loading; the last error's text (never destroyed)
 char g_cuda_error[256] = "not loaded";
 float* g_one = nullptr;  // pinned 1.0f, the done probe's output (made at the first set-up)
 
