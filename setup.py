@@ -52,7 +52,8 @@ if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
     ext_modules.append(
         Extension(
             "jaxpace._native._jaxpace_probe",
-            sources=["src/jaxpace/_native/probe.cc"],
+            sources=["src/jaxpace/_native/probe.cc"],  # includes probe_cuda.cc
+            depends=["src/jaxpace/_native/probe_cuda.cc"],
             language="c++",
             extra_compile_args=["-std=c++17", "-O2"],
             libraries=["dl"],

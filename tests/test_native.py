@@ -254,7 +254,7 @@ def test_fixed_rank_records_the_process_slot(mesh):
     assert recs["rank"].tolist() == [1, 1, 1]
     # Slot 1 carries the previous step's wait (seconds) and presence; slot 0 nothing.
     red = np.asarray(red)
-    assert red[0] == 0.0 and red[2] == 0.0 and red[3] == 1.0
+    assert red[0] == 0.0 and red[2] == 0.0 and red[3] == 2.0 + 1  # present, from step 1
     assert red[1] == np.float32(recs["wait_ns"][1] * 1e-9)
     assert (pays[2] == red).all()  # the reduced payload is kept with the record
 
@@ -285,7 +285,8 @@ def test_exchange_payload_carries_previous_waits(mesh):
     waits[step0["rank"]] = (step0["wait_ns"] * 1e-9).astype(np.float32)
     red1 = np.asarray(red1)
     np.testing.assert_array_equal(red1[:8], waits)
-    np.testing.assert_array_equal(red1[8:16], np.ones(8, np.float32))
+    # Present, with the step the wait is from: 2 + step 0.
+    np.testing.assert_array_equal(red1[8:16], np.full(8, 2.0, np.float32))
 
 
 def test_pending_counts_undrained_records(mesh):

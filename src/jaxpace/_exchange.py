@@ -1,12 +1,17 @@
 """The in-band exchange: the payload each rank adds to the collective, and earliness.
 
 A rank's payload is `3 * num_slots` float32 values, zero except at its own slot
-`r`: `[r]` its previous wait (s), `[n + r]` 1.0 when that wait is present, and
-`[2n + r]` its previous step time (s). Summed by the collective (psum), every
-rank reads every rank's values; a pmean divides them by the group size, which
-`decode` undoes. Earliness is `w_i - min_j w_j`: clock-free, >= 0, NaN where a
-rank has no valid wait. The runtime, the simulator and the report all compute
-it here.
+`r`: `[r]` its previous wait (s), `[n + r]` its presence: 1.0 when that wait is
+present, or `2 + (step mod 2**20)` when the probe also says which step the wait
+is from, and `[2n + r]` its previous step time (s). Summed by the collective
+(psum), every rank reads every rank's values; a pmean divides them by the group
+size, which `decode` undoes. Earliness is `w_i - min_j w_j`: clock-free, >= 0,
+NaN where a rank has no valid wait. Waits from different steps are not compared:
+`decode` keeps the step most ranks report and drops (and counts) the others. The
+native GPU probes can report an older step than their peers (their waits reach
+the host when the drain reads the GPU's events); the other probes always report
+the previous step. The runtime, the simulator and the report all compute it
+here.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 
 __all__ = [
     "Decoded",
+    "STEP_TAG_MOD",
     "decode",
     "earliness",
     "encode",
@@ -25,6 +31,9 @@ __all__ = [
     "reduction_scale",
     "sanitize_seconds",
 ]
+
+
+STEP_TAG_MOD = 1 << 20  # the presence slot's step tag counts modulo this (exact in float32)
 
 
 def payload_size(num_slots: int) -> int:
@@ -99,10 +108,13 @@ class Decoded(NamedTuple):
         where absent.
       step_time_s: median over present ranks of their previous step time, NaN
         when unknown.
+      mismatched: waits dropped because they came from another step than the
+        one most ranks reported.
     """
 
     earliness_s: np.ndarray
     step_time_s: float
+    mismatched: int = 0
 
 
 def decode(reduced, num_slots: int, scale: float) -> Decoded | None:
@@ -111,13 +123,35 @@ def decode(reduced, num_slots: int, scale: float) -> Decoded | None:
     vec = np.asarray(reduced, dtype=np.float64).reshape(-1) * scale
     waits = sanitize_seconds(vec[:n])
     present = vec[n : 2 * n] > 0.5
+    mismatched = _drop_other_steps(vec[n : 2 * n], present)
     waits[~present] = np.nan
     if not np.isfinite(waits).any():
         return None
     steps_s = sanitize_seconds(vec[2 * n : 3 * n])
     steps_s[~present | (steps_s <= 0)] = np.nan
     step_time = _median(steps_s) if np.isfinite(steps_s).any() else math.nan
-    return Decoded(earliness(waits), step_time)
+    return Decoded(earliness(waits), step_time, mismatched)
+
+
+def _drop_other_steps(presence: np.ndarray, present: np.ndarray) -> int:
+    """Clears `present` where a rank's step tag differs from the one most ranks report (ties:
+    the higher tag); returns how many were cleared. A presence of 1.0 carries no tag and is
+    kept. Tags are `2 + step mod 2**20`, exact after a pmean's division and `decode`'s scale.
+
+    >>> p = np.array([2.0 + 7, 2.0 + 7, 2.0 + 6, 0.0, 1.0]); keep = p > 0.5
+    >>> _drop_other_steps(p, keep), keep.tolist()
+    (1, [True, True, False, False, True])
+    """
+    tags = np.rint(presence).astype(np.int64)
+    tagged = present & (tags >= 2)
+    seen = tags[tagged]
+    if seen.size == 0 or (seen == seen[0]).all():
+        return 0  # the common case: every rank reports the same step
+    values, counts = np.unique(tags[tagged], return_counts=True)
+    ref = values[counts == counts.max()].max()
+    other = tagged & (tags != ref)
+    present[other] = False
+    return int(other.sum())
 
 
 def _median(x: np.ndarray) -> float:

@@ -29,6 +29,7 @@ __all__ = [
     "available",
     "counters",
     "cuda_available",
+    "cudart_candidates",
     "drain",
     "find_built",
     "library_path",
@@ -49,7 +50,7 @@ __all__ = [
     "wait_records",
 ]
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_SITES = 4096
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -165,6 +166,8 @@ def _declare(lib) -> None:
         "jaxpace_wait_records": (u64, [u64, i64]),
         "jaxpace_cuda_load": (ctypes.c_int, [ctypes.c_char_p]),
         "jaxpace_cuda_error": (ctypes.c_char_p, []),
+        "jaxpace_test_arrive_cuda": (ctypes.c_int, [vp, i32, i64, vp, vp, i64]),
+        "jaxpace_test_done_cuda": (ctypes.c_int, [vp, i32, i64, vp, i64, vp]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -195,26 +198,72 @@ def available() -> tuple[bool, str]:
     return True, f"native XLA FFI probes ({os.path.basename(_state['path'])})"
 
 
+def cudart_candidates() -> list[str]:
+    """Where the CUDA runtime for the GPU handlers is looked for, in order ("" last: the
+    loader's own names `libcudart.so.13`, `.so.12`, `libcudart.so` on the search path).
+
+    `JAXPACE_CUDART` (a path) alone when set. Otherwise a libcudart this process already has
+    mapped (the one XLA's CUDA plugin uses), then the NVIDIA wheels in site-packages: CUDA 13's
+    (`nvidia/cu13/lib`) and CUDA 12's (`nvidia/cuda_runtime/lib`), the major of the installed
+    `jax-cuda*-plugin` first.
+    """
+    env = os.environ.get("JAXPACE_CUDART", "").strip()
+    if env:
+        return [env]
+    paths = _mapped_cudart()
+    wheel = {13: ("nvidia", "cu13", "lib"), 12: ("nvidia", "cuda_runtime", "lib")}
+    for major in _plugin_majors():
+        for root in _site_dirs():
+            paths += sorted(glob.glob(os.path.join(root, *wheel[major], "libcudart.so*")))
+    seen: set[str] = set()
+    return [p for p in [*paths, ""] if not (p in seen or seen.add(p))]
+
+
+def _mapped_cudart() -> list[str]:
+    """The libcudart files mapped into this process (Linux), e.g. by jaxlib's CUDA plugin."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            names = {line.split()[-1] for line in f if "libcudart.so" in line}
+    except OSError:
+        return []
+    return sorted(n for n in names if os.path.isfile(n))
+
+
+def _plugin_majors() -> list[int]:
+    """CUDA majors to try, that of the installed jax CUDA plugin first (13 when unknown)."""
+    from importlib import metadata
+
+    for major in (13, 12):
+        try:
+            metadata.version(f"jax-cuda{major}-plugin")
+        except metadata.PackageNotFoundError:
+            continue
+        return [major, 25 - major]
+    return [13, 12]
+
+
+def _site_dirs() -> list[str]:
+    import site
+
+    dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    try:
+        dirs += site.getsitepackages()
+    except AttributeError:  # some virtualenvs' site module
+        pass
+    return list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))
+
+
 def cuda_available() -> tuple[bool, str]:
-    """Loads the CUDA runtime for the GPU handlers (dlopen; the nvidia-cuda-runtime-cu12 wheel
-    first, then the system's). `(False, why)` when there is none."""
+    """Loads the CUDA runtime for the GPU handlers (dlopen, from `cudart_candidates()`).
+    `(False, why)` when there is none."""
     lib = _lib()
     with _lock:
         if _state["cuda"] is not None:
             return _state["cuda"]
-        paths = []
-        try:
-            import nvidia.cuda_runtime as ncr  # the wheel jax[cuda12] installs
-
-            for d in list(getattr(ncr, "__path__", [])):
-                paths += sorted(glob.glob(os.path.join(d, "lib", "libcudart.so*")))
-        except ImportError:
-            pass
-        paths.append("")  # then libcudart.so.12 / libcudart.so from the loader's search path
         res = (False, "no CUDA runtime")
-        for p in paths:
+        for p in cudart_candidates():
             if lib.jaxpace_cuda_load(p.encode() if p else None) == 1:
-                res = (True, f"CUDA runtime {p or 'libcudart.so.12 (system)'}")
+                res = (True, f"CUDA runtime {p or 'libcudart (system)'}")
                 break
             res = (False, lib.jaxpace_cuda_error().decode(errors="replace"))
         _state["cuda"] = res
@@ -284,9 +333,21 @@ def register_site(
 
 
 def set_site_devices(site_id: int, rank_of_ordinal) -> None:
-    """GPU: the rank measured on each local device ordinal (-1: not measured there)."""
+    """GPU: the rank measured on each local device ordinal (-1: not measured there).
+
+    With a CUDA runtime loaded this also makes, per measured device, the events and pinned
+    memory its handlers use (never made inside a handler).
+
+    Raises:
+      RuntimeError: a CUDA call failed (the caller falls back to the io_callback probes).
+    """
     arr = np.ascontiguousarray(np.asarray(rank_of_ordinal, dtype=np.int32).reshape(-1))
-    if _lib().jaxpace_set_site_devices(int(site_id), arr.ctypes.data, int(arr.size)) != 0:
+    lib = _lib()
+    rc = lib.jaxpace_set_site_devices(int(site_id), arr.ctypes.data, int(arr.size))
+    if rc == -2:
+        why = lib.jaxpace_cuda_error().decode(errors="replace")
+        raise RuntimeError(f"set_site_devices: setting up the CUDA events failed ({why})")
+    if rc != 0:
         raise ValueError(f"set_site_devices: unknown site {site_id} or too many devices")
 
 
@@ -366,7 +427,7 @@ def set_site_wake(site_id: int, on: bool) -> None:
 
 
 def pending(site_id: int) -> int:
-    """Records a drain of the site would find now (> 0 while it has GPU event pairs to poll)."""
+    """Records a drain of the site would find now, plus its GPU steps not yet read."""
     n = int(_lib().jaxpace_site_pending(int(site_id)))
     if n < 0:
         raise ValueError(f"pending: unknown native site {site_id}")
@@ -374,11 +435,15 @@ def pending(site_id: int) -> int:
 
 
 def counters(site_id: int) -> dict:
-    """Records pushed, dropped (overwritten before drained), unsampled and overlapping arrivals."""
-    out = np.zeros(5, np.int64)
+    """Records pushed, dropped (overwritten before drained, or a GPU step with the drain
+    `kGpuDepth` behind), unsampled and overlapping arrivals, the ring's capacity; GPU: CUDA
+    calls that failed, measured steps left unrecorded by one, and whether the site's CUDA
+    handlers were disabled after repeated failures (1)."""
+    out = np.zeros(8, np.int64)
     if _lib().jaxpace_site_counters(int(site_id), out.ctypes.data) != 0:
         raise ValueError(f"counters: unknown native site {site_id}")
-    keys = ("pushed", "dropped", "unsampled", "overlaps", "capacity")
+    keys = ("pushed", "dropped", "unsampled", "overlaps", "capacity", "cuda_errors",
+            "gpu_invalid", "gpu_disabled")  # fmt: skip
     return {k: int(v) for k, v in zip(keys, out, strict=True)}
 
 

@@ -9,6 +9,12 @@ io_callback path's `done`), and stores the resulting
 delay natively, where the rank's next arrival sleeps it. `sync()` drains on the caller's thread
 (stats, records). When a pacer stops (close/release/SIGTERM) its sites' native sleeps end.
 
+GPU: a measured step's records exist once the drain has read its CUDA events. When the site's
+policy may delay now, the step's done probe enqueues a host function after its last copy that
+only wakes this thread (no CUDA call in it), so the thread drains as soon as the GPU is there;
+otherwise the step waits for the 50 ms timer like any idle site. The 20 ms bound on the wait
+is only a backstop.
+
 Lag: the io_callback path decides step k's delay inside step k's post-callback, before step
 k+1 can arrive. Here the decision is made when this thread has drained step k; when it has not
 yet done so by step k+1's arrival (host load), the delay lands one step later. While a site's
@@ -50,7 +56,7 @@ class _Entry:
     eager: bool = True  # its policy may delay now: drain as soon as records arrive
     can_delay: bool = True  # its policy has a bound > 0 (it may ever delay)
     probe: str = ""  # what stats() says about the path (plus drops, if any)
-    dropped: int = 0
+    lost: tuple = (0, 0, 0, 0, 0)  # dropped, CUDA errors, invalid, disabled, mismatched
     overlaps: int = 0
     fixed_rank: int = -1
 
@@ -212,19 +218,46 @@ def _drain(e: _Entry) -> None:
                 break
         if drained and e.can_delay:
             _set_eager(e, bool(e.rt.native_wants_wake(e.site)))
-        c = nat.counters(e.native_id)
-        if c["overlaps"] > e.overlaps:
-            if e.overlaps == 0:  # the io_callback path's warning, once per site
-                log.warning(
-                    "jaxpace: two measured arrivals at %s overlap on one rank (%d); "
-                    "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`) and "
-                    "give collectives traced from one line in a loop distinct `site=`.",
-                    e.site.name,
-                    e.fixed_rank,
-                )
-            e.overlaps = c["overlaps"]
-        dropped = c["dropped"]
-        if dropped != e.dropped:  # never silent: stats() shows records lost to a full ring
-            e.dropped = dropped
-            base = e.site.probe.split(" [")[0] if e.site.probe else "native"
-            e.site.probe = f"{base} [{dropped} records dropped: the drain fell behind the ring]"
+        _note_counters(e)
+
+
+def _note_counters(e: _Entry) -> None:
+    """Warns once about overlapping arrivals; puts records lost (ring overrun, CUDA errors, waits
+    of another step dropped by the exchange) into what `stats()` says about the probe."""
+    c = nat.counters(e.native_id)
+    if c["overlaps"] > e.overlaps:
+        if e.overlaps == 0:  # the io_callback path's warning, once per site
+            log.warning(
+                "jaxpace: two measured arrivals at %s overlap on one rank (%d); "
+                "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`) and "
+                "give collectives traced from one line in a loop distinct `site=`.",
+                e.site.name,
+                e.fixed_rank,
+            )
+        e.overlaps = c["overlaps"]
+    memo = getattr(e.site, "memo", None)
+    lost = (
+        c["dropped"],
+        c["cuda_errors"],
+        c["gpu_invalid"],
+        c["gpu_disabled"],
+        int(getattr(memo, "mismatched", 0)),
+    )
+    if lost != e.lost:  # never silent: stats() shows what was lost
+        e.lost = lost
+        base = e.site.probe.split(" [")[0] if e.site.probe else "native"
+        e.site.probe = base + "".join(f" [{m}]" for m in _lost_text(*lost))
+
+
+def _lost_text(dropped, cuda_errors, invalid, disabled, mismatched) -> list[str]:
+    out = []
+    if dropped:
+        out.append(f"{dropped} records dropped: the drain fell behind the ring")
+    if cuda_errors:
+        out.append(
+            f"{cuda_errors} CUDA calls failed, {invalid} steps not recorded"
+            + (": CUDA probes disabled after repeated errors" if disabled else "")
+        )
+    if mismatched:
+        out.append(f"{mismatched} exchanged waits of another step dropped")
+    return out

@@ -9,10 +9,11 @@
 // rank's progress for the stall watchdog (`jaxpace_site_progress`: last arrived step and when,
 // after the pacing sleep; last finished step; two relaxed stores per probe, no locks).
 //
-// CPU handlers use std::chrono::steady_clock. CUDA handlers (same .so, registered only when XLA
-// has a CUDA backend) record cudaEvents on XLA's stream and delay with cudaLaunchHostFunc; the
-// CUDA runtime is dlopen'ed at run time, so the build needs no CUDA toolkit. The CUDA path is
-// compiled here but has not been run on a GPU yet (see benchmarks/gpu.sh).
+// CPU handlers use std::chrono::steady_clock. CUDA handlers (probe_cuda.cc, compiled into this
+// library, registered only when XLA has a CUDA backend) record cudaEvents on XLA's stream and
+// delay with cudaLaunchHostFunc; the CUDA runtime is dlopen'ed at run time, so the build needs
+// no CUDA toolkit. The CUDA path is tested against a fake cudart (tests/native/fake_cudart.cc)
+// but has not been run on a GPU yet (see benchmarks/gpu.sh).
 //
 // Steps: a per-(site, rank) counter incremented at each Arrive. Remat replays never reach the
 // handlers: the Python primitive registers a partial-eval rule that saves the probes' outputs as
@@ -38,7 +39,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kAbiVersion = 3;  // 2: jaxpace_site_progress; 3: site_pending, site_wake
+constexpr int kAbiVersion = 4;  // 2: site_progress; 3: site_pending, site_wake; 4: CUDA counters
 constexpr int kMaxSites = 4096;
 
 inline int64_t now_ns() {
@@ -49,8 +50,10 @@ inline int64_t now_ns() {
 
 // ------------------------------------------------------------------ release / sleep
 
-std::mutex g_sleep_mu;
-std::condition_variable g_sleep_cv;
+// Never destroyed: threads the process does not join (the drain thread, CUDA's host-function
+// thread in a sleep) may still wait on them while static destructors run at exit.
+std::mutex& g_sleep_mu = *new std::mutex;
+std::condition_variable& g_sleep_cv = *new std::condition_variable;
 std::atomic<int> g_released{0};
 std::atomic<int64_t> g_max_delay_ns{0};  // 0: no delays at all
 
@@ -97,8 +100,10 @@ struct RankState {
   std::atomic<int64_t> open_step{-1};
   std::atomic<int64_t> open_arrive_ns{0};
   std::atomic<int64_t> open_delay_ns{0};
-  // Exchange state: this rank's previous wait and step time (-1: unknown).
-  std::atomic<int64_t> prev_wait_ns{-1};
+  // Exchange state: this rank's previous wait and its step, packed into one word so that a
+  // reader never pairs one step's wait with another's step ((wait_ns << 20) | step mod 2^20;
+  // -1: unknown), and its previous step time (-1: unknown).
+  std::atomic<int64_t> prev_wait{-1};
   std::atomic<int64_t> prev_step_ns{-1};
   std::atomic<int64_t> last_done_ns{-1};
   std::atomic<int64_t> overlaps{0};
@@ -119,7 +124,13 @@ inline void wd_done(RankState& st, int64_t step) {
   st.wd_done.store(step + 1, std::memory_order_release);
 }
 
-struct GpuPair;  // CUDA bookkeeping, defined below
+struct GpuPair;  // CUDA bookkeeping, defined in probe_cuda.cc
+
+constexpr int64_t kStepTagMod = int64_t{1} << 20;  // the exchange's step tag (jaxpace/_exchange.py)
+inline int64_t pack_wait(int64_t wait_ns, int64_t step) {
+  if (wait_ns < 0 || wait_ns >= (int64_t{1} << 42)) return -1;  // over 73 min: not a wait
+  return (wait_ns << 20) | (step & (kStepTagMod - 1));
+}
 
 struct Site {
   int32_t num_slots = 0;
@@ -140,10 +151,15 @@ struct Site {
   std::atomic<int64_t> unsampled{0};
   std::atomic<int> released{0};  // this site's sleeps end (its pacer closed)
   std::atomic<int64_t> max_delay_ns{-1};  // >= 0: this site's bound; -1: the global one
-  // GPU: pending event pairs per rank (ring of kGpuDepth), polled by the drain.
-  std::vector<GpuPair*> gpu;
-  // GPU: rank of each local device ordinal (-1: that device's shard does not measure).
-  std::vector<int32_t> rank_of_ordinal;
+  // GPU (probe_cuda.cc). Set up by jaxpace_set_site_devices, before a program runs; never
+  // freed (a running handler may hold them), like the site itself.
+  std::atomic<const std::vector<int32_t>*> ordinals{nullptr};  // rank per local device ordinal
+  std::atomic<std::atomic<GpuPair*>*> gpu_tab{nullptr};  // per rank: its events and buffers
+  std::vector<GpuPair*> gpu_list;  // the same pairs, for the drain's poll (under drain_mu)
+  std::atomic<int64_t> cuda_errors{0};  // CUDA calls that failed (each cleared after)
+  std::atomic<int64_t> gpu_invalid{0};  // measured steps left unrecorded by an error
+  std::atomic<int32_t> cuda_streak{0};  // errors since the last good record
+  std::atomic<int> gpu_disabled{0};  // 1: too many errors in a row, the handlers do nothing
   Site(int32_t n, int64_t cap, int32_t plen)
       : num_slots(n), capacity(cap), payload_len(plen), ranks(n), slots(cap),
         payloads(static_cast<size_t>(cap) * plen) {}
@@ -155,15 +171,35 @@ std::atomic<Site*> g_sites[kMaxSites];
 // notify (no futex call on the hot path); the drain thread batches them on a timer.
 std::atomic<uint64_t> g_pushed_eager{0};
 std::atomic<int> g_waiters{0};
-std::mutex g_wait_mu;
-std::condition_variable g_wait_cv;
+std::mutex& g_wait_mu = *new std::mutex;  // never destroyed (see g_sleep_mu)
+std::condition_variable& g_wait_cv = *new std::condition_variable;
+
+// Wakes the drain thread (jaxpace_wait_records): records (or GPU steps) of a site that can
+// delay are ready. Only atomics, one short lock when someone waits; called from CUDA's
+// host-function thread too.
+void wake_drain() {
+  g_pushed_eager.fetch_add(1, std::memory_order_release);
+  if (g_waiters.load(std::memory_order_acquire) > 0) {
+    { std::lock_guard<std::mutex> lk(g_wait_mu); }
+    g_wait_cv.notify_all();
+  }
+}
+
+// Whether records of `s` wake the drain thread: its policy may delay now.
+inline bool site_eager(const Site* s) {
+  int64_t mx = s->max_delay_ns.load(std::memory_order_relaxed);
+  if (mx < 0) mx = g_max_delay_ns.load(std::memory_order_relaxed);
+  return mx > 0 && s->wake.load(std::memory_order_relaxed) != 0;
+}
 
 inline Site* site_of(int64_t id) {
   if (id < 0 || id >= kMaxSites) return nullptr;
   return g_sites[id].load(std::memory_order_acquire);
 }
 
-void push_record(Site* s, const RecordOut& r, const float* payload, int32_t plen) {
+// `notify`: whether a waiting drain thread is woken (false when the drain thread pushes it).
+void push_record(Site* s, const RecordOut& r, const float* payload, int32_t plen,
+                 bool notify = true) {
   uint64_t idx = s->head.fetch_add(1, std::memory_order_relaxed);
   Slot& sl = s->slots[idx & (s->capacity - 1)];
   sl.seq.store(2 * idx + 1, std::memory_order_relaxed);
@@ -181,15 +217,8 @@ void push_record(Site* s, const RecordOut& r, const float* payload, int32_t plen
       dst[i].store(payload != nullptr && i < plen ? payload[i] : 0.0f, std::memory_order_relaxed);
   }
   sl.seq.store(2 * idx + 2, std::memory_order_release);
-  int64_t mx = s->max_delay_ns.load(std::memory_order_relaxed);
-  if (mx < 0) mx = g_max_delay_ns.load(std::memory_order_relaxed);
-  if (mx <= 0) return;  // measure only: nothing waits on this record
-  if (s->wake.load(std::memory_order_relaxed) == 0) return;  // policy idle: drained on a timer
-  g_pushed_eager.fetch_add(1, std::memory_order_release);
-  if (g_waiters.load(std::memory_order_acquire) > 0) {
-    { std::lock_guard<std::mutex> lk(g_wait_mu); }
-    g_wait_cv.notify_all();
-  }
+  // Measure only, or the policy is idle: nothing waits on this record (drained on a timer).
+  if (notify && site_eager(s)) wake_drain();
 }
 
 // The rank whose state an active arrive/done uses, or -1 (inactive shard / bad rank).
@@ -199,17 +228,28 @@ inline int32_t resolve_rank(const Site* s, int32_t rank_in) {
   return r < s->num_slots ? r : -1;
 }
 
-// Writes this rank's previous wait/step into a zeroed host payload (layout: jaxpace/_exchange.py).
+// This rank's three payload values (layout: jaxpace/_exchange.py): its previous wait (s), the
+// wait's presence and step (2 + step mod 2^20; 0: absent), its previous step time (s).
+// Returns false when there is no previous wait (then all three are zero).
+bool payload_values(const RankState& st, float v[3]) {
+  int64_t w = st.prev_wait.load(std::memory_order_relaxed);
+  int64_t d = st.prev_step_ns.load(std::memory_order_relaxed);
+  v[0] = v[1] = v[2] = 0.0f;
+  if (w < 0) return false;
+  v[0] = static_cast<float>((w >> 20) * 1e-9);
+  v[1] = static_cast<float>(2 + (w & (kStepTagMod - 1)));
+  if (d > 0) v[2] = static_cast<float>(d * 1e-9);
+  return true;
+}
+
+// Writes this rank's previous wait/step into a zeroed host payload.
 void fill_payload(const Site* s, const RankState& st, int32_t r, float* p, int64_t len) {
   const int64_t n = s->num_slots;
-  if (len < 3 * n) return;
-  int64_t w = st.prev_wait_ns.load(std::memory_order_relaxed);
-  int64_t d = st.prev_step_ns.load(std::memory_order_relaxed);
-  if (w >= 0) {
-    p[r] = static_cast<float>(w * 1e-9);
-    p[n + r] = 1.0f;
-  }
-  if (d > 0) p[2 * n + r] = static_cast<float>(d * 1e-9);
+  float v[3];
+  if (len < 3 * n || !payload_values(st, v)) return;
+  p[r] = v[0];
+  p[n + r] = v[1];
+  p[2 * n + r] = v[2];
 }
 
 // Common arrive logic. Returns the flag (step + 1 when this step is measured, else 0) and
@@ -271,7 +311,7 @@ void done_record(Site* s, int32_t r, int64_t t_done, int64_t wait_ns, int32_t fl
   int64_t t_arr = st.open_arrive_ns.load(std::memory_order_relaxed);
   if (wait_ns < 0) wait_ns = t_done - t_arr;
   if (wait_ns < 0) return;  // a clock that went backwards: trust nothing
-  st.prev_wait_ns.store(wait_ns, std::memory_order_relaxed);
+  st.prev_wait.store(pack_wait(wait_ns, step), std::memory_order_relaxed);
   int64_t last = st.last_done_ns.exchange(t_done, std::memory_order_relaxed);
   st.prev_step_ns.store(last >= 0 && t_done > last ? t_done - last : -1, std::memory_order_relaxed);
   RecordOut rec{step, t_arr, t_done, st.open_delay_ns.load(std::memory_order_relaxed), wait_ns, r,
@@ -294,190 +334,9 @@ ffi::Error DoneCpu(ffi::BufferR1<ffi::F32> reduced, ffi::BufferR1<ffi::S32> fr,
   return ffi::Error::Success();
 }
 
-// ------------------------------------------------------------------ CUDA (dlopen'ed runtime)
-
-// The few CUDA runtime declarations used (ABI-stable C API of libcudart.so.12).
-typedef struct CUstream_st* cudaStream_t;
-typedef struct CUevent_st* cudaEvent_t;
-typedef int cudaError_t;
-typedef void (*cudaHostFn_t)(void*);
-constexpr unsigned kCudaEventDefault = 0;
-constexpr int kCudaMemcpyHostToDevice = 1;
-constexpr int kCudaMemcpyDeviceToHost = 2;
-
-struct Cuda {
-  bool ok = false;
-  cudaError_t (*EventCreateWithFlags)(cudaEvent_t*, unsigned) = nullptr;
-  cudaError_t (*EventRecord)(cudaEvent_t, cudaStream_t) = nullptr;
-  cudaError_t (*EventQuery)(cudaEvent_t) = nullptr;
-  cudaError_t (*EventElapsedTime)(float*, cudaEvent_t, cudaEvent_t) = nullptr;
-  cudaError_t (*LaunchHostFunc)(cudaStream_t, cudaHostFn_t, void*) = nullptr;
-  cudaError_t (*MemcpyAsync)(void*, const void*, size_t, int, cudaStream_t) = nullptr;
-  cudaError_t (*MemsetAsync)(void*, int, size_t, cudaStream_t) = nullptr;
-  cudaError_t (*MallocHost)(void**, size_t) = nullptr;
-};
-Cuda g_cuda;
-std::mutex g_cuda_mu;
-char g_cuda_error[256] = "not loaded";
-
-template <typename T>
-bool load_sym(void* h, const char* name, T* out) {
-  *out = reinterpret_cast<T>(dlsym(h, name));
-  return *out != nullptr;
-}
-
-constexpr int kGpuDepth = 64;  // in-flight steps per (site, rank) before the oldest is dropped
-
-// One step's events on the stream, plus pinned host memory for the reduced payload.
-struct GpuStep {
-  cudaEvent_t ev_arrive = nullptr, ev_done = nullptr;
-  float* host_payload = nullptr;  // pinned, payload_len floats
-  int64_t step = -1, host_arrive_ns = 0, delay_ns = 0;
-  int state = 0;  // 0 free, 1 arrived, 2 done (waiting for the events)
-};
-struct GpuPair {
-  GpuStep steps[kGpuDepth];
-  int64_t seq = 0;  // next slot (handler thread)
-  int64_t polled = 0;  // next slot to poll (drain thread)
-  std::mutex mu;
-};
-
-struct HostSleep {
-  int64_t ns;
-  const std::atomic<int>* released;
-};
-void host_sleep_fn(void* p) {  // runs on CUDA's host-callback thread, never the enqueuer
-  HostSleep* hs = static_cast<HostSleep*>(p);
-  interruptible_sleep(hs->ns, hs->released);
-  delete hs;
-}
-
-GpuPair* gpu_pair(Site* s, int32_t r) {
-  std::lock_guard<std::mutex> lk(s->drain_mu);
-  if (s->gpu.empty()) s->gpu.assign(s->num_slots, nullptr);
-  if (s->gpu[r] == nullptr) s->gpu[r] = new GpuPair();
-  return s->gpu[r];
-}
-
-// The rank of the shard on device `ordinal` (GPU: operands live in device memory, so the rank
-// comes from the host-side table that Python registered for the site).
-inline int32_t gpu_rank(const Site* s, int32_t ordinal) {
-  if (s == nullptr || ordinal < 0 || ordinal >= static_cast<int32_t>(s->rank_of_ordinal.size()))
-    return -1;
-  return resolve_rank(s, s->rank_of_ordinal[ordinal]);
-}
-
-ffi::Error ArriveCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR1<ffi::S32> tr,
-                      ffi::ResultBufferR0<ffi::S32> flag,
-                      ffi::Result<ffi::BufferR1<ffi::F32>> pay, int64_t site) {
-  (void)tr;  // device memory: reading the rank would need a sync; the ordinal table gives it
-  if (!g_cuda.ok) return ffi::Error(ffi::ErrorCode::kInternal, "jaxpace: CUDA runtime not loaded");
-  const int64_t len = static_cast<int64_t>(pay->element_count());
-  std::vector<float> host(len > 0 ? len : 0, 0.0f);
-  int32_t f = 0;
-  Site* s = site_of(site);
-  int32_t r = gpu_rank(s, ordinal);
-  if (r >= 0) {
-    int64_t delay = 0, step = 0;
-    int64_t t = now_ns();
-    f = arrive_common(s, r, t, &delay, &step);
-    if (f > 0) {
-      if (len > 0) fill_payload(s, s->ranks[r], r, host.data(), len);
-      GpuPair* gp = gpu_pair(s, r);
-      std::lock_guard<std::mutex> lk(gp->mu);
-      GpuStep& gs = gp->steps[gp->seq % kGpuDepth];
-      if (gs.state != 0) s->dropped.fetch_add(1, std::memory_order_relaxed);  // overrun
-      if (gs.ev_arrive == nullptr) {
-        g_cuda.EventCreateWithFlags(&gs.ev_arrive, kCudaEventDefault);
-        g_cuda.EventCreateWithFlags(&gs.ev_done, kCudaEventDefault);
-        if (s->payload_len > 0)
-          g_cuda.MallocHost(reinterpret_cast<void**>(&gs.host_payload),
-                            sizeof(float) * s->payload_len);
-      }
-      gs.step = step;
-      gs.host_arrive_ns = t;
-      gs.delay_ns = delay;
-      gs.state = 1;
-      g_cuda.EventRecord(gs.ev_arrive, stream);
-      s->ranks[r].open_delay_ns.store(delay, std::memory_order_relaxed);
-      // Host time of the enqueue plus the delay the stream sleeps first; done is marked when
-      // the drain sees the done event complete (poll_gpu). Not yet run on a GPU.
-      wd_arrive(s->ranks[r], step, t + delay);
-    }
-    if (delay > 0) g_cuda.LaunchHostFunc(stream, host_sleep_fn, new HostSleep{delay, &s->released});
-  }
-  // Pageable host -> device copies are staged at once: no stream or device synchronization.
-  g_cuda.MemcpyAsync(flag->typed_data(), &f, sizeof(f), kCudaMemcpyHostToDevice, stream);
-  if (len > 0)
-    g_cuda.MemcpyAsync(pay->typed_data(), host.data(), sizeof(float) * len,
-                       kCudaMemcpyHostToDevice, stream);
-  return ffi::Error::Success();
-}
-
-ffi::Error DoneCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR1<ffi::F32> reduced,
-                    ffi::BufferR1<ffi::S32> fr, ffi::ResultBufferR0<ffi::F32> one, int64_t site) {
-  (void)fr;  // device memory; the open step on the host says whether this step is measured
-  if (!g_cuda.ok) return ffi::Error(ffi::ErrorCode::kInternal, "jaxpace: CUDA runtime not loaded");
-  static const float kOne = 1.0f;
-  g_cuda.MemcpyAsync(one->typed_data(), &kOne, sizeof(kOne), kCudaMemcpyHostToDevice, stream);
-  Site* s = site_of(site);
-  int32_t r = gpu_rank(s, ordinal);
-  if (r < 0) return ffi::Error::Success();
-  RankState& st = s->ranks[r];
-  int64_t step = st.open_step.exchange(-1, std::memory_order_acq_rel);
-  if (step < 0) return ffi::Error::Success();
-  GpuPair* gp = gpu_pair(s, r);
-  std::lock_guard<std::mutex> lk(gp->mu);
-  GpuStep& gs = gp->steps[gp->seq % kGpuDepth];
-  if (gs.state != 1 || gs.step != step) return ffi::Error::Success();
-  g_cuda.EventRecord(gs.ev_done, stream);
-  if (s->payload_len > 0 && gs.host_payload != nullptr) {
-    int64_t n = std::min<int64_t>(reduced.element_count(), s->payload_len);
-    g_cuda.MemcpyAsync(gs.host_payload, reduced.typed_data(), sizeof(float) * n,
-                       kCudaMemcpyDeviceToHost, stream);  // pinned: asynchronous
-  }
-  gs.state = 2;
-  gp->seq += 1;
-  return ffi::Error::Success();
-}
-
-// Reads finished GPU steps of one site (non-blocking cudaEventQuery) into its ring.
-void poll_gpu(Site* s) {
-  if (!g_cuda.ok) return;
-  std::vector<GpuPair*> pairs;
-  {
-    std::lock_guard<std::mutex> lk(s->drain_mu);
-    pairs = s->gpu;
-  }
-  for (size_t r = 0; r < pairs.size(); ++r) {
-    GpuPair* gp = pairs[r];
-    if (gp == nullptr) continue;
-    std::lock_guard<std::mutex> lk(gp->mu);
-    while (gp->polled < gp->seq) {
-      GpuStep& gs = gp->steps[gp->polled % kGpuDepth];
-      if (gs.state != 2) {
-        gp->polled += 1;
-        continue;
-      }
-      if (g_cuda.EventQuery(gs.ev_done) != 0) break;  // not reached yet (in order per stream)
-      float ms = 0.0f;
-      g_cuda.EventElapsedTime(&ms, gs.ev_arrive, gs.ev_done);
-      int64_t wait = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
-      RankState& st = s->ranks[r];
-      wd_done(st, gs.step);
-      st.prev_wait_ns.store(wait, std::memory_order_relaxed);
-      int64_t t_done = gs.host_arrive_ns + wait;  // host timeline estimate; durations are exact
-      int64_t last = st.last_done_ns.exchange(t_done, std::memory_order_relaxed);
-      st.prev_step_ns.store(last >= 0 && t_done > last ? t_done - last : -1,
-                            std::memory_order_relaxed);
-      RecordOut rec{gs.step, gs.host_arrive_ns, t_done, gs.delay_ns, wait,
-                    static_cast<int32_t>(r), 1};
-      push_record(s, rec, gs.host_payload, s->payload_len);
-      gs.state = 0;
-      gp->polled += 1;
-    }
-  }
-}
+// The CUDA handlers live in probe_cuda.cc (included at the end of this file).
+void poll_gpu(Site* s);
+int64_t gpu_in_flight(Site* s);
 
 }  // namespace
 
@@ -492,26 +351,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCpu, ArriveCpu,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceDoneCpu, DoneCpu,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::BufferR1<ffi::F32>>()
-                                  .Arg<ffi::BufferR1<ffi::S32>>()
-                                  .Ret<ffi::BufferR0<ffi::F32>>()
-                                  .Attr<int64_t>("site"));
-
-// Not marked command-buffer compatible: each call enqueues different work (its own events, a
-// delay only when one is pending), which a captured CUDA graph would replay verbatim.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCuda, ArriveCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::BufferR1<ffi::S32>>()
-                                  .Ret<ffi::BufferR0<ffi::S32>>()
-                                  .Ret<ffi::BufferR1<ffi::F32>>()
-                                  .Attr<int64_t>("site"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceDoneCuda, DoneCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::BufferR1<ffi::F32>>()
                                   .Arg<ffi::BufferR1<ffi::S32>>()
                                   .Ret<ffi::BufferR0<ffi::F32>>()
@@ -545,15 +384,6 @@ int jaxpace_set_delay_ns(int64_t id, int32_t rank, int64_t ns) {
   Site* s = site_of(id);
   if (s == nullptr || rank < 0 || rank >= s->num_slots) return -1;
   s->ranks[rank].pending_delay_ns.store(ns > 0 ? ns : 0, std::memory_order_relaxed);
-  return 0;
-}
-
-// GPU: rank of each local device ordinal for site `id` (-1: not measured on that device).
-int jaxpace_set_site_devices(int64_t id, const int32_t* rank_of_ordinal, int32_t n) {
-  Site* s = site_of(id);
-  if (s == nullptr || n < 0 || n > 4096) return -1;
-  std::lock_guard<std::mutex> lk(s->drain_mu);
-  s->rank_of_ordinal.assign(rank_of_ordinal, rank_of_ordinal + n);
   return 0;
 }
 
@@ -629,7 +459,6 @@ int64_t jaxpace_drain(int64_t id, int64_t max_n, RecordOut* out, float* payload_
   return c;
 }
 
-// counters[0..4] = records pushed, dropped, unsampled arrivals, overlapping arrivals, capacity.
 // Whether records of site `id` wake the drain thread (1) or wait for its timer (0).
 int jaxpace_set_site_wake(int64_t id, int32_t on) {
   Site* s = site_of(id);
@@ -646,9 +475,12 @@ int64_t jaxpace_site_pending(int64_t id) {
   if (s == nullptr) return -1;
   std::lock_guard<std::mutex> lk(s->drain_mu);
   uint64_t head = s->head.load(std::memory_order_acquire);
-  return static_cast<int64_t>(head - s->tail) + (s->gpu.empty() ? 0 : 1);
+  return static_cast<int64_t>(head - s->tail) + gpu_in_flight(s);
 }
 
+// counters[0..7] = records pushed, dropped, unsampled arrivals, overlapping arrivals, capacity,
+// CUDA calls failed, measured GPU steps left unrecorded by an error, 1 when the site's CUDA
+// handlers were disabled after repeated errors.
 int jaxpace_site_counters(int64_t id, int64_t* counters) {
   Site* s = site_of(id);
   if (s == nullptr) return -1;
@@ -659,6 +491,9 @@ int jaxpace_site_counters(int64_t id, int64_t* counters) {
   counters[2] = s->unsampled.load();
   counters[3] = overlaps;
   counters[4] = s->capacity;
+  counters[5] = s->cuda_errors.load();
+  counters[6] = s->gpu_invalid.load();
+  counters[7] = s->gpu_disabled.load();
   return 0;
 }
 
@@ -699,42 +534,7 @@ uint64_t jaxpace_wait_records(uint64_t seen, int64_t timeout_ns) {
   return g_pushed_eager.load(std::memory_order_acquire);
 }
 
-// Loads the CUDA runtime from `path` (or the default names when null/empty).
-// Returns 1 when loaded; jaxpace_cuda_error() says why not.
-int jaxpace_cuda_load(const char* path) {
-  std::lock_guard<std::mutex> lk(g_cuda_mu);
-  if (g_cuda.ok) return 1;
-  const char* names[] = {path, "libcudart.so.12", "libcudart.so"};
-  void* h = nullptr;
-  for (const char* n : names) {
-    if (n == nullptr || n[0] == '\0') continue;
-    h = dlopen(n, RTLD_NOW | RTLD_LOCAL);
-    if (h != nullptr) break;
-  }
-  if (h == nullptr) {
-    const char* e = dlerror();
-    std::snprintf(g_cuda_error, sizeof(g_cuda_error), "dlopen libcudart failed: %s",
-                  e ? e : "unknown");
-    return 0;
-  }
-  Cuda c;
-  bool ok = load_sym(h, "cudaEventCreateWithFlags", &c.EventCreateWithFlags) &&
-            load_sym(h, "cudaEventRecord", &c.EventRecord) &&
-            load_sym(h, "cudaEventQuery", &c.EventQuery) &&
-            load_sym(h, "cudaEventElapsedTime", &c.EventElapsedTime) &&
-            load_sym(h, "cudaLaunchHostFunc", &c.LaunchHostFunc) &&
-            load_sym(h, "cudaMemcpyAsync", &c.MemcpyAsync) &&
-            load_sym(h, "cudaMemsetAsync", &c.MemsetAsync) &&
-            load_sym(h, "cudaMallocHost", &c.MallocHost);
-  if (!ok) {
-    std::snprintf(g_cuda_error, sizeof(g_cuda_error), "libcudart lacks a needed symbol");
-    return 0;
-  }
-  c.ok = true;
-  g_cuda = c;
-  g_cuda_error[0] = '\0';
-  return 1;
-}
-const char* jaxpace_cuda_error() { return g_cuda_error; }
 
 }  // extern "C"
+
+#include "probe_cuda.cc"  // CUDA handlers, their set-up and the drain's poll

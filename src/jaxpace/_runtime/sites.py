@@ -189,6 +189,7 @@ class SiteMemo:
     def __init__(self, num_slots: int) -> None:
         self.num_slots = int(num_slots)
         self._decoded: tuple | None = None  # (payload bytes, scale, Decoded | None)
+        self.mismatched = 0  # exchanged waits dropped: another step than most ranks'
         # id(state in) -> (state in, earliness bytes, step-time bits, delays, state out,
         # status, step): one entry per state lineage (ranks that missed a step have their own).
         self._updated: dict[int, tuple] = {}
@@ -201,6 +202,8 @@ class SiteMemo:
         if hit is not None and hit[0] == key and hit[1] == scale:
             return hit[2]
         view = _exchange.decode(reduced, self.num_slots, scale)
+        if view is not None and view.mismatched:
+            self.mismatched += view.mismatched  # waits of another step, dropped (stats)
         self._decoded = (key, scale, view)
         return view
 
