@@ -83,7 +83,10 @@ def test_adaptive_pacing_absorbs_the_spread(paced_run):
     assert (drop >= 0.70).all(), drop
     for r in results:
         assert r["paced"]["engaged"] == (r["process"] != 1) or r["paced"]["engaged"]
-        assert max(r["paced"]["delays_ns"].values()) <= 0.03e9 + 1
+        # Records hold the time actually slept: the policy's 30 ms bound plus the OS's
+        # wake-up latency, which reached 0.6 ms on a 2-core machine at load 15 (the bound on
+        # the requested delay itself is tested on the policy, without sleeping).
+        assert max(r["paced"]["delays_ns"].values()) <= 0.03e9 + 10e6
         assert max(r["unpaced"]["delays_ns"].values()) == 0
     assert results[1]["paced"]["steps_paced"] == 0  # the late process never sleeps
     # Step-time cost of pacing, reported (timing on 2 shared cores is noisy).
