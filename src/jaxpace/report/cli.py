@@ -43,10 +43,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def cli_main(args: argparse.Namespace) -> int:
     """Runs `jaxpace report`; returns the exit code (2 for unusable records)."""
     args.run_dir = _one_run(args.run_dir)
-    stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
-    if stalls:
-        print(stalls + "\n")
     try:
+        stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
+        if stalls:
+            print(stalls + "\n")
         report = analyze(
             args.run_dir,
             warmup_steps=args.warmup,
@@ -67,6 +67,13 @@ def cli_main(args: argparse.Namespace) -> int:
             written.append(write_json(report, args.json))
     except (RecordsError, ValueError) as e:
         print(f"jaxpace report: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(
+            f"jaxpace report: error: not enough memory to analyze {args.run_dir}; report "
+            "fewer steps or one site (--site), or run it on a machine with more memory.",
+            file=sys.stderr,
+        )
         return 2
     except OSError as e:
         print(

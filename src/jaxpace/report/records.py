@@ -28,6 +28,7 @@ from jaxpace._records import (
     write_jsonl as _write_jsonl_file,
 )
 from jaxpace.errors import RecordsError
+from jaxpace.report.safe_io import check_declared_count, open_regular
 
 __all__ = ["Records", "find_runs", "load_records"]
 
@@ -194,6 +195,13 @@ class _Builder:
                 )
         _check_int(rec, "process_index", where)
         _check_int(rec, "process_count", where)
+        check_declared_count(rec["process_count"], "process_count", where)
+        if not 0 <= rec["process_index"] < rec["process_count"]:
+            raise RecordsError(
+                f"{where}: `process_index` is {rec['process_index']}, expected an integer in "
+                f"[0, {rec['process_count']}) (below `process_count`). The header is corrupt; "
+                "fix it or point at the run's own files."
+            )
         if "interleaved_phases" in rec:
             _check_int(rec, "interleaved_phases", where)
             if rec["interleaved_phases"] < 1:
@@ -333,12 +341,14 @@ class _Builder:
                 "file and are not trusted."
             )
         if process_count is not None:
-            missing = sorted(set(range(process_count)) - set(by_proc))
-            if missing:
+            n_missing = process_count - len(by_proc)  # every index is < process_count
+            if n_missing:
                 partial = True
+                shown = [p for p in range(process_count) if p not in by_proc][:20]
+                more = f", and {n_missing - len(shown)} more" if n_missing > len(shown) else ""
                 notes.append(
-                    f"PARTIAL: records of {len(missing)} of {process_count} processes are "
-                    f"missing (process {', '.join(map(str, missing))}); their ranks are "
+                    f"PARTIAL: records of {n_missing} of {process_count} processes are "
+                    f"missing (process {', '.join(map(str, shown))}{more}); their ranks are "
                     "absent, so lateness is relative to the ranks that reported."
                 )
         granularities = {str(h.get("granularity", "process")) for h in headers}
@@ -384,11 +394,7 @@ MAX_LINE_BYTES = 8 * 1024 * 1024
 
 def _read_file(builder: _Builder, path: Path) -> None:
     builder.sources.append(str(path))
-    try:
-        f = path.open("rb")
-    except OSError as e:
-        raise RecordsError(f"cannot read records file {path}: {e.strerror or e}.") from None
-    with f:
+    with open_regular(path, "records file") as f:
         _read_lines(builder, path, f)
 
 
@@ -922,8 +928,8 @@ def load_records(
             files = sorted(path.glob(RECORDS_GLOB))
             if not files:
                 raise RecordsError(_no_records_message(path))
-        elif path.is_file():
-            files = [path]
+        elif path.is_file() or os.path.lexists(path):
+            files = [path]  # anything but a regular file is refused when opened
         else:
             raise RecordsError(
                 f"records path {path} does not exist; pass a run directory or a JSONL file."
