@@ -13,7 +13,7 @@ from jaxpace.report.html import write_html
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
 from jaxpace.report.records import find_runs
 from jaxpace.report.stalls import format_stalls, load_stalls
-from jaxpace.report.terminal import print_summary
+from jaxpace.report.terminal import print_summary, printable
 from jaxpace.report.trace import write_trace
 
 __all__ = ["cli_main", "configure_parser"]
@@ -46,7 +46,7 @@ def cli_main(args: argparse.Namespace) -> int:
     try:
         stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
         if stalls:
-            print(stalls + "\n")
+            print(printable(stalls, keep_newlines=True) + "\n")
         report = analyze(
             args.run_dir,
             warmup_steps=args.warmup,
@@ -66,7 +66,7 @@ def cli_main(args: argparse.Namespace) -> int:
         if args.json:
             written.append(write_json(report, args.json))
     except (RecordsError, ValueError) as e:
-        print(f"jaxpace report: error: {e}", file=sys.stderr)
+        print(f"jaxpace report: error: {printable(e, keep_newlines=True)}", file=sys.stderr)
         return 2
     except MemoryError:
         print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import jaxpace.report.tables as tables
@@ -9,7 +10,43 @@ import jaxpace.report.tables as tables
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
 
-__all__ = ["print_summary", "summary_renderable"]
+__all__ = ["print_summary", "printable", "summary_renderable"]
+
+# C0/C1 controls (ESC starts terminal sequences), DEL, zero-width and
+# bidirectional-override characters: never written to a terminal as they are.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: Any, *, keep_newlines: bool = False) -> str:
+    r"""`text` as a string safe to print: every control character shown as an escape.
+
+    Names in records (sites, hosts) are data: an ESC or BEL in them is printed
+    as `\x1b`/`\x07`, never sent to the terminal, and two names that differ only
+    in such characters stay different. Rich markup is not interpreted either:
+    the summary hands these strings to `rich` as plain `Text`.
+
+    >>> printable("grads\x1b]0;TITLE\x07[/]")
+    'grads\\x1b]0;TITLE\\x07[/]'
+    >>> printable("a\nb"), printable("a\nb", keep_newlines=True)
+    ('a\\nb', 'a\nb')
+    """
+
+    def esc(m: re.Match) -> str:
+        c = m.group()
+        if keep_newlines and c == "\n":
+            return c
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or (
+            f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+        )
+
+    return _UNSAFE.sub(esc, str(text))
+
+
+def _text(text: Any, **style: Any) -> Any:
+    """`text` as a `rich` `Text`: escaped (`printable`), never parsed as markup."""
+    from rich.text import Text
+
+    return Text(printable(text, keep_newlines=True), **style)
 
 
 def _rich_table(rows: list[list[str]], title: str, *, show_header: bool = True) -> Any:
@@ -17,31 +54,31 @@ def _rich_table(rows: list[list[str]], title: str, *, show_header: bool = True) 
     from rich.table import Table
 
     header, *body = rows
-    t = Table(title=title, show_header=show_header)
+    t = Table(title=_text(title), show_header=show_header)
     for i, col in enumerate(header):
         text = (i == 0 and col not in ("rank", "ranks")) or col in ("host", "detected", "evidence")
-        t.add_column(col, justify="left" if text else "right")
+        t.add_column(_text(col), justify="left" if text else "right")
     for row in body:
-        t.add_row(*row)
+        t.add_row(*(_text(cell) for cell in row))
     return t
 
 
 def summary_renderable(report: Report, max_ranks: int = 12) -> Any:
     """The summary as a `rich` renderable (a group of tables and notes)."""
     from rich.console import Group
-    from rich.text import Text
 
     parts: list[Any] = []
     if report.partial:
-        parts.append(Text("PARTIAL REPORT: input was incomplete (see notes)", style="bold red"))
+        parts.append(_text("PARTIAL REPORT: input was incomplete (see notes)", style="bold red"))
     title = f"jaxpace report: run `{report.run_id}`, site `{report.site}`"
     parts.append(_rich_table(tables.summary_rows(report), title, show_header=False))
     rt = _rich_table(
         tables.ranking_rows(report, max_ranks), "Culprit ranking (after warm-up; times in ms)"
     )
-    rt.caption = "* = significantly late (CI excludes 0, above the noise floor)"
+    caption = "* = significantly late (CI excludes 0, above the noise floor)"
     if len(report.ranking) > max_ranks:
-        rt.caption += f"; {len(report.ranking) - max_ranks} more ranks in the JSON/HTML report"
+        caption += f"; {len(report.ranking) - max_ranks} more ranks in the JSON/HTML report"
+    rt.caption = _text(caption)
     parts.append(rt)
     parts.append(_rich_table(tables.decision_rows(report), "Decisions"))
     if tables.cost_rows(report):
@@ -52,7 +89,7 @@ def summary_renderable(report: Report, max_ranks: int = 12) -> Any:
     if report.forecast is not None and tables.forecast_rows(report):
         fc = report.forecast
         st = _rich_table(tables.forecast_rows(report), "Amplification forecast (order statistics)")
-        st.caption = (
+        st.caption = _text(
             f"measured {fc.measured_amplification:.3f} at {fc.measured_ranks} ranks "
             f"(forecast there {fc.forecast_at_measured:.3f}); {tables.forecast_support(report)[2]}"
         )
@@ -60,9 +97,9 @@ def summary_renderable(report: Report, max_ranks: int = 12) -> Any:
     if report.pacing is not None:
         parts.append(_rich_table(tables.pacing_table(report.pacing), "Pacing effect"))
     if report.notes:
-        parts.append(Text("Notes:\n" + "\n".join(f"- {n}" for n in report.notes)))
+        parts.append(_text("Notes:\n" + "\n".join(f"- {n}" for n in report.notes)))
     parts.append(
-        Text(
+        _text(
             "What to do next:\n"
             + "\n".join(f"- {r[0]}" for r in tables.next_steps_rows(report)[1:])
         )

@@ -1,0 +1,79 @@
+"""Names from records and sites are data: never rich markup, never terminal escapes (issue #32 items 6, 7)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from jaxpace.report import analyze, load_records
+from jaxpace.report.synthetic import synthetic_records
+from jaxpace.report.terminal import print_summary, printable
+
+MARKUP = "grads[/]"
+ESCAPES = "grads\x1b]0;PWNED-TITLE\x07\x1b[2J\x1b[31mRED"
+
+
+def _run(tmp_path: Path, site: str, host: str) -> Path:
+    recs = synthetic_records(2, 40, late_rank=1, late_s=0.004, site=site)
+    for r in recs:
+        if r["type"] == "header":
+            r["host"] = host
+    run = tmp_path / "run"
+    load_records(recs).write_jsonl(run)
+    return run
+
+
+def _report(run: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "jaxpace", "report", str(run), *extra],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_rich_markup_in_site_and_host_names_is_printed_not_parsed(tmp_path):
+    """Item 6: `site="grads[/]"` (or host `node[/]`) ended the report with a MarkupError, rc 1."""
+    run = _run(tmp_path, MARKUP, "node[/]")
+    proc = _report(run, "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert MARKUP in proc.stdout and "node[/]" in proc.stdout
+    assert (run / "report.html").exists() and (run / "trace.json").exists()
+    assert json.loads((tmp_path / "r.json").read_text())["site"] == MARKUP
+
+
+@pytest.mark.timeout(300)
+def test_terminal_escapes_in_names_are_shown_escaped_not_sent(tmp_path):
+    """Item 7: a site carrying OSC/ESC/BEL sequences set the window title and cleared the screen."""
+    run = _run(tmp_path, ESCAPES, "vm\x1b[2J")
+    proc = _report(run, "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for raw in ("\x1b", "\x07"):
+        assert raw not in proc.stdout and raw not in proc.stderr
+    assert "grads\\x1b]0;PWNED-TITLE\\x07\\x1b[2J" in proc.stdout
+    # The data itself is kept exactly: the JSON carries the real name.
+    assert json.loads((tmp_path / "r.json").read_text())["site"] == ESCAPES
+
+
+@pytest.mark.timeout(120)
+def test_a_real_terminal_gets_rich_styles_but_no_sequence_from_a_name():
+    recs = synthetic_records(2, 30, site=ESCAPES)
+    buf = io.StringIO()
+    print_summary(analyze(recs), Console(file=buf, width=160, force_terminal=True))
+    out = buf.getvalue()
+    assert "\x1b]0;" not in out and "\x07" not in out and "\x1b[2J" not in out
+    assert "PWNED-TITLE" in out
+
+
+def test_printable_keeps_distinct_names_distinct():
+    names = ["a\x1bb", "a\\x1bb", "a\u202eb", "a\nb", "a\tb", "a b", "a\x9bb"]
+    shown = [printable(n) for n in names[:1] + names[2:]]
+    assert len(set(shown)) == len(shown)
+    assert all(not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in s) for s in shown)
