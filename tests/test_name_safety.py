@@ -77,3 +77,55 @@ def test_printable_keeps_distinct_names_distinct():
     shown = [printable(n) for n in names[:1] + names[2:]]
     assert len(set(shown)) == len(shown)
     assert all(not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in s) for s in shown)
+
+
+def _summary(site: str, step: int, rank: int = 0) -> dict:
+    return {
+        "site": site,
+        "step": step,
+        "rank": rank,
+        "wait_s": 0.001,
+        "delay_s": 0.0,
+        "engaged": False,
+    }
+
+
+@pytest.mark.timeout(120)
+def test_distinct_sites_stay_distinct_tensorboard_series(tmp_path):
+    """Item 10: `layer[0]` and `layer(0)` both became `jaxpace/layer_0_/...` (60 points, no warning).
+
+    Also issue #26 item 8: `:` is mapped by a documented rule (`--`), not silently to `_`.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import jaxpace.sinks as sinks
+
+    sites = ["layer[0]", "layer(0)", "layer_0_", "a:b", "a--b", "a/b", MARKUP, ESCAPES]
+    tb = sinks.tensorboard(tmp_path / "tb")
+    for step in range(30):
+        for site in sites:
+            tb(_summary(site, step))
+    tb.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    want = {f"jaxpace/{sinks.site_tag(s)}/wait_ms/rank0" for s in sites}
+    assert len(want) == len(sites) and want <= tags
+    assert all(len(acc.Scalars(t)) == 30 for t in want)
+    assert sinks.site_tag("train.py:12:step") == "train.py--12--step"
+
+
+@pytest.mark.timeout(120)
+def test_prometheus_labels_carry_hostile_names_exactly(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import jaxpace.sinks as sinks
+
+    sites = ["layer[0]", "layer(0)", 'q"uote\\', "new\nline", ESCAPES]
+    prom = sinks.prometheus_textfile(tmp_path / "m.prom", write_every_s=0)
+    for site in sites:
+        prom(_summary(site, 0))
+    path = prom.write()
+    fams = {f.name: f for f in text_string_to_metric_families(Path(path).read_text())}
+    got = {s.labels["site"] for s in fams["jaxpace_wait_seconds"].samples}
+    assert got == set(sites)

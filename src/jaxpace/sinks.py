@@ -40,7 +40,13 @@ import numpy as np
 
 from jaxpace.errors import ConfigError
 
-__all__ = ["PrometheusTextfile", "TensorBoardSink", "prometheus_textfile", "tensorboard"]
+__all__ = [
+    "PrometheusTextfile",
+    "TensorBoardSink",
+    "prometheus_textfile",
+    "site_tag",
+    "tensorboard",
+]
 
 WINDOW_STEPS = 64  # steps of earliness behind the culprit and the mean gauges
 
@@ -64,6 +70,33 @@ def _need(module: str, extra: str):
             f"jaxpace.sinks needs `{module.split('.')[0]}` for this exporter: "
             f'pip install "jaxpace[{extra}]"'
         ) from e
+
+
+_TAG_KEEP = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.")
+
+
+def site_tag(site: str) -> str:
+    """The TensorBoard tag component of a site name: readable, and one-to-one.
+
+    TensorBoard keeps only letters, digits, `_`, `.`, `-` and `/` in a tag
+    (tensorboardX turns every other character into `_`, so `layer[0]` and
+    `layer(0)` became one series). Here ASCII letters, digits, `_` and `.` are
+    kept, `:` becomes `--`, and any other character (`/`, `-`, brackets,
+    spaces, non-ASCII) becomes `-{hex code point}-`. No two sites share a tag,
+    and the tag has no `/`, so the site is always one level of the tag.
+
+    >>> site_tag("train.py:12:train_step"), site_tag("layer[0]"), site_tag("layer(0)")
+    ('train.py--12--train_step', 'layer-5b-0-5d-', 'layer-28-0-29-')
+    """
+    out = []
+    for c in str(site):
+        if c in _TAG_KEEP:
+            out.append(c)
+        elif c == ":":
+            out.append("--")
+        else:
+            out.append(f"-{ord(c):x}-")
+    return "".join(out)
 
 
 class _Window:
@@ -209,7 +242,9 @@ class TensorBoardSink:
     Tags, at each measured step: `jaxpace/{site}/wait_ms/rank{r}`,
     `jaxpace/{site}/delay_ms/rank{r}`, `jaxpace/{site}/engaged/rank{r}`, and, when
     waits are exchanged, `jaxpace/{site}/earliness_ms/rank{j}` for every rank j
-    (written by the lowest rank of this process only).
+    (written by the lowest rank of this process only). `{site}` is
+    `site_tag(site)`: `:` shown as `--`, other characters TensorBoard does not
+    allow as `-{hex}-`, so distinct sites stay distinct series.
     """
 
     def __init__(self, logdir: str | os.PathLike, *, flush_secs: int = 10) -> None:
@@ -226,7 +261,7 @@ class TensorBoardSink:
         self._first_rank: dict[str, int] = {}
 
     def __call__(self, s: dict[str, Any]) -> None:
-        site, rank, step = str(s["site"]), int(s["rank"]), int(s["step"])
+        site, rank, step = site_tag(s["site"]), int(s["rank"]), int(s["step"])
         w = self._writer
         with self._lock:
             w.add_scalar(f"jaxpace/{site}/wait_ms/rank{rank}", float(s["wait_s"]) * 1e3, step)
