@@ -202,6 +202,8 @@ class _Builder:
                 f"[0, {rec['process_count']}) (below `process_count`). The header is corrupt; "
                 "fix it or point at the run's own files."
             )
+        if "truncated" in rec:
+            _check_truncated(rec["truncated"], where)
         if "interleaved_phases" in rec:
             _check_int(rec, "interleaved_phases", where)
             if rec["interleaved_phases"] < 1:
@@ -340,6 +342,7 @@ class _Builder:
                 "negative, so these came from a clock that went backwards or an edited "
                 "file and are not trusted."
             )
+        notes += _truncation_notes(headers)
         if process_count is not None:
             n_missing = process_count - len(by_proc)  # every index is < process_count
             if n_missing:
@@ -378,6 +381,52 @@ class _Builder:
             notes=tuple(notes),
             sources=tuple(self.sources),
         )
+
+
+def _check_truncated(t: Any, where: str) -> None:
+    """The header's `truncated` field: `{"capacity": int, "first_step": {site: int}}`."""
+    ok = (
+        isinstance(t, Mapping)
+        and isinstance(t.get("capacity"), int)
+        and not isinstance(t.get("capacity"), bool)
+        and isinstance(t.get("first_step"), Mapping)
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for v in t["first_step"].values()
+        )
+    )
+    if not ok:
+        raise RecordsError(
+            f"{where}: header field `truncated` must be "
+            '`{"capacity": N, "first_step": {"site": step, ...}}` (docs/records.md), got '
+            f"{str(t)[:80]!r}. The header is corrupt; fix it or point at the run's own files."
+        )
+
+
+def _truncation_notes(headers: tuple[dict, ...]) -> list[str]:
+    """One `TRUNCATED:` note when any process kept only the last `capacity` steps of a site."""
+    first: dict[str, int] = {}
+    caps = set()
+    for h in headers:
+        t = h.get("truncated")
+        if t:
+            caps.add(int(t["capacity"]))
+            for site, step in t["first_step"].items():
+                first[str(site)] = max(first.get(str(site), 0), int(step))
+    if not first:
+        return []
+    where = "; ".join(
+        f"`{site}` from step {step} (steps 0-{step - 1} dropped)"
+        for site, step in sorted(first.items())[:8]
+    )
+    more = f"; and {len(first) - 8} more sites" if len(first) > 8 else ""
+    return [
+        f"TRUNCATED: the records hold only the last {'/'.join(map(str, sorted(caps)))} steps "
+        f"per site and rank (the ring buffer's `capacity`): {where}{more}. The report covers "
+        "the steps kept. To keep more, pass `jp.Pacer(capacity=...)` or "
+        "`jp.configure(capacity=...)` (memory grows with it, docs/records.md), or export "
+        "more often."
+    ]
 
 
 def _check_int(rec: Mapping[str, Any], key: str, where: str) -> None:
