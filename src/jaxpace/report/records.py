@@ -343,17 +343,10 @@ class _Builder:
                 "file and are not trusted."
             )
         notes += _truncation_notes(headers)
-        if process_count is not None:
-            n_missing = process_count - len(by_proc)  # every index is < process_count
-            if n_missing:
-                partial = True
-                shown = [p for p in range(process_count) if p not in by_proc][:20]
-                more = f", and {n_missing - len(shown)} more" if n_missing > len(shown) else ""
-                notes.append(
-                    f"PARTIAL: records of {n_missing} of {process_count} processes are "
-                    f"missing (process {', '.join(map(str, shown))}{more}); their ranks are "
-                    "absent, so lateness is relative to the ranks that reported."
-                )
+        missing = _missing_note(process_count, by_proc)
+        if missing:
+            partial = True
+            notes.append(missing)
         granularities = {str(h.get("granularity", "process")) for h in headers}
         granularity = "device" if "device" in granularities else "process"
         sites = tuple(sorted(self.site_index, key=self.site_index.get))
@@ -381,6 +374,30 @@ class _Builder:
             notes=tuple(notes),
             sources=tuple(self.sources),
         )
+
+
+def _missing_note(process_count: int | None, by_proc: Mapping[int, Any]) -> str | None:
+    """The PARTIAL note for processes the headers announce but no file holds (or None).
+
+    Lists at most 20 of them, never building a set of `process_count` items.
+    """
+    if process_count is None:
+        return None
+    n_missing = process_count - len(by_proc)  # every index is < process_count
+    if not n_missing:
+        return None
+    shown = []
+    for p in range(process_count):
+        if p not in by_proc:
+            shown.append(p)
+            if len(shown) == 20:
+                break
+    more = f", and {n_missing - len(shown)} more" if n_missing > len(shown) else ""
+    return (
+        f"PARTIAL: records of {n_missing} of {process_count} processes are "
+        f"missing (process {', '.join(map(str, shown))}{more}); their ranks are "
+        "absent, so lateness is relative to the ranks that reported."
+    )
 
 
 def _check_truncated(t: Any, where: str) -> None:
