@@ -88,7 +88,7 @@ def _cleanup(pids: list[int]) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_to_the_launcher_stops_every_rank_and_helper(sig):
     """Issue #32 item 1: SIGTERM (SLURM, Kubernetes, `timeout`) left every rank alive with PPID 1."""
-    proc = _start(["-n", "3", "--timeout", "600", "--grace", "2", "--", PY, "-c", RANK, "sleep"])
+    proc = _start(["-n", "3", "--timeout", "600", "--", PY, "-c", RANK, "sleep"])
     pids: list[int] = []
     try:
         pids = _read_pids(proc, 3)
@@ -110,7 +110,7 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_helper(sig):
 @pytest.mark.timeout(200)
 def test_helpers_of_finished_ranks_are_ended_and_do_not_delay_success():
     """Issue #32 item 2: helpers left by ranks that exited 0 outlived the launcher (41 s, rc 0)."""
-    proc = _start(["-n", "3", "--timeout", "120", "--grace", "2", "--", PY, "-c", RANK, "exit"])
+    proc = _start(["-n", "3", "--timeout", "120", "--", PY, "-c", RANK, "exit"])
     pids: list[int] = []
     try:
         pids = _read_pids(proc, 3)

@@ -148,12 +148,29 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 def _group_alive(proc: subprocess.Popen) -> bool:
-    """Whether any process is left in the rank's process group (its helpers included)."""
+    """Whether any running process is left in the rank's process group (helpers included).
+
+    Killed helpers whose new parent has not reaped them yet (zombies) do not count.
+    """
     try:
         os.killpg(proc.pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no /proc: the signal test is all there is
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == proc.pid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def launch(

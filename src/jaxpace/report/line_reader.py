@@ -24,13 +24,15 @@ from jaxpace.report.safe_io import open_regular
 # `builder` below is a `jaxpace.report.records._Builder` (not imported: records imports this).
 _Builder = Any
 
+__all__ = ["MAX_LINE_BYTES", "read_file"]
+
 # Longest records line accepted. A step line is ~200 bytes and a header with
 # rank groups for 1024 ranks well under 1 MiB; a longer line is not a records
 # line, and it is refused after reading at most this much of it.
 MAX_LINE_BYTES = 8 * 1024 * 1024
 
 
-def _read_file(builder: _Builder, path: Path) -> None:
+def read_file(builder: _Builder, path: Path) -> None:
     builder.sources.append(str(path))
     with open_regular(path, "records file") as f:
         _read_lines(builder, path, f)

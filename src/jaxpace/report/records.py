@@ -26,7 +26,7 @@ from jaxpace._records import (
     write_jsonl as _write_jsonl_file,
 )
 from jaxpace.errors import RecordsError
-from jaxpace.report.line_reader import MAX_LINE_BYTES, _one_line, _read_file  # noqa: F401
+from jaxpace.report.line_reader import MAX_LINE_BYTES, read_file  # noqa: F401 (MAX_LINE_BYTES: re-exported)
 from jaxpace.report.safe_io import check_declared_count
 
 __all__ = ["Records", "find_runs", "load_records"]
@@ -545,7 +545,7 @@ def load_records(
             )
         builder.expected_rows = sum(_size(f) for f in files) // _MIN_STEP_LINE_BYTES + 1
         for f in files:
-            _read_file(builder, f)
+            read_file(builder, f)
         return builder.build(require_headers=True)
     if isinstance(source, Mapping) or not isinstance(source, Iterable):
         raise RecordsError(
