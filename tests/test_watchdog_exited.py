@@ -89,3 +89,12 @@ def test_a_dead_pid_on_this_host_is_exited():
     assert peers[1]["exited"] and peers[1]["age_s"] == 2.5
     _, missing, _ = classify(0, "g", 5, {"g": 6}, peers)
     assert missing == [(1, "exited, last after g step 4, 2.5 s ago; it will not arrive")]
+
+
+def test_a_peer_that_closed_before_any_collective_is_not_called_unreached():
+    peers = {1: {"site": None, "step": None, "state": "none", "host": "h", "closed": True}, 2: None}
+    _, missing, _ = classify(0, "g", 0, {"g": 1}, peers)
+    assert missing == [
+        (1, "closed its pacer (or exited) before any measured collective; it will not arrive"),
+        (2, "has not reached a measured collective"),
+    ]

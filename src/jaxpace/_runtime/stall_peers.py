@@ -48,8 +48,13 @@ def classify(me: int, site: str, step: int, counts: dict, peers: dict[int, dict 
     for p, e in sorted(peers.items()):
         if p == me:
             continue
+        gone = bool(e) and (e.get("exited") or e.get("closed"))
+        verb = "exited" if e and e.get("exited") else "closed its pacer (or exited)"
         if not e or e.get("site") is None:
-            missing.append((p, "has not reached a measured collective"))
+            if gone:
+                missing.append((p, f"{verb} before any measured collective; it will not arrive"))
+            else:
+                missing.append((p, "has not reached a measured collective"))
             continue
         where = f"{e.get('site')} step {e.get('step')}"
         age = e.get("age_s")
@@ -57,8 +62,7 @@ def classify(me: int, site: str, step: int, counts: dict, peers: dict[int, dict 
         if e.get("age_over"):
             ago = f", more than {secs(age)} s ago"
         pc = e.get("counts") or {}
-        if e.get("exited") or e.get("closed"):
-            verb = "exited" if e.get("exited") else "closed its pacer (or exited)"
+        if gone:
             last = f"{'inside' if e.get('state') == 'in' else 'after'} {where}"
             missing.append((p, f"{verb}, last {last}{ago}; it will not arrive"))
             continue
