@@ -10,8 +10,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _jax_compat
-from jaxpace._runtime.sites import SiteNames
 
 
 def _run(body, steps: int = 5, shape=(8, 2)) -> None:
@@ -84,6 +82,8 @@ def test_one_line_in_a_loop_gets_one_name_per_call_and_a_retrace_keeps_them(capl
 
 
 def test_site_names_are_deterministic_and_never_collide_with_a_given_name():
+    from jaxpace._runtime.sites import SiteNames
+
     class T:  # stands for a trace object
         pass
 
@@ -100,6 +100,8 @@ def test_site_names_are_deterministic_and_never_collide_with_a_given_name():
 
 def test_current_trace_canary():
     """`_jax_compat.current_trace` still reaches JAX's trace (distinct per traced body)."""
+    from jaxpace import _jax_compat
+
     seen = []
     jax.jit(lambda x: seen.append(_jax_compat.current_trace()) or x)(1.0)
     jax.jit(lambda x: seen.append(_jax_compat.current_trace()) or x + 1)(1.0)

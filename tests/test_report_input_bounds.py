@@ -18,7 +18,6 @@ import pytest
 
 from jaxpace.errors import RecordsError
 from jaxpace.report import load_records
-from jaxpace.report.safe_io import open_regular, read_capped
 from jaxpace.report.synthetic import synthetic_run
 
 LIMIT = 2 << 30
@@ -99,6 +98,8 @@ def test_a_stall_file_linked_to_dev_zero_is_refused_not_read_forever(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_oversized_and_special_files_are_refused_by_the_reader(tmp_path):
+    from jaxpace.report.safe_io import open_regular, read_capped
+
     big = tmp_path / "stall-p0.json"
     big.write_bytes(b" " * 2048)
     with pytest.raises(RecordsError, match="larger than 1024 bytes"):
