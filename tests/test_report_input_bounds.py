@@ -96,6 +96,17 @@ def test_a_stall_file_linked_to_dev_zero_is_refused_not_read_forever(tmp_path):
     _one_line_error(_report(run), "stall-p0.json", "character device")
 
 
+@pytest.mark.timeout(200)
+def test_a_fifo_or_device_where_the_report_writes_is_refused_not_waited_on(tmp_path):
+    """A FIFO named `report.html` in the run directory hung the report in `open(..., "w")`."""
+    run = _run_dir(tmp_path)
+    os.mkfifo(run / "report.html")
+    _one_line_error(_report(run), "report.html", "FIFO", "--html")
+    os.unlink(run / "report.html")
+    os.symlink("/dev/null", run / "trace.json")
+    _one_line_error(_report(run), "trace.json", "character device", "--trace")
+
+
 @pytest.mark.timeout(60)
 def test_oversized_and_special_files_are_refused_by_the_reader(tmp_path):
     from jaxpace.report.safe_io import open_regular, read_capped

@@ -12,6 +12,7 @@ from jaxpace.report.analyze import analyze
 from jaxpace.report.html import write_html
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
 from jaxpace.report.records import find_runs
+from jaxpace.report.safe_io import check_output_path
 from jaxpace.report.stalls import format_stalls, load_stalls
 from jaxpace.report.terminal import print_summary, printable
 from jaxpace.report.trace import write_trace
@@ -44,6 +45,7 @@ def cli_main(args: argparse.Namespace) -> int:
     """Runs `jaxpace report`; returns the exit code (2 for unusable records)."""
     args.run_dir = _one_run(args.run_dir)
     try:
+        outputs = _output_paths(args)
         stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
         if stalls:
             print(printable(stalls, keep_newlines=True) + "\n")
@@ -58,13 +60,11 @@ def cli_main(args: argparse.Namespace) -> int:
             ),
         )
         print_summary(report)
-        base = Path(args.run_dir)
-        out_dir = base if base.is_dir() else base.parent
-        html = write_html(report, args.html or out_dir / "report.html")
-        trace = write_trace(report, args.trace or out_dir / "trace.json")
+        html = write_html(report, outputs["html"])
+        trace = write_trace(report, outputs["trace"])
         written = [html, trace]
         if args.json:
-            written.append(write_json(report, args.json))
+            written.append(write_json(report, outputs["json"]))
     except (RecordsError, ValueError) as e:
         print(f"jaxpace report: error: {printable(e, keep_newlines=True)}", file=sys.stderr)
         return 2
@@ -84,6 +84,21 @@ def cli_main(args: argparse.Namespace) -> int:
         return 2
     print("wrote " + ", ".join(str(w) for w in written))
     return 0
+
+
+def _output_paths(args: argparse.Namespace) -> dict[str, Path]:
+    """Where the HTML, trace and JSON go; each checked first (no FIFO, no device)."""
+    base = Path(args.run_dir)
+    out_dir = base if base.is_dir() else base.parent
+    paths = {
+        "html": Path(args.html or out_dir / "report.html"),
+        "trace": Path(args.trace or out_dir / "trace.json"),
+    }
+    if args.json:
+        paths["json"] = Path(args.json)
+    for key, p in paths.items():
+        check_output_path(p, f"{key.upper()} output", f"--{key}")
+    return paths
 
 
 def _one_run(run_dir: str) -> str:

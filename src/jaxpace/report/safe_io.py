@@ -15,7 +15,14 @@ from typing import BinaryIO
 
 from jaxpace.errors import RecordsError
 
-__all__ = ["MAX_PROCESS_COUNT", "check_declared_count", "file_kind", "open_regular", "read_capped"]
+__all__ = [
+    "MAX_PROCESS_COUNT",
+    "check_declared_count",
+    "check_output_path",
+    "file_kind",
+    "open_regular",
+    "read_capped",
+]
 
 # The largest `process_count` a header may declare. JAX jobs run at most tens of
 # thousands of processes; a larger count is a corrupt or hostile header, refused
@@ -83,6 +90,26 @@ def read_capped(path: str | os.PathLike, what: str, cap_bytes: int) -> bytes:
             "reads from such a file; it is not one the run wrote, or it is corrupt."
         )
     return data
+
+
+def check_output_path(path: str | os.PathLike, what: str, flag: str) -> None:
+    """Refuses (`RecordsError`) to write over anything but a regular file or a new path.
+
+    Writing to a FIFO would block forever, and to a device (also through a
+    symlink) would write into it; the report checks its output paths first.
+    """
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        return  # a new file (or a dangling symlink: the directory's owner's choice)
+    except OSError as e:
+        raise RecordsError(f"cannot write {what} {p}: {e.strerror or e}.") from None
+    if not stat.S_ISREG(mode):
+        raise RecordsError(
+            f"{what} {p} is {file_kind(mode)}, not a regular file; jaxpace report writes "
+            f"only regular files. Remove it, or pass another path with `{flag}`."
+        )
 
 
 def check_declared_count(value: int, key: str, where: str, *, at_least: int = 1) -> None:
