@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxpace import _records
-from jaxpace.report import records as reader
+from jaxpace.report import line_reader as reader
 from jaxpace.report import synthetic_records
 from jaxpace.report.records import Records, load_records
 

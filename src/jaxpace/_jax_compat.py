@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "bound_axis_sizes",
     "concrete_mesh",
+    "current_trace",
     "distributed_client",
     "inside_remat",
     "is_unknown_tracer",
@@ -48,6 +49,20 @@ def concrete_mesh() -> Any:
     if cm is None or getattr(cm, "empty", True):
         return None
     return cm
+
+
+def current_trace() -> Any:
+    """The trace being built now (one per traced function body), or None if hidden.
+
+    Used only to tell apart two calls of one site in one traced body from one
+    call traced again (a retrace, a second jit).
+    """
+    try:
+        from jax._src import core
+
+        return core.trace_ctx.trace
+    except Exception:  # noqa: BLE001 - internal API; the canary test catches a move
+        return None
 
 
 def is_unknown_tracer(x: Any) -> bool:

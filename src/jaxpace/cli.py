@@ -40,6 +40,19 @@ def _launch_parser(p: argparse.ArgumentParser) -> None:
         help="seconds before JAX declares a silent peer dead (default 10)",
     )
     p.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds between forwarding SIGTERM/SIGINT/SIGHUP to the ranks and killing them "
+        "(default 5)",
+    )
+    p.add_argument(
+        "--output-file",
+        default=None,
+        help="also write every prefixed output line here (the launcher keeps only the last "
+        "200 lines per rank in memory)",
+    )
+    p.add_argument(
         "--no-cpu",
         action="store_true",
         help="do not force JAX_PLATFORMS=cpu (use the host's accelerators)",
@@ -62,15 +75,23 @@ def _launch_main(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             heartbeat_timeout_s=args.heartbeat_timeout,
             cpu=not args.no_cpu,
+            grace_s=args.grace,
+            output_file=args.output_file,
         )
+    except KeyboardInterrupt:
+        print("jaxpace launch: interrupted; every rank was stopped.", file=sys.stderr)
+        return 130
     except JaxpaceError as e:
         print(f"jaxpace launch: {e}", file=sys.stderr)
         return 2
-    except FileNotFoundError as e:
-        print(f"jaxpace launch: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+    except OSError as e:
+        what = e.filename if e.filename is not None else cmd[0]
+        print(f"jaxpace launch: cannot open or run {what!r}: {e.strerror}", file=sys.stderr)
         return 2
     if not res.ok:
         print(f"jaxpace launch: {launch.describe_failure(res, args.timeout)}", file=sys.stderr)
+        if res.signal is not None:
+            return 128 + res.signal
         return 124 if res.timed_out else (res.returncodes[res.failed_rank] or 1)
     return 0
 

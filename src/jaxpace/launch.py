@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from jaxpace._launch_output import OutputSink, read_available
 from jaxpace._runtime.watchdog import STALL_EXIT_CODE
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, LaunchError
@@ -161,17 +163,33 @@ def _join_detected_cluster(cluster_detection_method: str | None = None) -> bool:
 
 @dataclasses.dataclass
 class LaunchResult:
-    """Outcome of `launch`: per-rank exit codes and captured output lines."""
+    """Outcome of `launch`: per-rank exit codes and the last lines of each rank's output.
+
+    `output[r]` keeps at most the last `tail_lines` lines (and 1 MiB) of rank
+    `r`; `dropped_lines[r]` says how many earlier lines were let go (pass
+    `output_file` to keep every line). `signal` is the signal number that
+    stopped the launcher (SIGTERM, SIGHUP), forwarded to every rank, or None.
+    """
 
     returncodes: list[int | None]
     output: list[list[str]]
     timed_out: bool
     failed_rank: int | None
     elapsed_s: float
+    dropped_lines: list[int] = dataclasses.field(default_factory=list)
+    signal: int | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and all(rc == 0 for rc in self.returncodes)
+        return (
+            not self.timed_out and self.signal is None and all(rc == 0 for rc in self.returncodes)
+        )
+
+
+# Signals the launcher forwards to every rank's process group before it ends.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_TAIL_BYTES = 1 << 20
+_MAX_TIMEOUT_S = 366 * 24 * 3600.0
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -179,6 +197,32 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    """Whether any running process is left in the rank's process group (helpers included).
+
+    Killed helpers whose new parent has not reaped them yet (zombies) do not count.
+    """
+    try:
+        os.killpg(proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no /proc: the signal test is all there is
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == proc.pid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def launch(
@@ -193,61 +237,84 @@ def launch(
     init_timeout_s: int = 60,
     per_rank_env: Sequence[dict[str, str]] | None = None,
     cpu: bool = True,
+    grace_s: float = 5.0,
+    tail_lines: int = 200,
+    output_file: str | os.PathLike | None = None,
 ) -> LaunchResult:
     """Runs `cmd` as `num_processes` local processes joined through `jax.distributed`.
 
     Each process gets `JAXPACE_*` variables (coordinator on 127.0.0.1 at a free
     port, its process id, device count, short timeouts) and, with `cpu=True`,
-    `JAX_PLATFORMS=cpu`. Output lines are prefixed `[rank N]`. When a rank
-    fails, the others are killed at once (by process group); on timeout or
-    Ctrl-C every group is killed.
+    `JAX_PLATFORMS=cpu`. Each rank runs in its own process group. Output is
+    passed on in whole lines prefixed `[rank N]` (stdout and stderr are read
+    separately, so one never splits a line of the other).
+
+    The launcher never leaves a process behind: when a rank fails, on timeout,
+    and on SIGTERM, SIGINT or SIGHUP (forwarded to every rank's group), it
+    waits up to `grace_s` and then kills every group; when all ranks succeed it
+    still ends what they left in their groups (helpers holding the output pipe)
+    the same way. Reading output never blocks: it is multiplexed with the
+    supervision loop, so `timeout_s` holds even when a rank's helper keeps the
+    pipe open.
 
     Args:
       cmd: the command, e.g. `[sys.executable, "train.py"]`.
       num_processes: processes to start, `[1, 64]`.
       local_devices: CPU devices per process, `[1, 64]`.
-      timeout_s: wall-clock limit for the whole job (None = no limit).
+      timeout_s: wall-clock limit for the whole job, > 0 and finite (None = no limit).
       env: extra environment for every rank.
-      stream: where prefixed output goes (None = only captured).
+      stream: where prefixed output goes (None = only the kept tail).
       heartbeat_timeout_s: seconds after which JAX declares a silent peer dead.
       init_timeout_s: seconds `jax.distributed.initialize` waits for peers.
       per_rank_env: optional extra environment per rank (len == num_processes).
       cpu: force the CPU platform (simulated devices).
+      grace_s: seconds between forwarding a stop signal and killing, `[0, 600]`.
+      tail_lines: lines kept per rank in `LaunchResult.output`, `[1, 100000]`.
+      output_file: also write every prefixed line here (None = no file).
 
     Returns:
       A `LaunchResult`.
 
     Raises:
       ConfigError: bad arguments.
+      KeyboardInterrupt: on SIGINT, after every rank was stopped.
     """
     _check_launch_args(cmd, num_processes, local_devices, per_rank_env)
+    _check_run_args(timeout_s, grace_s, tail_lines)
     num_processes, local_devices = int(num_processes), int(local_devices)
     base = _rank_env_base(
         num_processes, local_devices, env, init_timeout_s, heartbeat_timeout_s, cpu
     )
+    log = open(output_file, "w", encoding="utf-8") if output_file is not None else None  # noqa: SIM115
+    sink = OutputSink(
+        num_processes, stream, log, tail_lines=int(tail_lines), tail_bytes=_TAIL_BYTES
+    )
     start = time.monotonic()
-    procs = _spawn(cmd, base, num_processes, per_rank_env)
-    out: list[list[str]] = [[] for _ in range(num_processes)]
-    readers = _start_readers(procs, out, stream)
-    timed_out, failed = False, None
     try:
-        timed_out, failed = _supervise(procs, start, timeout_s)
-    except KeyboardInterrupt:
-        for p in procs:
-            _kill_group(p, signal.SIGKILL)
-        raise
+        with _ForwardedSignals() as caught:
+            procs = _spawn(cmd, base, num_processes, per_rank_env)
+            job = _Job(procs, sink, caught)
+            try:
+                timed_out, failed = job.supervise(start, timeout_s)
+            finally:
+                job.shutdown(float(grace_s))
     finally:
-        _stop_all(procs, readers, kill_first=timed_out or failed is not None)
+        if log is not None:
+            log.close()
+    if caught and caught[0] == signal.SIGINT:
+        raise KeyboardInterrupt
     codes = [p.returncode for p in procs]
     if failed is None and not timed_out:
         bad = [r for r, c in enumerate(codes) if c != 0]
         failed = bad[0] if bad else None
     return LaunchResult(
         returncodes=codes,
-        output=out,
+        output=[list(t.lines) for t in sink.tails],
         timed_out=timed_out,
         failed_rank=failed,
         elapsed_s=time.monotonic() - start,
+        dropped_lines=[t.dropped for t in sink.tails],
+        signal=caught[0] if caught else None,
     )
 
 
@@ -263,6 +330,19 @@ def _check_launch_args(cmd, num_processes, local_devices, per_rank_env) -> None:
         raise ConfigError(
             f"`per_rank_env` must have one dict per process ({num_processes}), got {len(per_rank_env)}."
         )
+
+
+def _check_run_args(timeout_s, grace_s, tail_lines) -> None:
+    if timeout_s is not None:
+        try:
+            check_number("timeout_s", timeout_s, lo=0.0, hi=_MAX_TIMEOUT_S, lo_open=True)
+        except ConfigError as e:
+            raise ConfigError(
+                f"{e} The job timeout (`--timeout`) is the wall-clock limit in seconds, "
+                "e.g. `--timeout 600`; it must be finite and above 0."
+            ) from None
+    check_number("grace_s", grace_s, lo=0.0, hi=600.0)
+    check_number("tail_lines", tail_lines, lo=1, hi=100_000, integer=True)
 
 
 def _rank_env_base(
@@ -289,88 +369,145 @@ def _rank_env_base(
 
 
 def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
-    """Starts every rank in its own process group (so a kill reaches its children)."""
+    """Starts every rank in its own process group (so a kill reaches its children).
+
+    If starting one fails, the ranks already started are killed before the
+    error propagates.
+    """
     procs: list[subprocess.Popen] = []
-    for rank in range(num_processes):
-        e = dict(base)
-        e[_ENV["process_id"]] = str(rank)
-        if per_rank_env is not None:
-            e.update(per_rank_env[rank])
-        procs.append(
-            subprocess.Popen(
-                list(cmd),
-                env=e,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                text=True,
-                bufsize=1,
-                errors="replace",
+    try:
+        for rank in range(num_processes):
+            e = dict(base)
+            e[_ENV["process_id"]] = str(rank)
+            if per_rank_env is not None:
+                e.update(per_rank_env[rank])
+            procs.append(
+                subprocess.Popen(
+                    list(cmd),
+                    env=e,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    bufsize=0,
+                )
             )
-        )
+    except BaseException:
+        for p in procs:
+            _kill_group(p, signal.SIGKILL)
+            p.wait()
+            p.stdout.close()
+            p.stderr.close()
+        raise
     return procs
 
 
-def _start_readers(procs, out: list[list[str]], stream: TextIO | None) -> list[threading.Thread]:
-    """One thread per rank that collects its output and echoes it prefixed `[rank N]`."""
-    lock = threading.Lock()
+class _ForwardedSignals:
+    """Catches SIGTERM/SIGINT/SIGHUP while the job runs (main thread only); restores after.
 
-    def emit(rank: int, line: str) -> None:
-        with lock:
-            out[rank].append(line.rstrip("\n"))
-            if stream is not None:
-                stream.write(f"[rank {rank}] {line.rstrip(chr(10))}\n")
-                stream.flush()
+    The caught signal numbers are appended to the list `__enter__` returns; the
+    supervision loop forwards the first to every rank's process group.
+    """
 
-    def pump(rank: int, f) -> None:
-        try:
-            for line in f:
-                emit(rank, line)
-        except (OSError, ValueError):
-            pass
+    def __enter__(self) -> list[int]:
+        self.caught: list[int] = []
+        self.previous: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in FORWARDED_SIGNALS:
+                try:
+                    self.previous[sig] = signal.signal(sig, self._handle)
+                except (ValueError, OSError):
+                    pass
+        return self.caught
 
-    readers = [
-        threading.Thread(target=pump, args=(r, p.stdout), daemon=True) for r, p in enumerate(procs)
-    ]
-    for t in readers:
-        t.start()
-    return readers
+    def _handle(self, signum, frame) -> None:
+        self.caught.append(signum)
 
-
-def _supervise(procs, start: float, timeout_s: float | None) -> tuple[bool, int | None]:
-    """Polls until all exit, one fails, or time runs out; returns `(timed_out, failed_rank)`."""
-    while True:
-        codes = [p.poll() for p in procs]
-        bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        if bad:
-            return False, bad[0]
-        if all(c is not None for c in codes):
-            return False, None
-        if timeout_s is not None and time.monotonic() - start > timeout_s:
-            return True, None
-        time.sleep(0.05)
+    def __exit__(self, *exc) -> None:
+        for sig, prev in self.previous.items():
+            signal.signal(sig, prev)
 
 
-def _stop_all(procs, readers, *, kill_first: bool) -> None:
-    """Ends every rank (TERM, then KILL after 3 s when `kill_first`) and joins the readers."""
-    if kill_first:
-        for p in procs:
-            if p.poll() is None:
-                _kill_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.05)
-        for p in procs:
-            if p.poll() is None:
-                _kill_group(p, signal.SIGKILL)
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+class _Job:
+    """The running ranks: one loop reads their output and watches their exits."""
+
+    def __init__(self, procs: list[subprocess.Popen], sink: OutputSink, caught: list[int]):
+        self.procs = procs
+        self.sink = sink
+        self.caught = caught
+        self.sel = selectors.DefaultSelector()
+        for rank, p in enumerate(procs):
+            for key, f in enumerate((p.stdout, p.stderr)):
+                os.set_blocking(f.fileno(), False)
+                self.sel.register(f, selectors.EVENT_READ, (rank, key))
+
+    def pump(self, wait_s: float) -> None:
+        """Passes on whatever output arrives within `wait_s`; never blocks longer."""
+        if not self.sel.get_map():
+            time.sleep(wait_s)
+            return
+        for sk, _ in self.sel.select(timeout=wait_s):
+            rank, key = sk.data
+            data = read_available(sk.fileobj)
+            if data is None:
+                continue
+            if data:
+                self.sink.feed(rank, key, data)
+            else:
+                self.sel.unregister(sk.fileobj)
+                sk.fileobj.close()
+                self.sink.close(rank, key)
+
+    def supervise(self, start: float, timeout_s: float | None) -> tuple[bool, int | None]:
+        """Runs until all exit, one fails, a signal comes or time runs out.
+
+        Returns `(timed_out, failed_rank)`.
+        """
+        while True:
+            self.pump(0.05)
+            if self.caught:
+                return False, None
+            codes = [p.poll() for p in self.procs]
+            bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                return False, bad[0]
+            if all(c is not None for c in codes):
+                return False, None
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                return True, None
+
+    def shutdown(self, grace_s: float) -> None:
+        """Stops every process group, whatever happened: signal, wait `grace_s`, kill.
+
+        The first caught signal is forwarded (SIGTERM otherwise); a second
+        signal during the grace period kills at once. Output is read until the
+        pipes close or one second after the kill, whichever is first.
+        """
+        sig = self.caught[0] if self.caught else signal.SIGTERM
+        n_caught = len(self.caught)
+        for p in self.procs:
+            _kill_group(p, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and len(self.caught) == n_caught:
+            self.pump(0.05)
+            [p.poll() for p in self.procs]
+            if not any(_group_alive(p) for p in self.procs):
+                break
+        for p in self.procs:
             _kill_group(p, signal.SIGKILL)
-    for t in readers:
-        t.join(timeout=5)
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = time.monotonic() + 1.0
+        while self.sel.get_map() and time.monotonic() < deadline:
+            self.pump(0.05)
+        for sk in list(self.sel.get_map().values()):
+            self.sel.unregister(sk.fileobj)
+            sk.fileobj.close()
+        self.sel.close()
+        self.sink.flush_all()
 
 
 def launch_or_raise(cmd: Sequence[str], **kwargs) -> LaunchResult:
@@ -382,13 +519,23 @@ def launch_or_raise(cmd: Sequence[str], **kwargs) -> LaunchResult:
 
 
 def describe_failure(res: LaunchResult, timeout_s: float | None) -> str:
+    """One message saying why the job ended: timeout, signal, stall or a failed rank."""
     if res.timed_out:
         return (
             f"launch timed out after {timeout_s}s; every rank was killed. Raise `--timeout` "
             "if the job is slow rather than hung."
         )
+    if res.signal is not None:
+        return (
+            f"stopped by {signal.Signals(res.signal).name}: it was forwarded to every rank's "
+            "process group, and what was still running after the grace period was killed."
+        )
     r = res.failed_rank if res.failed_rank is not None else 0
     tail = "\n".join(f"  {line}" for line in res.output[r][-25:])
+    if res.dropped_lines and res.dropped_lines[r]:
+        tail = (
+            f"  ({res.dropped_lines[r]} earlier lines not kept; `--output-file` keeps all)\n" + tail
+        )
     if res.returncodes[r] == STALL_EXIT_CODE:
         stalled = [i for i, c in enumerate(res.returncodes) if c == STALL_EXIT_CODE]
         return (

@@ -63,6 +63,7 @@ __all__ = [
     "jax_monitoring",
     "job_labels",
     "prometheus_textfile",
+    "site_tag",
     "tensorboard",
 ]
 
@@ -134,6 +135,33 @@ class FleetView:
     culprit_last_fraction: float = -1.0
     slowest: tuple[tuple[int, float], ...] = ()
     quantiles: tuple[tuple[float, float], ...] = ()
+
+
+_TAG_KEEP = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.")
+
+
+def site_tag(site: str) -> str:
+    """The TensorBoard tag component of a site name: readable, and one-to-one.
+
+    TensorBoard keeps only letters, digits, `_`, `.`, `-` and `/` in a tag
+    (tensorboardX turns every other character into `_`, so `layer[0]` and
+    `layer(0)` became one series). Here ASCII letters, digits, `_` and `.` are
+    kept, `:` becomes `--`, and any other character (`/`, `-`, brackets,
+    spaces, non-ASCII) becomes `-{hex code point}-`. No two sites share a tag,
+    and the tag has no `/`, so the site is always one level of the tag.
+
+    >>> site_tag("train.py:12:train_step"), site_tag("layer[0]"), site_tag("layer(0)")
+    ('train.py--12--train_step', 'layer-5b-0-5d-', 'layer-28-0-29-')
+    """
+    out = []
+    for c in str(site):
+        if c in _TAG_KEEP:
+            out.append(c)
+        elif c == ":":
+            out.append("--")
+        else:
+            out.append(f"-{ord(c):x}-")
+    return "".join(out)
 
 
 class _Window:
@@ -413,6 +441,8 @@ class TensorBoardSink:
     `.../fleet/slowest{k}_lateness_ms` (k = 1..5) and
     `.../fleet/earliness_ms/q{quantile}`. The number of tags does not grow
     with the job.
+    `{site}` is `site_tag(site)`: `:` shown as `--`, other characters
+    TensorBoard does not allow as `-{hex}-`, so distinct sites stay distinct series.
     """
 
     def __init__(
@@ -432,7 +462,7 @@ class TensorBoardSink:
         self._windows: dict[str, _Window] = {}
 
     def __call__(self, s: dict[str, Any]) -> None:
-        site, rank, step = str(s["site"]), int(s["rank"]), int(s["step"])
+        site, rank, step = site_tag(s["site"]), int(s["rank"]), int(s["step"])
         w = self._writer
         with self._lock:
             w.add_scalar(_tag(site, "wait_ms", f"rank{rank}"), float(s["wait_s"]) * 1e3, step)

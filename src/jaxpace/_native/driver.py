@@ -228,11 +228,10 @@ def _note_counters(e: _Entry) -> None:
     if c["overlaps"] > e.overlaps:
         if e.overlaps == 0:  # the io_callback path's warning, once per site
             log.warning(
-                "jaxpace: two measured arrivals at %s overlap on one rank (%d); "
-                "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`) and "
-                "give collectives traced from one line in a loop distinct `site=`.",
+                "jaxpace: two measured arrivals at %s overlap on %s; "
+                "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`).",
                 e.site.name,
-                e.fixed_rank,
+                f"rank {e.fixed_rank}" if e.fixed_rank >= 0 else "one device of this process",
             )
         e.overlaps = c["overlaps"]
     memo = getattr(e.site, "memo", None)

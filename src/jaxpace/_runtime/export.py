@@ -25,7 +25,7 @@ log = logging.getLogger("jaxpace")
 # The fields `header_record` writes itself (docs/records.md, "header").
 _HEADER_FIELDS = (
     "type", "format", "run_id", "process_index", "process_count", "host", "pid",
-    "granularity", "jaxpace_version", "policy", "local_devices", "topology",
+    "granularity", "jaxpace_version", "policy", "local_devices", "topology", "truncated",
     "platform", "sample_every", "sites",
 )  # fmt: skip
 
@@ -42,12 +42,17 @@ def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list
     settle(pacer)
     proc = jax.process_index()
     out: list[dict[str, Any]] = [{**header(pacer), **extra}]
+    first_kept: dict[str, int] = {}  # site -> first step still in every rank's ring
     for name, site in sorted(pacer._sites.items()):
         site.flush()  # native probes: drain what the handlers finished
         for r in sorted(site.ranks):
             st = site.ranks[r]
             with st.lock:
                 rows = st.recorder.completed()
+            cap = st.recorder.capacity
+            if rows.size and int(rows["step"][-1]) >= cap:  # the ring wrapped: say so
+                first = int(rows["step"][-1]) - cap + 1
+                first_kept[name] = max(first_kept.get(name, 0), first)
             for row in rows:
                 out.append(
                     _records.step_record(
@@ -61,6 +66,15 @@ def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list
                         engaged=bool(row["engaged"]),
                     )
                 )
+    if first_kept:
+        # docs/records.md, "truncated": steps before these were overwritten in the ring.
+        out[0]["truncated"] = {"capacity": pacer.config.capacity, "first_step": first_kept}
+        log.warning(
+            "jaxpace: the records keep only the last %d steps per site and rank (`capacity`); "
+            "%s. Pass `Pacer(capacity=...)` / `jp.configure(capacity=...)` to keep more.",
+            pacer.config.capacity,
+            ", ".join(f"{k} from step {v}" for k, v in sorted(first_kept.items())),
+        )
     return out
 
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jaxpace import _exchange, _policy
+from jaxpace import _exchange, _jax_compat, _policy
 from jaxpace._delay import clamp_delay, ensure_sigterm_release, interruptible_sleep
 from jaxpace._probe import now_ns
-from jaxpace._runtime.sites import RankState, Site
+from jaxpace._runtime.sites import RankState, Site, SiteNames
 
 if TYPE_CHECKING:
     from jaxpace._runtime.pacer import Pacer
@@ -45,6 +45,7 @@ class Hooks:
         self._p = pacer
         self._callbacks_ok: bool | None = None
         self.invariant_sites: dict[str, str] = {}  # site -> axis its operand was invariant over
+        self._names = SiteNames()  # distinct calls sharing a site name get their own
 
     # ------------------------------------------------------------------ settings
 
@@ -92,8 +93,13 @@ class Hooks:
             self.invariant_sites[site] = axis
 
     def open_site(self, name: str, num_slots: int, layout: str | None) -> Site:
+        from jaxpace._collectives import _caller_site
+
         p = self._p
         with p._lock:
+            name, dup = self._names.resolve(name, _caller_site(), _jax_compat.current_trace())
+            if dup:
+                log.warning(dup)
             s = p._sites.get(name)
             if s is None or s.num_slots != num_slots:
                 s = Site(name, num_slots, p.config.capacity, p.policy, layout)
@@ -158,11 +164,10 @@ class Hooks:
         # collective, or one site name is traced twice.
         self._p._errlog.warning(
             f"{site.name}:overlap",
-            "jaxpace: two measured arrivals at %s overlap on one rank (%d); "
-            "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`) and "
-            "give collectives traced from one line in a loop distinct `site=`.",
+            "jaxpace: two measured arrivals at %s overlap on %s; "
+            "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`).",
             site.name,
-            rank,
+            f"rank {rank}" if rank >= 0 else "one device of this process",
         )
 
     def done(

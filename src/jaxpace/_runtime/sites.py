@@ -7,6 +7,7 @@ import math
 import struct
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from jaxpace import _culprit, _exchange
 from jaxpace._policy import Observation, PacingPolicy, PolicyStatus, sorted_nanquantile
 from jaxpace._probe import Recorder
 
-__all__ = ["RankState", "Site", "SiteMemo", "SiteStats", "site_stats"]
+__all__ = ["RankState", "Site", "SiteMemo", "SiteNames", "SiteStats", "site_stats"]
 
 
 @dataclasses.dataclass
@@ -131,6 +132,68 @@ def early_rows(capacity: int, num_slots: int) -> int:
 
 _EARLY_HIST_BYTES = 4 << 20
 _EARLY_HIST_MIN_ROWS = 64
+
+
+class SiteNames:
+    """Gives every distinct collective call its own site name, deterministically.
+
+    Two calls share a name when the user passes one `site=` at two places, or
+    one line runs in a loop inside one traced body. Their records would land in
+    one ring and overwrite each other (3 of 4 calls were lost). Here each
+    distinct call (its caller's `file:line:function`, and its position among
+    the calls of that name in one traced body) keeps a name of its own: the
+    first keeps `name`, the next ones `name#2`, `name#3`, ... in trace order,
+    which is the same on every process. A call traced again (a retrace, a
+    second jit of the same code) keeps the name it had. `resolve` returns the
+    name and, at a name's first duplicate, the one warning to log.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[str, list[tuple[str, int]]] = {}  # name -> its calls, in order
+        self._given: dict[tuple[str, str, int], str] = {}  # (name, caller, nth) -> name used
+        self._taken: set[str] = set()
+        self._trace: Any = None  # weak reference to the trace of the last call
+        self._in_trace: dict[tuple[str, str], int] = {}  # calls so far in that trace
+
+    def resolve(self, name: str, caller: str, trace: Any) -> tuple[str, str | None]:
+        """`(name to record under, warning or None)` for one traced call of `name`."""
+        if not self._same_trace(trace):
+            self._in_trace = {}
+        nth = self._in_trace.get((name, caller), 0)
+        self._in_trace[(name, caller)] = nth + 1
+        key = (name, caller, nth)
+        if key in self._given:
+            return self._given[key], None
+        calls = self._keys.setdefault(name, [])
+        calls.append((caller, nth))
+        if len(calls) == 1 and name not in self._taken:
+            used = name
+        else:
+            k = len(calls)
+            while f"{name}#{k}" in self._taken:
+                k += 1
+            used = f"{name}#{k}"
+        self._given[key] = used
+        self._taken.add(used)
+        if len(calls) != 2:
+            return used, None
+        first, second = (f"{c} (call {n + 1} in one traced body)" if n else c for c, n in calls)
+        return used, (
+            f"jaxpace: site `{name}` names two different collective calls: {first} and "
+            f"{second}. Each is recorded on its own: the first as `{name}`, the second as "
+            f"`{used}` (any further ones as `{name}#3`, ...). Pass each call its own "
+            "`site=` to choose the names."
+        )
+
+    def _same_trace(self, trace: Any) -> bool:
+        prev = self._trace() if self._trace is not None else None
+        if trace is None:
+            return False
+        try:
+            self._trace = weakref.ref(trace)
+        except TypeError:
+            self._trace = lambda t=trace: t
+        return prev is trace
 
 
 class Site:

@@ -45,6 +45,7 @@ import numpy as np
 from jaxpace import _jax_compat
 from jaxpace import _native as nat
 from jaxpace._runtime import pauses
+from jaxpace._runtime.stall_peers import PeerAges, classify, secs
 from jaxpace._text import ranges
 from jaxpace._validate import check_choice, check_number
 from jaxpace.errors import ConfigError, StallError
@@ -128,8 +129,12 @@ class _BoundedKV:
             self._pending.clear()
             done.set()
 
-    def call(self, fn) -> tuple[bool, Any]:
-        """`(True, result)`, or `(False, exception)` on an error or no answer in time."""
+    def call(self, fn, wait_s: float | None = None) -> tuple[bool, Any]:
+        """`(True, result)`, or `(False, exception)` on an error or no answer in time.
+
+        Waits at most `wait_s` (default `timeout_s`).
+        """
+        wait_s = self.timeout_s if wait_s is None else min(wait_s, self.timeout_s)
         if self._pending.is_set():
             return False, TimeoutError("an earlier key-value store call never returned")
         if self._thread is None:
@@ -141,8 +146,8 @@ class _BoundedKV:
         done = threading.Event()
         self._pending.set()
         self._q.put((fn, box, done))
-        if not done.wait(self.timeout_s):
-            return False, TimeoutError(f"no answer within {self.timeout_s:g} s")
+        if not done.wait(wait_s):
+            return False, TimeoutError(f"no answer within {wait_s:g} s")
         return box[0]
 
     def close(self, join_s: float = 0.0) -> None:
@@ -182,48 +187,6 @@ def _register_exit_stop(w: Any) -> None:
             _atexit_registered = True
 
 
-def _secs(s: float) -> str:
-    """Seconds for a message: whole seconds from 10 s up, one decimal below."""
-    return f"{s:.0f}" if s >= 10 else f"{s:.1f}"
-
-
-def classify(me: int, site: str, step: int, counts: dict, peers: dict[int, dict | None]):
-    """Sorts peers into here / missing / diverged for a stall of `me` at (site, step).
-
-    `counts` are this process's per-site arrival counts; each peer entry carries
-    its own `counts`, its last `site`/`step` and `state` ("in" a collective or
-    "left" it). Returns `(here, missing, diverged)`: lists of `(process, text)`.
-    """
-    here, missing, diverged = [], [], []
-    for p, e in sorted(peers.items()):
-        if p == me:
-            continue
-        if not e or e.get("site") is None:
-            missing.append((p, "has not reached a measured collective"))
-            continue
-        where = f"{e.get('site')} step {e.get('step')}"
-        age = e.get("age_s")
-        ago = f", {_secs(age)} s ago" if isinstance(age, (int, float)) else ""
-        pc = e.get("counts") or {}
-        if e.get("state") == "in":
-            if e.get("site") == site and e.get("step") == step:
-                here.append((p, ""))
-            else:
-                diverged.append((p, f"is in the collective at {where} instead"))
-            continue
-        ahead = sorted(s for s, c in pc.items() if c > counts.get(s, 0))
-        if pc.get(site, 0) > step or ahead:
-            diff = "; ".join(
-                f"{s}: {pc.get(s, 0)} arrivals vs {counts.get(s, 0)} here"
-                for s in sorted(set(pc) | set(counts))
-                if pc.get(s, 0) != counts.get(s, 0)
-            )
-            diverged.append((p, f"has already passed this collective ({diff}), last at {where}"))
-        else:
-            missing.append((p, f"last seen at {where}{ago}"))
-    return here, missing, diverged
-
-
 class Watchdog:
     """The stall watchdog of one `Pacer` (see the module docstring)."""
 
@@ -242,6 +205,8 @@ class Watchdog:
         self._published: tuple | None = None
         self._published_at = -1e18
         self._progress_bufs: dict[int, Any] = {}  # native site id -> reused progress buffer
+        self._ages = PeerAges()  # when this process left each recent step, for peers' ages
+        self._exit_published = False
         self.ticks = 0
         self._kv: _BoundedKV | None = None
         self.me, self.nproc, self.host = 0, 1, socket.gethostname()
@@ -286,6 +251,10 @@ class Watchdog:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
+        try:
+            self.publish_exit(wait_s=max(0.1, min(timeout_s, 1.0)))
+        except Exception:  # noqa: BLE001 - never fail a close
+            pass
         if self._kv is not None:
             self._kv.close(join_s=join_kv_s)
 
@@ -384,6 +353,8 @@ class Watchdog:
                             "state": state,
                             "at": now,
                         }
+                if d >= 0:
+                    self._ages.note_left(name, d, now)
                 if a > d:
                     prev = self._open.get(key)
                     if prev is None or prev[0] != a:
@@ -392,6 +363,21 @@ class Watchdog:
                 else:
                     self._open.pop(key, None)
         return counts
+
+    def publish_exit(self, wait_s: float) -> None:
+        """Publishes this process's final position as closed (once; at close and exit)."""
+        if self._exit_published or self._kv is None:
+            return
+        self._exit_published = True
+        now = time.monotonic()
+        p = self._pacer()
+        counts = self._scan(p, now) if p is not None else {}
+        del p
+        entry = {**self._entry(now, counts), "closed": True}
+        self._kv.call(
+            lambda c: c.key_value_set(f"{self.prefix}/last/p{self.me}", json.dumps(entry), True),
+            wait_s=wait_s,
+        )
 
     def _entry(self, now: float, counts: dict, answered: bool = False) -> dict:
         last = self._last or {}
@@ -513,6 +499,7 @@ class Watchdog:
                     peers = {p: None for p in range(self.nproc)}
                     for e in got:
                         peers[int(e["p"])] = e
+                    self._ages.refresh(peers, time.monotonic(), self.host)
                     if self._excused(key, site, step, counts, peers):
                         return None
                     self._kv.call(
@@ -560,7 +547,7 @@ class Watchdog:
         return True
 
     def _message(self, site, step, stalled_s, counts, peers, coordinator) -> str:
-        head = f"jaxpace: stalled {_secs(stalled_s)} s at {site} step {step}"
+        head = f"jaxpace: stalled {secs(stalled_s)} s at {site} step {step}"
         if self.nproc == 1:
             return head + " (single process: a device or host callback is stuck)."
         if coordinator != "ok":

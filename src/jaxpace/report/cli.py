@@ -12,9 +12,10 @@ from jaxpace.report.analyze import analyze
 from jaxpace.report.html import write_html
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
 from jaxpace.report.records import find_runs
+from jaxpace.report.safe_io import check_output_path
 from jaxpace.report.sources import detect
 from jaxpace.report.stalls import format_stalls, load_stalls
-from jaxpace.report.terminal import print_summary
+from jaxpace.report.terminal import print_summary, printable
 from jaxpace.report.trace import write_trace
 
 __all__ = ["cli_main", "configure_parser"]
@@ -63,10 +64,11 @@ def cli_main(args: argparse.Namespace) -> int:
         print("\n".join(f"  jaxpace report {r}" for r in runs))
         return 0
     args.run_dir = _one_run(args.run_dir)
-    stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
-    if stalls:
-        print(stalls + "\n")
     try:
+        outputs = _output_paths(args)
+        stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
+        if stalls:
+            print(printable(stalls, keep_newlines=True) + "\n")
         report = analyze(
             args.run_dir,
             warmup_steps=args.warmup,
@@ -78,15 +80,20 @@ def cli_main(args: argparse.Namespace) -> int:
             ),
         )
         print_summary(report, verbose=bool(getattr(args, "verbose", False)))
-        base = Path(args.run_dir)
-        out_dir = base if base.is_dir() else base.parent
-        html = write_html(report, args.html or out_dir / "report.html")
-        trace = write_trace(report, args.trace or out_dir / "trace.json")
+        html = write_html(report, outputs["html"])
+        trace = write_trace(report, outputs["trace"])
         written = [html, trace]
         if args.json:
-            written.append(write_json(report, args.json))
+            written.append(write_json(report, outputs["json"]))
     except (RecordsError, ValueError) as e:
-        print(f"jaxpace report: error: {e}", file=sys.stderr)
+        print(f"jaxpace report: error: {printable(e, keep_newlines=True)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(
+            f"jaxpace report: error: not enough memory to analyze {args.run_dir}; report "
+            "fewer steps or one site (--site), or run it on a machine with more memory.",
+            file=sys.stderr,
+        )
         return 2
     except OSError as e:
         print(
@@ -105,6 +112,21 @@ def _runs_inside(run_dir: str) -> list[Path]:
     if base.is_dir() and not any(base.glob(RECORDS_GLOB)):
         return find_runs(base)
     return []
+
+
+def _output_paths(args: argparse.Namespace) -> dict[str, Path]:
+    """Where the HTML, trace and JSON go; each checked first (no FIFO, no device)."""
+    base = Path(args.run_dir)
+    out_dir = base if base.is_dir() else base.parent
+    paths = {
+        "html": Path(args.html or out_dir / "report.html"),
+        "trace": Path(args.trace or out_dir / "trace.json"),
+    }
+    if args.json:
+        paths["json"] = Path(args.json)
+    for key, p in paths.items():
+        check_output_path(p, f"{key.upper()} output", f"--{key}")
+    return paths
 
 
 def _one_run(run_dir: str) -> str:

@@ -11,13 +11,23 @@ import re
 from pathlib import Path
 from typing import Any
 
+from jaxpace.report.safe_io import read_capped
+
 __all__ = ["format_stalls", "load_stalls"]
+
+# A stall record holds one message and the stacks of every thread (faulthandler
+# text, tens of KiB for hundreds of threads); a larger file is not one.
+MAX_STALL_BYTES = 16 * 1024 * 1024
 
 _NAME = re.compile(r"^stall-p(\d+)\.json$")
 
 
 def load_stalls(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every readable `stall-p*.json` in `run_dir` (or next to a records file), by process.
+
+    Raises:
+      RecordsError: a stall file is not a regular file (a FIFO, a device, also
+        through a symlink) or is larger than `MAX_STALL_BYTES`.
 
     >>> load_stalls("/nonexistent")
     []
@@ -30,9 +40,12 @@ def load_stalls(run_dir: str | Path) -> list[dict[str, Any]]:
     except (OSError, AttributeError):
         return []
     for p in paths:
+        # A FIFO, a device (a symlink to /dev/zero) or an oversized file raises
+        # RecordsError; a half-written one is skipped.
+        data = read_capped(p, "stall record", MAX_STALL_BYTES)
         try:
-            rec = json.loads(p.read_text())
-        except (OSError, ValueError):
+            rec = json.loads(data.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):
             continue
         if isinstance(rec, dict) and rec.get("type") == "stall":
             rec.setdefault("path", str(p))

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "display_name",
     "print_summary",
+    "printable",
     "summary_lines",
     "summary_renderable",
     "text_table",
@@ -37,14 +38,45 @@ DEFAULT_ACTIONS = 2  # "what to do next" items in the short summary
 _TEXT_COLUMNS = ("host", "detected", "evidence", "waiting for", "mode")
 _NBSP = "\x00"
 
+# C0/C1 controls (ESC starts terminal sequences), DEL, zero-width and
+# bidirectional-override characters: never written to a terminal as they are.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: Any, *, keep_newlines: bool = False) -> str:
+    r"""`text` as a string safe to print: every control character shown as an escape.
+
+    Names in records (sites, hosts) are data: an ESC or BEL in them is printed
+    as `\x1b`/`\x07`, never sent to the terminal, and two names that differ only
+    in such characters stay different. Rich markup is not interpreted either:
+    the summary hands these strings to `rich` as plain `Text`.
+
+    >>> printable("grads\x1b]0;TITLE\x07[/]")
+    'grads\\x1b]0;TITLE\\x07[/]'
+    >>> printable("a\nb"), printable("a\nb", keep_newlines=True)
+    ('a\\nb', 'a\nb')
+    """
+
+    def esc(m: re.Match) -> str:
+        c = m.group()
+        if keep_newlines and c == "\n":
+            return c
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or (
+            f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+        )
+
+    return _UNSAFE.sub(esc, str(text))
+
 
 def display_name(name: object) -> str:
     """A run id, site, host or mode name as printed.
 
     Every piece of text the summary prints goes through here (table cells and
-    sentences too, since they embed names), so one change covers every name.
+    sentences too, since they embed names), so one change covers every name:
+    control characters are shown as escapes (`printable`), and the summary
+    reaches the terminal as plain text, never parsed as `rich` markup.
     """
-    return str(name)
+    return printable(name)
 
 
 def wrap_text(text: str, width: int, first: str = "", rest: str = "") -> list[str]:

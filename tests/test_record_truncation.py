@@ -1,0 +1,70 @@
+"""Truncation is never silent: an export that lost steps to the ring says so, and the report prints it (issue #32 item 11)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jaxpace as jp
+from jaxpace.errors import RecordsError
+from jaxpace.report import analyze, load_records
+from jaxpace.report.synthetic import synthetic_records
+
+
+def _run(pacer: jp.Pacer, steps: int) -> None:
+    mesh = jax.make_mesh((8,), ("data",))
+    f = jax.jit(
+        jax.shard_map(
+            lambda x: pacer.psum(x, "data", site="grads"),
+            mesh=mesh,
+            in_specs=P("data"),
+            out_specs=P(),
+        )
+    )
+    x = jax.device_put(np.ones((8, 2), np.float32), jax.NamedSharding(mesh, P("data")))
+    for _ in range(steps):
+        jax.block_until_ready(f(x))
+
+
+@pytest.mark.timeout(300)
+def test_an_export_that_kept_only_the_last_capacity_steps_says_so(tmp_path, caplog):
+    """After more steps than `capacity`, the header has `truncated` and the report a TRUNCATED note."""
+    pacer = jp.Pacer(capacity=8)
+    try:
+        _run(pacer, 20)
+        with caplog.at_level(logging.WARNING, logger="jaxpace"):
+            path = pacer.export(tmp_path / "run" / "records-p0.jsonl")
+    finally:
+        pacer.close(timeout_s=10)
+    with open(path) as f:
+        head = json.loads(f.readline())
+    assert head["truncated"] == {"capacity": 8, "first_step": {"grads": 12}}
+    assert any("capacity" in r.getMessage() and "grads" in r.getMessage() for r in caplog.records)
+    rep = analyze(tmp_path / "run", warmup_steps=0)
+    note = [n for n in rep.notes if n.startswith("TRUNCATED:")]
+    assert len(note) == 1 and "last 8 steps" in note[0] and "`grads` from step 12" in note[0]
+    assert "capacity=" in note[0]
+
+
+@pytest.mark.timeout(300)
+def test_an_export_within_capacity_has_no_truncation(tmp_path):
+    pacer = jp.Pacer(capacity=64)
+    try:
+        _run(pacer, 10)
+        path = pacer.export(tmp_path / "records-p0.jsonl")
+    finally:
+        pacer.close(timeout_s=10)
+    with open(path) as f:
+        assert "truncated" not in json.loads(f.readline())
+
+
+def test_a_malformed_truncated_field_names_it():
+    recs = synthetic_records(2, 20)
+    recs[0]["truncated"] = {"capacity": "big", "first_step": {}}
+    with pytest.raises(RecordsError, match="`truncated`"):
+        load_records(recs)
