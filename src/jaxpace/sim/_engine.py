@@ -13,9 +13,11 @@ import numpy as np
 import jaxpace.sim._collectives as coll
 from jaxpace._exchange import earliness
 from jaxpace._native import kernels
-from jaxpace._policy import Observation, PacingPolicy, adaptive, batched, fixed, no_pacing
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, ScenarioError
+from jaxpace.policy.adaptive import adaptive
+from jaxpace.policy.base import Observation, PacingPolicy
+from jaxpace.policy.simple import fixed, no_pacing
 from jaxpace.sim._scenario import Scenario, load_scenario
 
 __all__ = [
@@ -622,7 +624,7 @@ _CHUNK_STEPS = 32
 class _PolicySites:
     """The policy state of every pacing site, updated once per step.
 
-    With a policy that has a batched form (`jaxpace._policy.batched`: `no_pacing`,
+    With a policy that has a batched form (`PacingPolicy.batched`: `no_pacing`,
     `fixed`, `adaptive`) all sites go through one update call, which gives each
     site exactly the delays of its own update; otherwise site by site.
     `constant`: the policy's delays do not depend on what it observes
@@ -630,7 +632,7 @@ class _PolicySites:
     """
 
     def __init__(self, pol: PacingPolicy, n_sites: int, num_ranks: int):
-        self.pol, self.batch = pol, batched(pol)
+        self.pol, self.batch = pol, pol.batched
         self.constant = self.batch is not None and bool(self.batch.constant)
         if self.batch is not None:
             self.state: Any = self.batch.init(n_sites, num_ranks)
