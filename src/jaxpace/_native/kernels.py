@@ -5,6 +5,12 @@ compiler (no JAX headers, no Python C API) and loaded with ctypes. Each kernel g
 bits as the NumPy code it stands in for, which stays as the fallback: without a compiler, if
 the library fails to load, or with `JAXPACE_KERNELS=0`, the callers run NumPy and nothing
 changes but speed. `available()` says which, and why.
+
+The NumPy twin of each kernel is named in kernels.cc's header comment. The numbers both
+sides rely on (ABI version, the int8 order's largest window, scratch sizes) are `CONSTANTS`
+here and `jaxpace_kernels_constant` there; a library whose numbers differ is not used.
+`JAXPACE_KERNELS_LIBRARY=/path/to/lib.so` loads another build of kernels.cc (the sanitizer
+build of benchmarks/sanitize.sh).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from jaxpace._native import find_built, load_once
 
 __all__ = [
     "ABI_VERSION",
+    "CONSTANTS",
+    "ORDER_MAX_WINDOW",
     "available",
     "node_coupled",
     "order_insert",
@@ -28,13 +36,40 @@ __all__ = [
     "window_step",
 ]
 
-ABI_VERSION = 4
+ABI_VERSION = 5
+# The int8 order's largest window (`jaxpace.policy._window_order.order_dtype`).
+ORDER_MAX_WINDOW = 127
+# What kernels.cc's `jaxpace_kernels_constant(name)` must return for each name.
+CONSTANTS = {
+    "abi_version": ABI_VERSION,
+    "order_max_window": ORDER_MAX_WINDOW,
+    "insert_scratch_per_rank": 4,  # bytes
+    "pick_scratch_per_rank": 2,  # bytes
+    "window_step_scratch_per_rank": 4,  # bytes
+    "coupled_scratch_per_gpu": 2,  # doubles
+}
 _lock = threading.Lock()
 _state: dict = {"lib": None, "reason": None, "path": None}
 
 
 def _path() -> str | None:
-    return find_built("_jaxpace_kernels")
+    return os.environ.get("JAXPACE_KERNELS_LIBRARY") or find_built("_jaxpace_kernels")
+
+
+def constants_mismatch(constant) -> str | None:
+    """Why the library's constants (`constant(name) -> value`) differ from `CONSTANTS`, or
+    None if they all agree."""
+    wrong = []
+    for name, want in CONSTANTS.items():
+        got = constant(name.encode())
+        if got != want:
+            wrong.append(f"`{name}` is {got} there, {want} here")
+    if not wrong:
+        return None
+    return (
+        f"its constants disagree with this jaxpace's ({'; '.join(wrong)}); rebuild it from "
+        "this checkout (python setup.py build_ext --inplace, or reinstall)"
+    )
 
 
 def _load():
@@ -72,6 +107,14 @@ def _declare(lib) -> None:
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    try:
+        constant = lib.jaxpace_kernels_constant
+    except AttributeError:
+        return  # a build older than the constants: the ABI check that follows says so
+    constant.restype, constant.argtypes = i64, [ctypes.c_char_p]
+    why = constants_mismatch(constant)
+    if why is not None:
+        raise OSError(why)  # `load_once` keeps it as the reason the library is not used
 
 
 def available() -> tuple[bool, str]:
@@ -94,13 +137,47 @@ def _f64(a: np.ndarray) -> bool:
     return a.dtype == np.float64 and a.flags.c_contiguous
 
 
+def _expect(fn: str, **shapes: tuple) -> None:
+    """Raises ValueError naming the first argument of `fn` whose shape is not the one the
+    kernel reads and writes (`name=(array, expected shape)`): a wrong shape would make the
+    C++ read or write past the array."""
+    for name, (a, want) in shapes.items():
+        got = np.shape(a)
+        if got != tuple(want):
+            raise ValueError(
+                f"kernels.{fn}: `{name}` must have shape {tuple(want)}, got {got}; the other "
+                "arguments fix that shape (see the function's docstring)."
+            )
+
+
+def _index(fn: str, name: str, value: int, size: int) -> None:
+    """Raises ValueError unless `0 <= value < size` (a row or rank the kernel indexes)."""
+    if not 0 <= int(value) < size:
+        raise ValueError(f"kernels.{fn}: `{name}` must be in [0, {size}), got {value}.")
+
+
+def _window_ok(fn: str, h: np.ndarray) -> None:
+    if h.ndim != 3:
+        raise ValueError(f"kernels.{fn}: `h` must be 3-D (sites, window, ranks), got {h.shape}.")
+    if h.shape[1] > ORDER_MAX_WINDOW:
+        raise ValueError(
+            f"kernels.{fn}: the int8 order holds windows up to {ORDER_MAX_WINDOW}, "
+            f"got {h.shape[1]}."
+        )
+
+
 def run_buckets(a, D, jit, tc, *, buckets, sites, fwd_frac, bwd_frac, spin, slow):
     """`_run_buckets`' loop: `(step ends (L,), arrive (S, L, R), ends (B, L), starts (B, L, R))`,
     or None when the library is absent or an input is not a C-contiguous float64 array."""
     lib = _load()
     if lib is None or not (_f64(a) and _f64(D) and _f64(tc) and (jit is None or _f64(jit))):
         return None
+    if a.ndim != 2:
+        raise ValueError(f"kernels.run_buckets: `a` must be 2-D (steps, ranks), got {a.shape}.")
     (L, R), B, S = a.shape, int(buckets), int(sites)
+    _expect("run_buckets", D=(D, (L, S, R)), tc=(tc, (L,)))
+    if jit is not None:
+        _expect("run_buckets", jit=(jit, (L, B, R)))
     end_prev, arrive = np.empty(L), np.empty((S, L, R))
     ends, starts = np.empty((B, L)), np.empty((B, L, R))
     scratch, rows = np.empty((3, L * R)), np.empty((2, R))
@@ -122,7 +199,15 @@ def node_coupled(a, d0, g, k_pow, k_host):
     lib = _load()
     if lib is None or not (_f64(a) and (d0 is None or _f64(d0))):
         return None
-    out, scratch = np.empty(a.shape), np.empty(2 * int(g))
+    g = int(g)
+    if a.ndim != 1 or g < 1 or a.size % g:
+        raise ValueError(
+            f"kernels.node_coupled: `a` must be 1-D with a multiple of `g`={g} entries, "
+            f"got shape {a.shape}."
+        )
+    if d0 is not None:
+        _expect("node_coupled", d0=(d0, a.shape))
+    out, scratch = np.empty(a.shape), np.empty(CONSTANTS["coupled_scratch_per_gpu"] * g)
     lib.jaxpace_node_coupled(
         a.size // int(g), int(g), _addr(a), 0 if d0 is None else _addr(d0),
         float(k_pow), float(k_host), _addr(out), _addr(scratch),
@@ -140,8 +225,11 @@ def order_insert(h: np.ndarray, o: np.ndarray, r0: int, x: np.ndarray) -> bool:
     lib = _load()
     if lib is None or not (_kept_ok(h, o) and _f64(x)):
         return False
+    _window_ok("order_insert", h)
     S, W, R = h.shape
-    scratch = np.empty(4 * R, dtype=np.int8)
+    _expect("order_insert", x=(x, (S, R)))
+    _index("order_insert", "r0", r0, W)
+    scratch = np.empty(CONSTANTS["insert_scratch_per_rank"] * R, dtype=np.int8)
     lib.jaxpace_order_insert_i8(S, W, R, int(r0), _addr(h), _addr(o), _addr(x), _addr(scratch))
     return True
 
@@ -151,9 +239,12 @@ def order_pick(h: np.ndarray, o: np.ndarray, k0: int, k1: int):
     lib = _load()
     if lib is None or not _kept_ok(h, o):
         return None
+    _window_ok("order_pick", h)
     S, W, R = h.shape
+    _index("order_pick", "k0", k0, W)
+    _index("order_pick", "k1", k1, W)
     a, b = np.empty((S, R)), np.empty((S, R))
-    scratch = np.empty(2 * R, dtype=np.uint8)
+    scratch = np.empty(CONSTANTS["pick_scratch_per_rank"] * R, dtype=np.uint8)
     lib.jaxpace_order_pick_i8(
         S, W, R, _addr(h), _addr(o), int(k0), int(k1), _addr(a), _addr(b),
         _addr(scratch),
@@ -170,11 +261,15 @@ def window_step(h, o, odd, r0, x, k0, k1, mode, t, omt):
     lib = _load()
     if lib is None or not (_kept_ok(h, o) and _f64(x)) or odd.dtype != np.int64:
         return None
+    _window_ok("window_step", h)
     S, W, R = h.shape
-    if odd.shape != (S, W) or not odd.flags.c_contiguous:
+    _expect("window_step", odd=(odd, (S, W)), x=(x, (S, R)))
+    for name, value in (("r0", r0), ("k0", k0), ("k1", k1)):
+        _index("window_step", name, value, W)
+    if not odd.flags.c_contiguous:
         return None
     expected, spread = np.empty((S, R)), np.empty(S)
-    scratch = np.empty(4 * R, dtype=np.int8)
+    scratch = np.empty(CONSTANTS["window_step_scratch_per_rank"] * R, dtype=np.int8)
     done = lib.jaxpace_window_step_i8(
         S, W, R, int(r0), _addr(h), _addr(o), _addr(odd), _addr(x), int(k0), int(k1),
         int(mode), float(t), float(omt), _addr(expected), _addr(spread), _addr(scratch),
@@ -189,7 +284,13 @@ def paced_delays(dh, slept, r0, expected, e, *, gain, max_delay_s, unbound):
     lib = _load()
     if lib is None or not all(_f64(v) for v in (dh, slept, expected, e)):
         return None
+    if dh.ndim != 3:
+        raise ValueError(
+            f"kernels.paced_delays: `dh` must be 3-D (sites, window, ranks), got {dh.shape}."
+        )
     S, W, R = dh.shape
+    _expect("paced_delays", slept=(slept, (S, R)), expected=(expected, (S, R)), e=(e, (S, R)))
+    _index("paced_delays", "r0", r0, W)
     out, paced = np.empty((S, R)), np.empty(S, dtype=np.bool_)
     done = lib.jaxpace_paced_delays(
         S, W, R, int(r0), float(gain), float(max_delay_s), float(unbound), _addr(expected),

@@ -31,7 +31,7 @@ __all__ = ["build", "insert", "order_dtype", "window_quantile"]
 
 def order_dtype(window: int) -> type:
     """The order's integer type: int8 up to a window of 127 (what the kernels take)."""
-    return np.int8 if window <= 127 else np.int16
+    return np.int8 if window <= kernels.ORDER_MAX_WINDOW else np.int16
 
 
 def build(history: np.ndarray, filled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
