@@ -205,7 +205,8 @@ def test_docs_name_only_files_in_the_repo():
         for path in re.findall(
             r"`((?:jaxpace|tests|examples|docs|benchmarks|shared)/[\w./-]+)", text
         ):
-            if "*" not in path and not (REPO / path.rstrip("/.")).exists():
+            where = REPO / "src" if path.startswith("jaxpace/") else REPO  # the src layout
+            if "*" not in path and not (where / path.rstrip("/.")).exists():
                 missing.append(f"{md.name}: `{path}`")
     assert not missing, missing
 
