@@ -167,8 +167,9 @@ def _window_ok(fn: str, h: np.ndarray) -> None:
 
 
 def run_buckets(a, D, jit, tc, *, buckets, sites, fwd_frac, bwd_frac, spin, slow):
-    """`_run_buckets`' loop: `(step ends (L,), arrive (S, L, R), ends (B, L), starts (B, L, R))`,
-    or None when the library is absent or an input is not a C-contiguous float64 array."""
+    """`sim._engine._run_buckets`' loop: `(step ends (L,), arrive (S, L, R), ends (B, L),
+    starts (B, L, R))`, or None when the library is absent or an input is not a C-contiguous
+    float64 array. `a` (L, R), `D` (L, sites, R), `jit` (L, buckets, R) or None, `tc` (L,)."""
     lib = _load()
     if lib is None or not (_f64(a) and _f64(D) and _f64(tc) and (jit is None or _f64(jit))):
         return None
@@ -193,7 +194,7 @@ def run_buckets(a, D, jit, tc, *, buckets, sites, fwd_frac, bwd_frac, spin, slow
 
 
 def node_coupled(a, d0, g, k_pow, k_host):
-    """`_node_coupled_compute` of `a` (ranks,) with `d0` (ranks,) the first site's delays, or
+    """`sim._engine._node_coupled_compute` of `a` (ranks,) with `d0` (ranks,) the first site's delays, or
     None when nobody sleeps; None when the library is absent or an input is not a C-contiguous
     float64 array (NumPy then)."""
     lib = _load()
@@ -220,7 +221,7 @@ def _kept_ok(h: np.ndarray, o: np.ndarray) -> bool:
 
 
 def order_insert(h: np.ndarray, o: np.ndarray, r0: int, x: np.ndarray) -> bool:
-    """`_insert`'s order upkeep for every site at row `r0` (int8 order), in place; False when
+    """`policy._window_order.insert`'s order upkeep for every site at row `r0` (int8 order), in place; False when
     the kernel cannot take these arrays (the caller then runs NumPy)."""
     lib = _load()
     if lib is None or not (_kept_ok(h, o) and _f64(x)):
@@ -235,7 +236,7 @@ def order_insert(h: np.ndarray, o: np.ndarray, r0: int, x: np.ndarray) -> bool:
 
 
 def order_pick(h: np.ndarray, o: np.ndarray, k0: int, k1: int):
-    """`(_at_rank(h, o, k0), _at_rank(h, o, k1))` in one pass, or None (NumPy then)."""
+    """`(_at_rank(h, o, k0), _at_rank(h, o, k1))` (`policy._window_order`) in one pass, or None (NumPy then)."""
     lib = _load()
     if lib is None or not _kept_ok(h, o):
         return None
@@ -253,7 +254,7 @@ def order_pick(h: np.ndarray, o: np.ndarray, k0: int, k1: int):
 
 
 def window_step(h, o, odd, r0, x, k0, k1, mode, t, omt):
-    """`_insert` at row `r0` of every site, then `_order_quantile`'s read of ranks `k0` and
+    """`policy._window_order.insert` at row `r0` of every site, then `_order_quantile`'s read of ranks `k0` and
     `k1` off the new order (`mode` 0: rank k0's entry; 1: `a + (b - a) t`; 2: `b - (b - a)
     omt`), in one pass: `(expected (S, R), spread (S,))`. None, with nothing changed, when a
     window would hold NaN or -0.0 (per `odd`, and in `x`) or the kernel cannot run (NumPy
@@ -278,7 +279,7 @@ def window_step(h, o, odd, r0, x, k0, k1, mode, t, omt):
 
 
 def paced_delays(dh, slept, r0, expected, e, *, gain, max_delay_s, unbound):
-    """`_budgeted_delays` for every site where no running sum `slept` exceeds `unbound`, then
+    """`policy._adaptive_fast._budgeted_delays` for every site where no running sum `slept` exceeds `unbound`, then
     `_record_delays` at row `r0` (`dh` and `slept` updated in place): `(delays (S, R), paced
     (S,) bool)`, or None when the budget may bind or the kernel cannot run (NumPy then)."""
     lib = _load()
