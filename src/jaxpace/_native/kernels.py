@@ -137,23 +137,21 @@ def _f64(a: np.ndarray) -> bool:
     return a.dtype == np.float64 and a.flags.c_contiguous
 
 
-def _expect(fn: str, **shapes: tuple) -> None:
-    """Raises ValueError naming the first argument of `fn` whose shape is not the one the
-    kernel reads and writes (`name=(array, expected shape)`): a wrong shape would make the
-    C++ read or write past the array."""
-    for name, (a, want) in shapes.items():
-        got = np.shape(a)
-        if got != tuple(want):
+def _fail(fn: str, shapes=(), indices=()) -> None:
+    """Raises ValueError naming the first argument of kernel wrapper `fn` whose shape
+    (`shapes`: `(name, array, expected shape)`) or index (`indices`: `(name, value, size)`,
+    wanted in `[0, size)`) is not what the kernel reads and writes: a wrong one would make
+    the C++ read or write past an array. The wrappers test all of them in one expression and
+    call this only when one is wrong."""
+    for name, a, want in shapes:
+        if np.shape(a) != tuple(want):
             raise ValueError(
-                f"kernels.{fn}: `{name}` must have shape {tuple(want)}, got {got}; the other "
-                "arguments fix that shape (see the function's docstring)."
+                f"kernels.{fn}: `{name}` must have shape {tuple(want)}, got {np.shape(a)}; "
+                "the other arguments fix that shape (see the function's docstring)."
             )
-
-
-def _index(fn: str, name: str, value: int, size: int) -> None:
-    """Raises ValueError unless `0 <= value < size` (a row or rank the kernel indexes)."""
-    if not 0 <= int(value) < size:
-        raise ValueError(f"kernels.{fn}: `{name}` must be in [0, {size}), got {value}.")
+    for name, value, size in indices:
+        if not 0 <= int(value) < size:
+            raise ValueError(f"kernels.{fn}: `{name}` must be in [0, {size}), got {value}.")
 
 
 def _window_ok(fn: str, h: np.ndarray) -> None:
@@ -176,9 +174,8 @@ def run_buckets(a, D, jit, tc, *, buckets, sites, fwd_frac, bwd_frac, spin, slow
     if a.ndim != 2:
         raise ValueError(f"kernels.run_buckets: `a` must be 2-D (steps, ranks), got {a.shape}.")
     (L, R), B, S = a.shape, int(buckets), int(sites)
-    _expect("run_buckets", D=(D, (L, S, R)), tc=(tc, (L,)))
-    if jit is not None:
-        _expect("run_buckets", jit=(jit, (L, B, R)))
+    if D.shape != (L, S, R) or tc.shape != (L,) or (jit is not None and jit.shape != (L, B, R)):
+        _fail("run_buckets", (("D", D, (L, S, R)), ("tc", tc, (L,)), ("jit", jit, (L, B, R))))
     end_prev, arrive = np.empty(L), np.empty((S, L, R))
     ends, starts = np.empty((B, L)), np.empty((B, L, R))
     scratch, rows = np.empty((3, L * R)), np.empty((2, R))
@@ -207,7 +204,8 @@ def node_coupled(a, d0, g, k_pow, k_host):
             f"got shape {a.shape}."
         )
     if d0 is not None:
-        _expect("node_coupled", d0=(d0, a.shape))
+        if d0.shape != a.shape:
+            _fail("node_coupled", (("d0", d0, a.shape),))
     out, scratch = np.empty(a.shape), np.empty(CONSTANTS["coupled_scratch_per_gpu"] * g)
     lib.jaxpace_node_coupled(
         a.size // int(g), int(g), _addr(a), 0 if d0 is None else _addr(d0),
@@ -228,8 +226,8 @@ def order_insert(h: np.ndarray, o: np.ndarray, r0: int, x: np.ndarray) -> bool:
         return False
     _window_ok("order_insert", h)
     S, W, R = h.shape
-    _expect("order_insert", x=(x, (S, R)))
-    _index("order_insert", "r0", r0, W)
+    if x.shape != (S, R) or not 0 <= r0 < W:
+        _fail("order_insert", (("x", x, (S, R)),), (("r0", r0, W),))
     scratch = np.empty(CONSTANTS["insert_scratch_per_rank"] * R, dtype=np.int8)
     lib.jaxpace_order_insert_i8(S, W, R, int(r0), _addr(h), _addr(o), _addr(x), _addr(scratch))
     return True
@@ -242,8 +240,8 @@ def order_pick(h: np.ndarray, o: np.ndarray, k0: int, k1: int):
         return None
     _window_ok("order_pick", h)
     S, W, R = h.shape
-    _index("order_pick", "k0", k0, W)
-    _index("order_pick", "k1", k1, W)
+    if not (0 <= k0 < W and 0 <= k1 < W):
+        _fail("order_pick", (), (("k0", k0, W), ("k1", k1, W)))
     a, b = np.empty((S, R)), np.empty((S, R))
     scratch = np.empty(CONSTANTS["pick_scratch_per_rank"] * R, dtype=np.uint8)
     lib.jaxpace_order_pick_i8(
@@ -264,9 +262,16 @@ def window_step(h, o, odd, r0, x, k0, k1, mode, t, omt):
         return None
     _window_ok("window_step", h)
     S, W, R = h.shape
-    _expect("window_step", odd=(odd, (S, W)), x=(x, (S, R)))
-    for name, value in (("r0", r0), ("k0", k0), ("k1", k1)):
-        _index("window_step", name, value, W)
+    if (
+        odd.shape != (S, W)
+        or x.shape != (S, R)
+        or not (0 <= r0 < W and 0 <= k0 < W and 0 <= k1 < W)
+    ):
+        _fail(
+            "window_step",
+            (("odd", odd, (S, W)), ("x", x, (S, R))),
+            (("r0", r0, W), ("k0", k0, W), ("k1", k1, W)),
+        )
     if not odd.flags.c_contiguous:
         return None
     expected, spread = np.empty((S, R)), np.empty(S)
@@ -290,8 +295,12 @@ def paced_delays(dh, slept, r0, expected, e, *, gain, max_delay_s, unbound):
             f"kernels.paced_delays: `dh` must be 3-D (sites, window, ranks), got {dh.shape}."
         )
     S, W, R = dh.shape
-    _expect("paced_delays", slept=(slept, (S, R)), expected=(expected, (S, R)), e=(e, (S, R)))
-    _index("paced_delays", "r0", r0, W)
+    if slept.shape != (S, R) or expected.shape != (S, R) or e.shape != (S, R) or not 0 <= r0 < W:
+        _fail(
+            "paced_delays",
+            (("slept", slept, (S, R)), ("expected", expected, (S, R)), ("e", e, (S, R))),
+            (("r0", r0, W),),
+        )
     out, paced = np.empty((S, R)), np.empty(S, dtype=np.bool_)
     done = lib.jaxpace_paced_delays(
         S, W, R, int(r0), float(gain), float(max_delay_s), float(unbound), _addr(expected),

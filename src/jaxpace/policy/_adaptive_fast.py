@@ -20,7 +20,6 @@ its `initial_state` and `ab_guard`.
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
 from typing import Any, NamedTuple
 
@@ -61,11 +60,11 @@ class Kept(NamedTuple):
 
 class _KeptTable:
     """`Kept` caches by the identity of a state's `history` array; an entry lives as long as
-    its array (a weak reference removes it). Lookups and stores are single dict operations."""
+    its array (a weak reference removes it). Lookups and stores are single dict operations
+    (atomic under the GIL); a single site's caches are kept as a batch of one."""
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref, Kept]] = {}
-        self._lock = threading.Lock()
 
     def get(self, history: np.ndarray) -> Kept | None:
         got = self._entries.get(id(history))
@@ -82,12 +81,11 @@ class _KeptTable:
         entries = self._entries
 
         def drop(ref: weakref.ref, key: int = key) -> None:
-            with self._lock:
-                if key in entries and entries[key][0] is ref:
-                    del entries[key]
+            # Runs as `history` is freed, before its id can be reused.
+            if entries.get(key, (None,))[0] is ref:
+                entries.pop(key, None)
 
-        with self._lock:
-            entries[key] = (weakref.ref(history, drop), kept)
+        entries[key] = (weakref.ref(history, drop), kept)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -117,9 +115,8 @@ class FastAdaptive:
         kept = self._kept_for(b, state)
         delays, new, kept = update_sites(self.config, self._ab_guard, e[None], t, b, kept)
         single = _unstack(new)
-        if kept is not None:
-            kept = Kept(kept.order[0], kept.odd[0], kept.slept_s[0], single.delays)
-            self.kept.put(single.history, kept)
+        if kept is not None:  # kept as a batch of one, keyed by the single state's arrays
+            self.kept.put(single.history, Kept(kept.order, kept.odd, kept.slept_s, single.delays))
         return delays[0], single
 
     def init_batch(self, num_sites: int, num_ranks: int) -> Any:
@@ -148,12 +145,9 @@ class FastAdaptive:
         if stacked.history.shape[2] < ORDER_MIN_RANKS:
             return None
         kept = self.kept.get(state.history)
-        single = stacked is not state
         if kept is None:
             order, odd = _window_order.build(stacked.history, np.reshape(stacked.filled, -1))
             kept = Kept(order, odd, None, None)
-        elif single:
-            kept = Kept(kept.order[None], kept.odd[None], kept.slept_s[None], kept.delays)
         if kept.delays is not state.delays or kept.slept_s is None:
             kept = kept._replace(slept_s=stacked.delays.sum(axis=1), delays=state.delays)
         return kept
@@ -166,7 +160,7 @@ def _stack(state: Any) -> Any:
 
 def _unstack(b: Any) -> Any:
     """The single-site state (Python scalars, as `init` makes them) of a batch of one."""
-    return b._replace(
+    return type(b)(
         step=int(b.step[0]),
         history=b.history[0],
         delays=b.delays[0],
@@ -230,7 +224,7 @@ def update_sites(
     delays, delay_hist, slept, paced = _delays_all(
         c, delay_hist, slept, row, r0, expected, e, ia, step, pacing_now, owned
     )
-    new = st._replace(
+    new = type(st)(
         step=step,
         history=history,
         delays=delay_hist,
