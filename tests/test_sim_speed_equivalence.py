@@ -299,7 +299,7 @@ def test_kept_order_gives_the_sorted_windows_delays(cfg):
         d_fast, fast = pol.update(P.Observation(e, t), fast)
         d_slow, slow = sorting.update(P.Observation(e, t), slow)
         kept = pol.update.__self__.kept.get(fast.history)
-        assert kept.order.shape == (fast.history.shape[0], R)
+        assert kept.order.shape == (1, fast.history.shape[0], R)  # a batch of one site
         assert np.array_equal(d_fast, d_slow), k
         paced += int((d_fast > 0).any())
         for name in AdaptiveFields:
@@ -380,7 +380,7 @@ def test_nan_windows_take_nanquantile_from_the_kept_order(q):
             want[have] = np.nanquantile(rows[:, have], q, axis=0)
             kept = pol.update.__self__.kept.get(st.history)
             got = WO.window_quantile(
-                st.history[None], kept.order[None], kept.odd[None], np.array([0]), st.filled, q, 1
+                st.history[None], kept.order, kept.odd, np.array([0]), st.filled, q, 1
             )[0]
             assert np.array_equal(got, want, equal_nan=True), k
     finally:
