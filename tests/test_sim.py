@@ -241,7 +241,7 @@ def _advance_reference(t, w, intervals, slow):
 
 
 def test_advance_matches_event_reference():
-    from jaxpace.sim._engine import _advance
+    from jaxpace.sim._cluster import _advance
 
     rng = np.random.default_rng(5)
     R, slow = 300, 1.4

@@ -7,7 +7,7 @@
 // that against the NumPy paths, which stay in place as the fallback.
 //
 // Python twins (the NumPy code each kernel stands in for):
-//   jaxpace_run_buckets, jaxpace_node_coupled   jaxpace/sim/_engine.py `_run_buckets`,
+//   jaxpace_run_buckets, jaxpace_node_coupled   jaxpace/sim/_cluster.py `_run_buckets`,
 //                                               `_node_coupled_compute`
 //   jaxpace_order_insert_i8                     jaxpace/policy/_window_order.py `insert`
 //   jaxpace_order_pick_i8                       jaxpace/policy/_window_order.py `_order_quantile`
@@ -367,7 +367,7 @@ int64_t jaxpace_kernels_constant(const char* name) {
   return -1;
 }
 
-// `jaxpace.sim._engine._run_buckets` without its two closing sums (left to NumPy): `L` steps
+// `jaxpace.sim._cluster._run_buckets` without its two closing sums (left to NumPy): `L` steps
 // of `R` ranks side by side, `B` buckets, the first `S` of them pacing sites.
 //   a (L, R) compute; D (L, S, R) delays; jit (L, B, R) bucket jitter or null; tc (L,)
 //   Outputs: end_prev (L,), arrive (S, L, R), ends (B, L), starts (B, L, R).
@@ -532,7 +532,7 @@ JP_CLONES int jaxpace_window_step_i8(int64_t S, int64_t W, int64_t R, int64_t r0
   return 1;
 }
 
-// `jaxpace.sim._engine._node_coupled_compute`: couplings (c) and (d) for `nodes` nodes of `g`
+// `jaxpace.sim._cluster._node_coupled_compute`: couplings (c) and (d) for `nodes` nodes of `g`
 // ranks (g > 1). a (nodes * g) compute, d0 (nodes * g) delays at the first site or null when
 // nobody sleeps; writes out (nodes * g). Same operations in the same order as the NumPy code;
 // `m` is 2 g doubles of scratch.

@@ -165,7 +165,7 @@ def _window_ok(fn: str, h: np.ndarray) -> None:
 
 
 def run_buckets(a, D, jit, tc, *, buckets, sites, fwd_frac, bwd_frac, spin, slow):
-    """`sim._engine._run_buckets`' loop: `(step ends (L,), arrive (S, L, R), ends (B, L),
+    """`sim._cluster._run_buckets`' loop: `(step ends (L,), arrive (S, L, R), ends (B, L),
     starts (B, L, R))`, or None when the library is absent or an input is not a C-contiguous
     float64 array. `a` (L, R), `D` (L, sites, R), `jit` (L, buckets, R) or None, `tc` (L,)."""
     lib = _load()
@@ -191,7 +191,7 @@ def run_buckets(a, D, jit, tc, *, buckets, sites, fwd_frac, bwd_frac, spin, slow
 
 
 def node_coupled(a, d0, g, k_pow, k_host):
-    """`sim._engine._node_coupled_compute` of `a` (ranks,) with `d0` (ranks,) the first site's delays, or
+    """`sim._cluster._node_coupled_compute` of `a` (ranks,) with `d0` (ranks,) the first site's delays, or
     None when nobody sleeps; None when the library is absent or an input is not a C-contiguous
     float64 array (NumPy then)."""
     lib = _load()

@@ -25,14 +25,8 @@ from jaxpace._records import header_record, make_dirs, records_filename
 from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
 from jaxpace.report.records import Records
-from jaxpace.sim._engine import (
-    SimResult,
-    _Draws,
-    _result,
-    _run,
-    _Setup,
-    resolve_policy,
-)
+from jaxpace.sim._cluster import _Draws, _Setup
+from jaxpace.sim._engine import SimResult, _result, _run, resolve_policy
 from jaxpace.sim._scenario import Scenario, load_scenario
 
 __all__ = [
