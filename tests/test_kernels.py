@@ -264,12 +264,12 @@ def test_window_step_declines_odd_windows_and_changes_nothing():
             xx[1, 3] = bad_x
         if bad_row is not None:
             dd[0, bad_row] = 1
-        assert kernels.window_step(hh, oo, dd, 1, xx, 0, 1, 1, 0.5, 0.5) is None
+        assert kernels.window_step(hh, oo, dd, 1, xx, (0, 1, 1, 0.5, 0.5)) is None
         assert np.array_equal(hh, h) and np.array_equal(oo, o)
         assert np.array_equal(dd[:, [0, 1, 3]], (odd if bad_row is None else dd)[:, [0, 1, 3]])
     dd = odd.copy()
     dd[:, 1] = 5  # the row being replaced may be odd: it leaves the window
-    assert kernels.window_step(h.copy(), o.copy(), dd, 1, x, 0, 1, 1, 0.5, 0.5) is not None
+    assert kernels.window_step(h.copy(), o.copy(), dd, 1, x, (0, 1, 1, 0.5, 0.5)) is not None
     assert (dd == 0).all()
 
 

@@ -46,12 +46,12 @@ BAD_CALLS = {
     "order_pick k1": (lambda: kernels.order_pick(_f(2, 4, 8), _o(2, 4, 8), 0, 9), "`k1`"),
     "window_step odd": (
         lambda: kernels.window_step(_f(2, 4, 8), _o(2, 4, 8), np.zeros((2, 3), np.int64), 0,
-                                    _f(2, 8), 0, 1, 1, 0.5, 0.5),
+                                    _f(2, 8), (0, 1, 1, 0.5, 0.5)),
         "`odd` must have shape (2, 4)",
     ),
     "window_step x": (
         lambda: kernels.window_step(_f(2, 4, 8), _o(2, 4, 8), np.zeros((2, 4), np.int64), 0,
-                                    _f(8), 0, 1, 1, 0.5, 0.5),
+                                    _f(8), (0, 1, 1, 0.5, 0.5)),
         "`x` must have shape (2, 8)",
     ),
     "paced_delays slept": (

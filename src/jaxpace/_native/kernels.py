@@ -251,12 +251,13 @@ def order_pick(h: np.ndarray, o: np.ndarray, k0: int, k1: int):
     return a, b
 
 
-def window_step(h, o, odd, r0, x, k0, k1, mode, t, omt):
-    """`policy._window_order.insert` at row `r0` of every site, then `_order_quantile`'s read of ranks `k0` and
-    `k1` off the new order (`mode` 0: rank k0's entry; 1: `a + (b - a) t`; 2: `b - (b - a)
-    omt`), in one pass: `(expected (S, R), spread (S,))`. None, with nothing changed, when a
-    window would hold NaN or -0.0 (per `odd`, and in `x`) or the kernel cannot run (NumPy
-    then)."""
+def window_step(h, o, odd, r0, x, read):
+    """`policy._window_order.insert` at row `r0` of every site, then `_order_quantile`'s
+    `read` = `(k0, k1, mode, t, omt)` (`quantile.quantile_read`) off the new order: mode 0
+    is rank k0's entry; 1 `a + (b - a) t`; 2 `b - (b - a) omt`; all in one pass. Returns
+    `(expected (S, R), spread (S,))`, or None, with nothing changed, when a window would hold
+    NaN or -0.0 (per `odd`, and in `x`) or the kernel cannot run (NumPy then)."""
+    k0, k1, mode, t, omt = read
     lib = _load()
     if lib is None or not (_kept_ok(h, o) and _f64(x)) or odd.dtype != np.int64:
         return None

@@ -215,14 +215,15 @@ def update_sites(
     filled = grown if every else np.where(active, grown, st.filled)
     # Sites in step (the simulator's): one row for all, written through slices.
     r0 = int(row[0]) if kept is not None and every and (B == 1 or (row == row[0]).all()) else None
-    expected, spread = _insert_estimate(c, history, order, odd, ia, row, e, every, r0, filled)
+    at = _At(ia, row, r0, step, every, filled)
+    expected, spread = _insert_estimate(c, history, order, odd, e, at)
     gate = _gate(c, st, spread)
     ab = _ab_all(c, ab_guard, st, gate, step_time_s)
     pacing_now = gate.engaged & active
     if c.ab_test:
         pacing_now &= ~(ab.rejected | (ab.arm == 0))
     delays, delay_hist, slept, paced = _delays_all(
-        c, delay_hist, slept, row, r0, expected, e, ia, step, pacing_now, owned
+        c, delay_hist, slept, expected, e, pacing_now, at, owned
     )
     new = type(st)(
         step=step,
@@ -271,15 +272,29 @@ class _AB(NamedTuple):
     rejected: Any
 
 
-def _insert_estimate(c, history, order, odd, ia, row, e, every, r0, filled):
+class _At(NamedTuple):
+    """Where one update writes: the active sites `ia`, each site's ring `row` (`r0`: the one
+    row all sites write, or None), the new step count, whether every site is active, and
+    each site's filled rows after the write."""
+
+    ia: np.ndarray
+    row: np.ndarray
+    r0: int | None
+    step: Any
+    every: bool
+    filled: np.ndarray
+
+
+def _insert_estimate(c, history, order, odd, e, at: _At):
     """`_window_order.insert`, then `_estimate_all`: in one compiled pass (kernels.cc
     `jaxpace_window_step_i8`) when every site writes row `r0` of a kept order and no window
     holds NaN (the kernel checks `odd` and `e`, and changes nothing when one does).
 
     Reference: the estimate stage of `adaptive.reference_update`."""
+    ia, row, r0, _, every, filled = at
     if every and r0 is not None and order is not None and (filled == filled[0]).all():
         k = quantile_read(int(filled[0]), c.quantile)
-        got = kernels.window_step(history, order, odd, r0, e, *k)
+        got = kernels.window_step(history, order, odd, r0, e, k)
         if got is not None:
             return got
     _window_order.insert(history, order, odd, ia, row, e, every, r0)
@@ -330,11 +345,12 @@ def _site_index(num_sites: int) -> np.ndarray:
     return ia
 
 
-def _delays_all(c, delay_hist, slept, row, r0, expected, e, ia, step, pacing_now, owned):
+def _delays_all(c, delay_hist, slept, expected, e, pacing_now, at: _At, owned):
     """Budget stage for the pacing sites, recorded in the rings: `(delays (B, R), delay ring,
     running sums, whether each site asked for a delay)`. In one compiled pass
     (kernels.cc `jaxpace_paced_delays`) when every site paces at row `r0` and the budget
     cannot bind. Reference: the budget stage of `adaptive.reference_update`."""
+    ia, row, r0, step = at.ia, at.row, at.r0, at.step
     B = len(pacing_now)
     on = int(np.count_nonzero(pacing_now))
     if on == B and r0 is not None and slept is not None:

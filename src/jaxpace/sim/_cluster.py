@@ -68,6 +68,7 @@ def _advance(
     nk: int,
     slow: float,
     ar: np.ndarray,
+    *,
     cur: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Runs `work` seconds of compute from times `t`, `slow`x slower inside spin intervals.
@@ -452,7 +453,7 @@ def _run_buckets(
     for j in range(B):
         w = bucket_work if jit is None else work[j]
         if spin and j > 0:
-            x = _advance(x, w, spin_u, ends, ptr, j, su.slow, ar, cur)
+            x = _advance(x, w, spin_u, ends, ptr, j, su.slow, ar, cur=cur)
         else:
             x = x + w
         x2 = x.reshape(L, R)

@@ -269,7 +269,10 @@ def simulate(
     draws = _Draws(sc, nodes, seed)
     su = _Setup.of(sc, draws.ranks)
     step_times, total_delay, engaged, spin_sum = _run(draws, su, pol, steps, lag, progress)
-    return _result(sc, pol, nodes, su.ranks, seed, step_times, total_delay, engaged, spin_sum)
+    return _result(
+        sc, pol, nodes, su.ranks, seed, step_times=step_times, total_delay=total_delay,
+        engaged=engaged, spin_sum=spin_sum,
+    )  # fmt: skip
 
 
 def check_run_bounds(nodes: Any, steps: Any, seed: Any) -> tuple[int, int, int]:
@@ -454,6 +457,7 @@ def _result(
     nodes: int,
     ranks: int,
     seed: int,
+    *,
     step_times: np.ndarray,
     total_delay: float,
     engaged: int,
