@@ -88,3 +88,20 @@ def test_a_library_with_other_constants_is_refused_with_the_reason(lib, monkeypa
     ok, why = kernels.available()
     assert not ok
     assert "`order_max_window` is 127 there, 126 here" in why and "rebuild" in why
+
+
+def test_another_build_is_loaded_from_the_environment(lib, monkeypatch, tmp_path):
+    """`JAXPACE_KERNELS_LIBRARY` (what benchmarks/sanitize.sh sets) picks the library; one
+    that cannot load is reported, and the NumPy paths run."""
+    built = kernels._state["path"]
+    monkeypatch.setitem(kernels._state, "lib", None)
+    monkeypatch.setitem(kernels._state, "reason", None)
+    monkeypatch.setenv("JAXPACE_KERNELS_LIBRARY", built)
+    assert kernels.available() == (True, f"compiled kernels ({built.rsplit('/', 1)[-1]})")
+    bogus = tmp_path / "not_a_library.so"
+    bogus.write_text("not ELF")
+    monkeypatch.setitem(kernels._state, "lib", None)
+    monkeypatch.setitem(kernels._state, "reason", None)
+    monkeypatch.setenv("JAXPACE_KERNELS_LIBRARY", str(bogus))
+    ok, why = kernels.available()
+    assert not ok and str(bogus) in why and "failed to load" in why
