@@ -482,7 +482,7 @@ def _generated_lines(results: dict) -> list[str]:
             )
         lines.append("")
         lines.append(
-            "The target with `adaptive` is <= 10 s (issue 15). Timed first, before this run's "
+            "The target with `adaptive` is <= 10 s. Timed first, before this run's "
             "CPU devices and worker processes start."
         )
     return lines

@@ -400,14 +400,15 @@ def test_axis_size_idiom_and_python_scalars():
 
 
 def test_single_process_lagging_shard_has_the_smallest_wait():
-    """8 CPU devices, one shard 20 ms late every step: it waits least in >= 95% of steps."""
-    pacer = jp.Pacer(granularity="device")
+    """8 CPU devices, one shard 20 ms late every step: it waits least in >= 95% of steps.
 
-    def hook(where, site, rank, step):
-        if where == "pre" and rank == 5:
-            time.sleep(0.02)  # before the arrival clock: a late arrival
+    The lateness comes from an injected clock (tests/virtual_clock.py), not a sleep, so a
+    loaded machine cannot reorder the arrivals."""
+    from virtual_clock import StepClock, jitter_ns
 
-    pacer._fault_hook = hook
+    clock = StepClock(lambda rank, step: (20_000_000 if rank == 5 else 0) + jitter_ns(rank, step))
+    pacer = jp.Pacer(granularity="device", clock=clock)
+    pacer._fault_hook = clock.hook  # called just before each arrival is read
     run_psum(pacer, "lag", 40, width=16)
     by_step = {}
     for r in pacer.records()[1:]:

@@ -10,9 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-import jaxpace._policy as P
+import jaxpace.policy._adaptive_fast as F
+import jaxpace.policy._window_order as WO
 import jaxpace.sim._engine as E
+from jaxpace._exchange import sanitize_seconds
 from jaxpace._native import kernels
+from jaxpace.policy.adaptive import AdaptiveConfig, AdaptiveState, ab_guard, adaptive
+from jaxpace.policy.base import Observation
+from jaxpace.policy.quantile import quantile_of_window
 from jaxpace.sim import load_scenario, simulate
 from jaxpace.sim._scenario import Scenario
 
@@ -102,18 +107,18 @@ def test_window_kernels_are_the_numpy_upkeep(W, numpy_only):
         x[rng.random((S, R)) < 0.03] = np.inf
         x[rng.random((S, R)) < 0.05] = 0.0
         x[rng.random((S, R)) < 0.05] = -0.0
-        x = P.sanitize_seconds(x).reshape(S, R)
+        x = sanitize_seconds(x).reshape(S, R)
         r0 = k % W
         states.append((r0, x))
     h_k, o_k, odd_k = h.copy(), o.copy(), odd.copy()
     picks_k = []
     for r0, x in states:
-        P._insert(h_k, o_k, odd_k, ia, np.full(S, r0), x, True, r0)
+        WO.insert(h_k, o_k, odd_k, ia, np.full(S, r0), x, True, r0)
         picks_k.append(kernels.order_pick(h_k, o_k, 0, min(1, W - 1)))
     numpy_only()
     for r0, x in states:
-        P._insert(h, o, odd, ia, np.full(S, r0), x, True, r0)
-        want = (P._at_rank(h, o, 0), P._at_rank(h, o, min(1, W - 1)))
+        WO.insert(h, o, odd, ia, np.full(S, r0), x, True, r0)
+        want = (WO._at_rank(h, o, 0), WO._at_rank(h, o, min(1, W - 1)))
         got = picks_k.pop(0)
         assert np.array_equal(got[0], want[0], equal_nan=True)
         assert np.array_equal(got[1], want[1], equal_nan=True)
@@ -201,7 +206,7 @@ def _earliness_stream(rng, S, R, steps, dirty):
             x[rng.random((S, R)) < 0.02] = np.inf
         if dirty and k % 37 == 5:  # a window with -0.0 is sorted afresh (slow): rarely
             x[rng.random((S, R)) < 0.02] = -0.0
-        out.append(P.sanitize_seconds(x).reshape(S, R))
+        out.append(sanitize_seconds(x).reshape(S, R))
     return out
 
 
@@ -221,19 +226,20 @@ def test_adaptive_update_kernels_are_the_numpy_update(case, dirty, numpy_only):
     """`_adaptive_update` with the fused window kernel and the budget kernel against the NumPy
     stages, step by step from `init`: delays and every state field (partial windows, windows
     that turn odd and clean, a budget that binds, quantiles at both ends)."""
-    cfg = P.AdaptiveConfig(**ADAPTIVE_CASES[case])
-    S, R = 3, P._ORDER_MIN_RANKS
+    cfg = AdaptiveConfig(**ADAPTIVE_CASES[case])
+    S, R = 3, F.ORDER_MIN_RANKS
     steps = 2 * cfg.window + 40 if cfg.window < 100 else cfg.window + 20
     stream = _earliness_stream(np.random.default_rng(len(case)), S, R, steps, dirty)
-    policy = P.adaptive(cfg)
+    policy = adaptive(cfg)
     t = np.full(S, 0.1)
 
     def run():
-        st = policy.update.batched.init(S, R)
+        st = policy.batched.init(S, R)
+        kept = policy.update.__self__._kept_for(st, st)  # the fast path's caches, from init
         out = []
         for x in stream:
-            d, st = P._adaptive_update(cfg, x, t, st, owned=True)
-            out.append((d, [np.array(v, copy=True) for v in st]))
+            d, st, kept = F.update_sites(cfg, ab_guard, x, t, st, kept, owned=True)
+            out.append((d, [np.array(v, copy=True) for v in (*st, *kept[:3])]))
         return out
 
     fast = run()
@@ -241,7 +247,7 @@ def test_adaptive_update_kernels_are_the_numpy_update(case, dirty, numpy_only):
     slow = run()
     for (df, sf), (ds, ss) in zip(fast, slow, strict=True):
         assert np.array_equal(df.view(np.uint64), ds.view(np.uint64))
-        for name, a, b in zip(P.AdaptiveState._fields, sf, ss, strict=True):
+        for name, a, b in zip((*AdaptiveState._fields, *F.Kept._fields[:3]), sf, ss, strict=True):
             assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), name
     assert any(d.any() for d, _ in fast), "the policy never paced: the delay kernel untested"
 
@@ -258,12 +264,12 @@ def test_window_step_declines_odd_windows_and_changes_nothing():
             xx[1, 3] = bad_x
         if bad_row is not None:
             dd[0, bad_row] = 1
-        assert kernels.window_step(hh, oo, dd, 1, xx, 0, 1, 1, 0.5, 0.5) is None
+        assert kernels.window_step(hh, oo, dd, 1, xx, (0, 1, 1, 0.5, 0.5)) is None
         assert np.array_equal(hh, h) and np.array_equal(oo, o)
         assert np.array_equal(dd[:, [0, 1, 3]], (odd if bad_row is None else dd)[:, [0, 1, 3]])
     dd = odd.copy()
     dd[:, 1] = 5  # the row being replaced may be odd: it leaves the window
-    assert kernels.window_step(h.copy(), o.copy(), dd, 1, x, 0, 1, 1, 0.5, 0.5) is not None
+    assert kernels.window_step(h.copy(), o.copy(), dd, 1, x, (0, 1, 1, 0.5, 0.5)) is not None
     assert (dd == 0).all()
 
 
@@ -308,7 +314,7 @@ def test_sorted_window_quantile_is_numpys(q, filled):
     h[1][:, :3] = np.nan
     h[1][:, 3] = np.nan
     h[1][0, 3] = 0.001
-    got = P._expected_batch(h, filled, q)
+    got = quantile_of_window(h[:, :filled], q)
     for s in range(3):
         rows = h[s, :filled]
         have = ~np.isnan(rows).all(axis=0)
@@ -334,15 +340,17 @@ def test_a_negative_zero_is_a_zero():
 def test_an_idle_update_shares_its_rings_instead_of_copying():
     """A pure update that asks for no delay, with none leaving the ring, returns the same
     delay ring and running sums (nothing in them changes); one that paces writes its own."""
-    R = P._ORDER_MIN_RANKS
+    R = F.ORDER_MIN_RANKS
     e = np.linspace(0.0, 0.004, R)
-    idle = P.adaptive(warmup_steps=0, threshold_s=1.0)  # above any spread here: never engages
-    st = idle.init(R)
-    d, new = idle.update(P.Observation(e), st)
-    assert not d.any() and new.step == 1
-    assert np.shares_memory(new.delays, st.delays) and np.shares_memory(new.slept_s, st.slept_s)
+    idle = adaptive(warmup_steps=0, threshold_s=1.0)  # above any spread here: never engages
+    _, st = idle.update(Observation(e), idle.init(R))  # a state whose caches the policy keeps
+    d, new = idle.update(Observation(e), st)
+    assert not d.any() and new.step == 2
+    kept = idle.update.__self__.kept
+    slept_new, slept_old = kept.get(new.history).slept_s, kept.get(st.history).slept_s
+    assert np.shares_memory(new.delays, st.delays) and np.shares_memory(slept_new, slept_old)
     assert not np.shares_memory(new.history, st.history)
-    busy = P.adaptive(warmup_steps=0, threshold_s=0.0, engage_steps=1)
+    busy = adaptive(warmup_steps=0, threshold_s=0.0, engage_steps=1)
     st = busy.init(R)
-    d, new = busy.update(P.Observation(e), st)
+    d, new = busy.update(Observation(e), st)
     assert d.any() and not np.shares_memory(new.delays, st.delays) and not st.delays.any()

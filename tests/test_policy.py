@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxpace as jp
-from jaxpace._policy import Observation
+from jaxpace.policy.base import Observation
 
 MAX = 0.03
 

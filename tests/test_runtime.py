@@ -138,17 +138,15 @@ def test_two_measuring_shards_in_one_process_are_reported(caplog):
 
 
 def test_rank_groups_reach_the_report_and_name_locality():
-    """Ranks 4-7 (one 'NUMA node') arrive late together: the report says locality."""
-    import time
+    """Ranks 4-7 (one 'NUMA node') arrive late together: the report says locality.
+
+    The lateness comes from an injected clock (tests/virtual_clock.py), not a sleep."""
+    from virtual_clock import StepClock, jitter_ns
 
     groups = {"numa": {r: ("node0" if r < 4 else "node1") for r in range(8)}}
-    pacer = jp.Pacer(granularity="device", rank_groups=groups)
-
-    def hook(where, site, rank, step):
-        if where == "pre" and rank >= 4:
-            time.sleep(0.02)  # before the arrival clock: a late arrival
-
-    pacer._fault_hook = hook
+    clock = StepClock(lambda rank, step: (20_000_000 if rank >= 4 else 0) + jitter_ns(rank, step))
+    pacer = jp.Pacer(granularity="device", rank_groups=groups, clock=clock)
+    pacer._fault_hook = clock.hook  # called just before each arrival is read
     _run(pacer, steps=30, site="loc")
     header = pacer.records()[0]
     assert header["topology"]["rank_groups"]["numa"]["5"] == "node1"

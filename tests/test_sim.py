@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from jaxpace._policy import adaptive, fixed
 from jaxpace.errors import ScenarioError
+from jaxpace.policy.adaptive import adaptive
+from jaxpace.policy.simple import fixed
 from jaxpace.sim import (
     Scenario,
     allreduce_lower_bound_s,
@@ -240,7 +241,7 @@ def _advance_reference(t, w, intervals, slow):
 
 
 def test_advance_matches_event_reference():
-    from jaxpace.sim._engine import _advance
+    from jaxpace.sim._cluster import _advance
 
     rng = np.random.default_rng(5)
     R, slow = 300, 1.4
@@ -404,7 +405,7 @@ def test_numeric_checks_name_the_field_and_reject_bool_nan():
 def test_policy_sees_the_shared_earliness():
     """The simulator hands the policy `jaxpace._exchange.earliness` of the waits: >= 0, min 0."""
     from jaxpace._exchange import earliness
-    from jaxpace._policy import PacingPolicy
+    from jaxpace.policy.base import PacingPolicy
 
     seen = []
 

@@ -15,9 +15,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-import jaxpace._policy as P
+import jaxpace.policy as P
+import jaxpace.policy._adaptive_fast as F
+import jaxpace.policy._window_order as WO
 import jaxpace.sim._engine as E
 from jaxpace._exchange import earliness
+from jaxpace.policy.adaptive import AdaptiveState, adaptive, reference
 from jaxpace.sim import load_scenario
 from jaxpace.sim._scenario import Scenario
 
@@ -113,7 +116,7 @@ def _ref_step(a, D, jit, tc, su):
 
 def _ref_run(draws, su, pol, steps, lag):
     """The step loop as it was; returns its sums and every step's delays, waits and ends."""
-    batch = P.batched(pol)
+    batch = pol.batched
     if batch is not None:
         state = batch.init(su.n_sites, su.ranks)
     else:
@@ -162,7 +165,7 @@ def _variant(**over):
 
 
 def _custom():
-    base = P.adaptive(threshold_s=0.001, max_delay_s=0.01, warmup_steps=3, engage_steps=4)
+    base = adaptive(threshold_s=0.001, max_delay_s=0.01, warmup_steps=3, engage_steps=4)
     return P.PacingPolicy(base.init, lambda o, s: base.update(o, s), name="custom")
 
 
@@ -180,10 +183,10 @@ POLICIES = {
     "none": lambda sc: P.no_pacing(),
     "fixed": lambda sc: P.fixed(0.002),
     "adaptive": lambda sc: E.resolve_policy("adaptive", sc),
-    "ab": lambda sc: P.adaptive(
+    "ab": lambda sc: adaptive(
         threshold_s=0.001, max_delay_s=0.01, ab_test=True, ab_period=4, window=8, warmup_steps=7
     ),
-    "tight-budget": lambda sc: P.adaptive(
+    "tight-budget": lambda sc: adaptive(
         threshold_s=0.0005,
         max_delay_s=0.004,
         quantile=1.0,
@@ -252,15 +255,8 @@ def test_bucket_jitter_in_blocks_is_the_per_step_stream():
 # --------------------------------------------------------------------------- adaptive
 
 
-def _sorting(state):
-    """The same state with the kept order dropped: the update then sorts every window."""
-    n = state.history.shape[-1]
-    empty = np.zeros(state.history.shape[:-2] + (0, n), dtype=np.int8)
-    return state._replace(order=empty, odd=np.zeros(empty.shape[:-1], np.int64), slept_s=None)
-
-
-# The fields every path keeps alike (`order`, `odd`, `slept_s` exist only where kept).
-AdaptiveFields = [f for f in P.AdaptiveState._fields if f not in ("order", "odd", "slept_s")]
+# The fields every path keeps alike (the kept order lives outside the state).
+AdaptiveFields = list(AdaptiveState._fields)
 
 CONFIGS = [
     {},
@@ -277,11 +273,11 @@ CONFIGS = [
 @pytest.mark.parametrize("cfg", range(len(CONFIGS)))
 def test_kept_order_gives_the_sorted_windows_delays(cfg):
     """NaN, inf, -0.0 and 0.0 ties, partial windows, and a budget that binds."""
-    R = P._ORDER_MIN_RANKS + 88
-    pol = P.adaptive(**CONFIGS[cfg])
+    R = F.ORDER_MIN_RANKS + 88
+    pol = adaptive(**CONFIGS[cfg])
+    sorting = reference(**CONFIGS[cfg])  # sorts every window
     fast = pol.init(R)
-    assert fast.order.shape == (pol.init(R).history.shape[0], R)
-    slow = _sorting(pol.init(R))
+    slow = sorting.init(R)
     rng = np.random.default_rng(cfg)
     paced = 0
     for k in range(120):
@@ -301,7 +297,9 @@ def test_kept_order_gives_the_sorted_windows_delays(cfg):
             e *= 4.0  # long sleeps: the budget binds
         t = float(rng.uniform(0.09, 0.11)) if k % 11 else np.nan
         d_fast, fast = pol.update(P.Observation(e, t), fast)
-        d_slow, slow = pol.update(P.Observation(e, t), slow)
+        d_slow, slow = sorting.update(P.Observation(e, t), slow)
+        kept = pol.update.__self__.kept.get(fast.history)
+        assert kept.order.shape == (1, fast.history.shape[0], R)  # a batch of one site
         assert np.array_equal(d_fast, d_slow), k
         paced += int((d_fast > 0).any())
         for name in AdaptiveFields:
@@ -312,9 +310,9 @@ def test_kept_order_gives_the_sorted_windows_delays(cfg):
 
 
 def test_batched_sites_with_kept_order_match_single_sites():
-    R, B = P._ORDER_MIN_RANKS, 3
-    pol = P.adaptive(threshold_s=0.0005, budget_fraction=0.4)
-    b = P.batched(pol)
+    R, B = F.ORDER_MIN_RANKS, 3
+    pol = adaptive(threshold_s=0.0005, budget_fraction=0.4)
+    b = pol.batched
     state_b, singles = b.init(B, R), [pol.init(R) for _ in range(B)]
     rng = np.random.default_rng(4)
     for k in range(60):
@@ -332,8 +330,8 @@ def test_batched_sites_with_kept_order_match_single_sites():
 
 
 def test_single_site_update_stays_pure():
-    R = P._ORDER_MIN_RANKS
-    pol = P.adaptive(warmup_steps=0)
+    R = F.ORDER_MIN_RANKS
+    pol = adaptive(warmup_steps=0)
     s0 = pol.init(R)
     snap = [np.array(v, copy=True) for v in s0]
     pol.update(P.Observation(np.linspace(0.0, 0.01, R)), s0)
@@ -341,11 +339,11 @@ def test_single_site_update_stays_pure():
         assert np.array_equal(before, np.asarray(after), equal_nan=True)
 
 
-def test_hand_built_state_without_the_new_fields_still_works():
-    pol = P.adaptive(warmup_steps=0, engage_steps=1, threshold_s=0.0)
-    R = P._ORDER_MIN_RANKS
+def test_hand_built_state_without_the_fast_paths_caches_still_works():
+    pol = adaptive(warmup_steps=0, engage_steps=1, threshold_s=0.0)
+    R = F.ORDER_MIN_RANKS
     full = pol.init(R)
-    old = P.AdaptiveState(*list(full)[:15])  # the 15 fields of before
+    old = AdaptiveState(*(np.array(v, copy=True) for v in full))  # built by hand
     e = np.linspace(0.0, 0.004, R)
     d_old, _ = pol.update(P.Observation(e), old)
     d_new, _ = pol.update(P.Observation(e), full)
@@ -362,14 +360,14 @@ def test_scenario_dataclass_replace_still_runs():
 @pytest.mark.parametrize("q", [0.0, 0.1, 1 / 3, 0.5, 0.9, 1.0])
 def test_nan_windows_take_nanquantile_from_the_kept_order(q):
     """A missing rank (NaN) no longer sends the window to `np.nanquantile`; same values."""
-    R, W = P._ORDER_MIN_RANKS, 6
-    pol = P.adaptive(window=W, quantile=q, warmup_steps=0)
+    R, W = F.ORDER_MIN_RANKS, 6
+    pol = adaptive(window=W, quantile=q, warmup_steps=0)
     st = pol.init(R)
     rng = np.random.default_rng(int(q * 100))
     calls = []
-    real = P._order_nanquantile
+    real = WO._order_nanquantile
     try:
-        P._order_nanquantile = lambda *a: calls.append(1) or real(*a)
+        WO._order_nanquantile = lambda *a: calls.append(1) or real(*a)
         for k in range(3 * W):
             e = np.round(rng.exponential(0.002, R), 4)  # ties
             e[rng.random(R) < 0.3] = np.nan
@@ -380,12 +378,13 @@ def test_nan_windows_take_nanquantile_from_the_kept_order(q):
             have = np.isfinite(rows).any(axis=0)
             want = np.full(R, np.nan)
             want[have] = np.nanquantile(rows[:, have], q, axis=0)
-            got = P._window_quantile(
-                st.history[None], st.order[None], st.odd[None], np.array([0]), st.filled, q, 1
+            kept = pol.update.__self__.kept.get(st.history)
+            got = WO.window_quantile(
+                st.history[None], kept.order, kept.odd, np.array([0]), st.filled, q, 1
             )[0]
             assert np.array_equal(got, want, equal_nan=True), k
     finally:
-        P._order_nanquantile = real
+        WO._order_nanquantile = real
     assert calls
 
 

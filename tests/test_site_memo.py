@@ -11,8 +11,8 @@ import pytest
 import jaxpace as jp
 from jaxpace import _exchange
 from jaxpace._delay import clamp_delay
-from jaxpace._policy import Observation, PacingPolicy
 from jaxpace._runtime.sites import Site
+from jaxpace.policy.base import Observation, PacingPolicy
 
 N = 8
 
@@ -128,7 +128,7 @@ def _status_policy(status):
 
 
 def test_drain_wake_follows_the_policy_status():
-    from jaxpace._policy import PolicyStatus
+    from jaxpace.policy.base import PolicyStatus
 
     pay = _payloads(1, 3)[0]
     cases = {
@@ -208,7 +208,7 @@ def test_stats_keep_at_most_4_mib_of_earliness_per_rank():
 def test_stats_percentiles_are_nanquantiles(q):
     """`stats()` reads its p50/p99 off one sort; the values are `np.nanquantile`'s (and
     `np.quantile`'s without NaN), bit for bit."""
-    from jaxpace._policy import sorted_nanquantile
+    from jaxpace.policy.quantile import sorted_nanquantile
 
     rng = np.random.default_rng(3)
     h = np.round(rng.exponential(0.002, (300, 50)), 4)  # ties

@@ -3,17 +3,10 @@
 from typing import TYPE_CHECKING
 
 from jaxpace import errors
-from jaxpace._policy import (
-    AdaptiveConfig,
-    AdaptiveState,
-    Observation,
-    PacingPolicy,
-    PolicyStatus,
-    adaptive,
-    fixed,
-    no_pacing,
-)
 from jaxpace._probe import Clock, Sink
+from jaxpace.policy.adaptive import AdaptiveConfig, AdaptiveState, adaptive
+from jaxpace.policy.base import Observation, PacingPolicy, PolicyStatus
+from jaxpace.policy.simple import fixed, no_pacing
 
 if TYPE_CHECKING:  # loaded on first use (below): they import JAX
     from jaxpace import launch, report, sim, sinks, topology

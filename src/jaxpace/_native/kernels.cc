@@ -5,6 +5,17 @@
 // for operation and in the same order (built with -ffp-contract=off: no fused multiply-add),
 // so a run gives the same bits with or without this library. tests/test_kernels.py checks
 // that against the NumPy paths, which stay in place as the fallback.
+//
+// Python twins (the NumPy code each kernel stands in for):
+//   jaxpace_run_buckets, jaxpace_node_coupled   jaxpace/sim/_cluster.py `_run_buckets`,
+//                                               `_node_coupled_compute`
+//   jaxpace_order_insert_i8                     jaxpace/policy/_window_order.py `insert`
+//   jaxpace_order_pick_i8                       jaxpace/policy/_window_order.py `_order_quantile`
+//   jaxpace_window_step_i8                      jaxpace/policy/_adaptive_fast.py `_insert_estimate`
+//   jaxpace_paced_delays (paced_row)            jaxpace/policy/_adaptive_fast.py `_delays_all`,
+//                                               `_budgeted_delays`; the algorithm itself is
+//                                               jaxpace/policy/adaptive.py `budgeted_delays`
+// Sanitizer build and test run: benchmarks/sanitize.sh.
 
 #include <cmath>
 #include <cstdint>
@@ -20,6 +31,15 @@
 #endif
 
 namespace {
+
+// Numbers Python must agree with: `jaxpace_kernels_constant` returns them, and
+// jaxpace/_native/kernels.py (`CONSTANTS`) refuses a library whose values differ.
+constexpr int kAbiVersion = 5;
+constexpr int64_t kOrderMaxWindow = 127;          // the int8 order's largest window
+constexpr int64_t kInsertScratchPerRank = 4;      // bytes of `jaxpace_order_insert_i8` scratch
+constexpr int64_t kPickScratchPerRank = 2;        // bytes of `jaxpace_order_pick_i8` scratch
+constexpr int64_t kWindowStepScratchPerRank = 4;  // bytes of `jaxpace_window_step_i8` scratch
+constexpr int64_t kCoupledScratchPerGpu = 2;      // doubles of `jaxpace_node_coupled` scratch
 
 // np.maximum / np.minimum: the first operand when it wins, ties included, or is NaN.
 // Written as a chain of one-compare selects, which loops of them vectorize into.
@@ -123,7 +143,7 @@ __attribute__((always_inline)) inline void begin_site(double* __restrict hrow,
 
 // One window row: entries above the leaving one move down one, then entries at or above the
 // new one's rank move up one (in a sorted window those are exactly the entries > x, which
-// `_insert` moves up); the slots now ranked q0 and q1 are summed into s0 and s1.
+// `_window_order.insert` moves up); the slots now ranked q0 and q1 are summed into s0 and s1.
 __attribute__((always_inline)) inline void reorder_row(int8_t* __restrict ow,
                                                        const int8_t* __restrict leaving,
                                                        const int8_t* __restrict rank,
@@ -207,7 +227,7 @@ inline bool paced_row(const double* __restrict expected, const double* __restric
 
 // `jaxpace_window_step_i8`'s precondition: no row but r0 holds NaN or -0.0 (per `odd`), and
 // neither does x (sanitized, so exactly those lie above +inf read as unsigned integers, as in
-// `_count_odd`). Then odd's row r0 becomes 0, as `_count_odd` would set it.
+// `_window_order._count_odd`). Then odd's row r0 becomes 0, as `_count_odd` would set it.
 inline bool window_clean(int64_t S, int64_t W, int64_t R, int64_t r0, int64_t* odd,
                          const double* x) {
   int64_t bad = 0;
@@ -325,9 +345,29 @@ inline void clamp_starts(const double* __restrict launch, double end_prev, doubl
 
 extern "C" {
 
-int jaxpace_kernels_abi_version() { return 4; }
+int jaxpace_kernels_abi_version() { return kAbiVersion; }
 
-// `jaxpace.sim._engine._run_buckets` without its two closing sums (left to NumPy): `L` steps
+// The constants above by name (see `CONSTANTS` in kernels.py); -1 for a name it does not know.
+int64_t jaxpace_kernels_constant(const char* name) {
+  struct Entry {
+    const char* name;
+    int64_t value;
+  };
+  static const Entry kTable[] = {
+      {"abi_version", kAbiVersion},
+      {"order_max_window", kOrderMaxWindow},
+      {"insert_scratch_per_rank", kInsertScratchPerRank},
+      {"pick_scratch_per_rank", kPickScratchPerRank},
+      {"window_step_scratch_per_rank", kWindowStepScratchPerRank},
+      {"coupled_scratch_per_gpu", kCoupledScratchPerGpu},
+  };
+  for (const Entry& e : kTable) {
+    if (std::strcmp(e.name, name) == 0) return e.value;
+  }
+  return -1;
+}
+
+// `jaxpace.sim._cluster._run_buckets` without its two closing sums (left to NumPy): `L` steps
 // of `R` ranks side by side, `B` buckets, the first `S` of them pacing sites.
 //   a (L, R) compute; D (L, S, R) delays; jit (L, B, R) bucket jitter or null; tc (L,)
 //   Outputs: end_prev (L,), arrive (S, L, R), ends (B, L), starts (B, L, R).
@@ -383,11 +423,12 @@ JP_CLONES void jaxpace_run_buckets(int64_t L, int64_t R, int64_t B, int64_t S, c
   }
 }
 
-// `adaptive`'s `_insert` for every site at one row `r0`, int8 order (window <= 127):
+// `_window_order.insert` for every site at one row `r0`, int8 order (window <= 127):
 // h (S, W, R) float64, o (S, W, R) int8, x (S, R) sanitized; in place. Row by row over the
 // window with the ranks innermost (contiguous, vectorizable); `scratch` is 4 R bytes.
 JP_CLONES void jaxpace_order_insert_i8(int64_t S, int64_t W, int64_t R, int64_t r0, double* h, int8_t* o,
                              const double* x, int8_t* scratch) {
+  static_assert(kInsertScratchPerRank == 4, "leaving, below, nan, le: R bytes each");
   int8_t* leaving = scratch;
   int8_t* below = scratch + R;
   int8_t* nan = scratch + 2 * R;
@@ -417,11 +458,12 @@ JP_CLONES void jaxpace_order_insert_i8(int64_t S, int64_t W, int64_t R, int64_t 
   }
 }
 
-// `_at_rank` twice: for each (site, rank), the entries of ranks k0 and k1 of its window.
+// `_window_order._at_rank` twice: for each (site, rank), the entries of ranks k0 and k1 of its window.
 // Like `_at_rank`, the slot is the sum of the slot numbers that hold the rank (exactly one
 // in a kept order); `scratch` is 2 R bytes.
 JP_CLONES void jaxpace_order_pick_i8(int64_t S, int64_t W, int64_t R, const double* h, const int8_t* o,
                            int64_t k0, int64_t k1, double* a, double* b, uint8_t* scratch) {
+  static_assert(kPickScratchPerRank == 2, "s0, s1: R bytes each");
   uint8_t* s0 = scratch;
   uint8_t* s1 = scratch + R;
   const int8_t q0 = static_cast<int8_t>(k0), q1 = static_cast<int8_t>(k1);
@@ -444,7 +486,7 @@ JP_CLONES void jaxpace_order_pick_i8(int64_t S, int64_t W, int64_t R, const doub
   }
 }
 
-// `_insert` (as `jaxpace_order_insert_i8`) and then `_order_quantile` on the order it leaves,
+// `_window_order.insert` (as `jaxpace_order_insert_i8`) and then `_order_quantile` on the order,
 // for every site at row r0, in two passes over each window: the new entry's rank (float
 // compares), then the order's upkeep, which also sums up the slots holding ranks k0 and k1.
 // Only for windows whose rows other than r0 hold no NaN and no -0.0 (`odd` (S, W), the
@@ -459,6 +501,7 @@ JP_CLONES int jaxpace_window_step_i8(int64_t S, int64_t W, int64_t R, int64_t r0
                                      int64_t k1, int mode, double t, double omt,
                                      double* expected, double* spread, int8_t* scratch) {
   if (!window_clean(S, W, R, r0, odd, x)) return 0;
+  static_assert(kWindowStepScratchPerRank == 4, "leaving, rank, s0, s1: R bytes each");
   int8_t* leaving = scratch;
   int8_t* rank = scratch + R;
   uint8_t* s0 = reinterpret_cast<uint8_t*>(scratch + 2 * R);
@@ -489,12 +532,13 @@ JP_CLONES int jaxpace_window_step_i8(int64_t S, int64_t W, int64_t R, int64_t r0
   return 1;
 }
 
-// `jaxpace.sim._engine._node_coupled_compute`: couplings (c) and (d) for `nodes` nodes of `g`
+// `jaxpace.sim._cluster._node_coupled_compute`: couplings (c) and (d) for `nodes` nodes of `g`
 // ranks (g > 1). a (nodes * g) compute, d0 (nodes * g) delays at the first site or null when
 // nobody sleeps; writes out (nodes * g). Same operations in the same order as the NumPy code;
 // `m` is 2 g doubles of scratch.
 void jaxpace_node_coupled(int64_t nodes, int64_t g, const double* a, const double* d0,
                           double k_pow, double k_host, double* out, double* m) {
+  static_assert(kCoupledScratchPerGpu == 2, "m, e: g doubles each");
   double* e = m + g;
   const double denom = static_cast<double>(g - 1);
   for (int64_t n = 0; n < nodes; ++n) {
@@ -515,7 +559,7 @@ void jaxpace_node_coupled(int64_t nodes, int64_t g, const double* a, const doubl
   }
 }
 
-// `adaptive`'s `_budgeted_delays` for every site where the budget cannot bind, then
+// `_adaptive_fast._budgeted_delays` for every site where the budget cannot bind, then
 // `_record_delays` at row r0: out = clip(gain * expected (NaN -> 0), 0, max_delay), 0 where
 // e is not finite; the delay ring's row r0 and its running sum `slept` updated in the same
 // order as the NumPy code (minus the row that leaves, plus the new one). expected, e, slept,

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jaxpace import _exchange, _jax_compat, _policy
+from jaxpace import _exchange, _jax_compat
 from jaxpace._delay import clamp_delay, ensure_sigterm_release, interruptible_sleep
 from jaxpace._probe import now_ns
 from jaxpace._runtime.sites import RankState, Site, SiteNames
+from jaxpace.policy import base as _policy
 
 if TYPE_CHECKING:
     from jaxpace._runtime.pacer import Pacer
@@ -330,7 +331,7 @@ class Hooks:
     def native_wants_wake(self, site: Site) -> bool:
         """Whether the drain thread should react to each record of `site` at once: its policy
         may delay now. A policy on the default status (`fixed`, custom ones) always may."""
-        if self._p.policy.status is _policy._idle_status:
+        if self._p.policy.status is _policy.idle_status:
             return True
         return any(st.can_pace for st in list(site.ranks.values()))
 

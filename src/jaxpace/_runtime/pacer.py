@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jaxpace import _collectives, _policy
+from jaxpace import _collectives
+from jaxpace import policy as _policy
 from jaxpace._delay import register_stop
 from jaxpace._probe import Clock, RateLimitedLog, Sink
 from jaxpace._runtime import consensus, shutdown
@@ -245,7 +246,7 @@ class Pacer:
             "host_callbacks": self.hooks.callbacks_available() if c.enabled else None,
             "granularity": c.granularity,
             "sample_every": c.sample_every,
-            "policy": self._policy.name,
+            "policy": self._policy.identity,
             "max_delay_s": self._policy.max_delay_s,
         }
 

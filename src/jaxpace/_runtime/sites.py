@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from jaxpace import _culprit, _exchange
-from jaxpace._policy import Observation, PacingPolicy, PolicyStatus, sorted_nanquantile
 from jaxpace._probe import Recorder
+from jaxpace.policy.base import Observation, PacingPolicy, PolicyStatus
+from jaxpace.policy.quantile import sorted_nanquantile
 
 __all__ = ["RankState", "Site", "SiteMemo", "SiteNames", "SiteStats", "site_stats"]
 

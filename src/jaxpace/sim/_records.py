@@ -25,14 +25,8 @@ from jaxpace._records import header_record, make_dirs, records_filename
 from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
 from jaxpace.report.records import Records
-from jaxpace.sim._engine import (
-    SimResult,
-    _Draws,
-    _result,
-    _run,
-    _Setup,
-    resolve_policy,
-)
+from jaxpace.sim._cluster import _Draws, _Setup
+from jaxpace.sim._engine import SimResult, _result, _run, resolve_policy
 from jaxpace.sim._scenario import Scenario, load_scenario
 
 __all__ = [
@@ -305,14 +299,14 @@ def simulate_records(
         nodes,
         R,
         seed,
-        loop["step_times"],
-        loop["total_delay"],
-        loop["engaged_steps"],
-        loop["spin"],
+        step_times=loop["step_times"],
+        total_delay=loop["total_delay"],
+        engaged=loop["engaged_steps"],
+        spin_sum=loop["spin"],
     )
     recs = _to_records(
-        sc, nodes, rpp, pol.name, loop, seed, clock_offset_s, exit_jitter_s,
-        run_id or f"sim-{sc.name}-{nodes}-{seed}",
+        sc, nodes, rpp, pol.name, loop, seed, clock_offset_s=clock_offset_s,
+        exit_jitter_s=exit_jitter_s, run_id=run_id or f"sim-{sc.name}-{nodes}-{seed}",
     )  # fmt: skip
     expected = draws.intra_s + draws.inter_s
     return SimRecords(recs, _truth(sc, nodes, faults, draws, rpp), result, float(expected))
@@ -361,7 +355,7 @@ def _record_loop(draws, su, pol, steps, lag, faults: Faults, seed: int) -> dict[
 
 
 def _to_records(
-    sc, nodes, rpp, policy_name, loop, seed, clock_offset_s, exit_jitter_s, run_id
+    sc, nodes, rpp, policy_name, loop, seed, *, clock_offset_s, exit_jitter_s, run_id
 ) -> Records:
     """Columnar `Records` (site-major, then step, then rank) with one header per process."""
     arrive, last = loop["arrive"], loop["last"]

@@ -267,7 +267,7 @@ class PacingSettings:
 
     def __post_init__(self) -> None:
         _validate(self, "pacing")
-        from jaxpace._policy import AdaptiveConfig
+        from jaxpace.policy.adaptive import AdaptiveConfig
 
         valid = {f.name for f in dataclasses.fields(AdaptiveConfig)}
         for key in self.adaptive:

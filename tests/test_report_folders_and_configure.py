@@ -1,4 +1,4 @@
-"""Issue 18, the rest: `jaxpace report` on a folder of runs, step-interleaved runs in the records,
+"""`jaxpace report` on a folder of runs, step-interleaved runs in the records,
 the demo's A/B table and Diagnosis in the HTML, and `jp.configure` for the watchdog settings."""
 
 import argparse

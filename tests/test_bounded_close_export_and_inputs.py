@@ -1,4 +1,4 @@
-"""Reliability, second pass (issue 19): one bounded test per broken promise.
+"""Bounded close, safe export, and checked inputs: one bounded test per promise.
 
 Shutdown never hangs, export never clobbers, CLIs bound their work, every
 public input is validated. Each test has a pytest timeout; waits inside the
