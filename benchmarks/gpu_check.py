@@ -219,9 +219,13 @@ def _site_records(pacer, site: str) -> list[dict]:
 
 
 def _counters(pacer, site: str) -> dict:
+    """The native probe's counters of `site`; zeros on the io_callback path (no ring)."""
     from jaxpace import _native
 
-    return _native.counters(pacer._sites[site].native[0])
+    native = pacer._sites[site].native
+    if not native:
+        return {"dropped": 0, "cuda_errors": 0}
+    return _native.counters(native[0])
 
 
 def _traced_waits(args, jax, devs, mesh, smap, x, *, sync: bool) -> list[Check]:
@@ -244,7 +248,10 @@ def _traced_waits(args, jax, devs, mesh, smap, x, *, sync: bool) -> list[Check]:
     stats = pacer.stats()["trace"]
     gpu = devs[0].platform == "gpu"
     want = "CUDA events" if gpu else "native"
-    checks.append(Check(f"probe path ({want})", want in stats.probe, stats.probe))
+    # "native XLA FFI probes ..." (CPU) or "..., CUDA events on XLA's stream ..." (GPU); the
+    # fallback's text ("io_callback probes: native library not built") must not pass.
+    native = stats.probe.startswith("native") and want in stats.probe
+    checks.append(Check(f"probe path ({want})", native, stats.probe))
     if len(devs) < 2 or not gpu:
         checks.append(Check("waits vs NCCL kernels", None, "needs 2+ GPUs (no NCCL otherwise)"))
         return checks

@@ -20,8 +20,7 @@ CHECK = REPO / "benchmarks" / "gpu_check.py"
 
 
 def _env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env = dict(os.environ)  # the installed jaxpace, with its native libraries
     env.update(extra)
     return env
 
@@ -64,5 +63,6 @@ def test_the_gpu_parts_code_runs_on_cpu_devices():
     for name in ("measure-only", "fixed delay", "adaptive", "no blocking per step"):
         assert f"PASS  bitwise == jax.lax ({name}" in out, out
     assert "PASS  no step lost without a count" in out
+    assert "PASS  probe path (native)" in out  # the installed package's native probes
     assert "NOTE  waits vs NCCL kernels" in out  # said, not passed: no NCCL on CPU
     assert "Traceback" not in out

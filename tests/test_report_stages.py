@@ -315,7 +315,7 @@ def test_summary_rows_are_rendered_alike_in_terminal_and_html():
     rep = analyze(synthetic_run(4, 60, late_rank=1, late_s=0.003))
     rows = summary_rows(rep)
     buf = io.StringIO()
-    print_summary(rep, Console(file=buf, width=200))
+    print_summary(rep, Console(file=buf, width=200), verbose=True)  # every row
     page = render_report_html(rep)
     for metric, value in rows[1:]:
         assert metric in buf.getvalue() and value in buf.getvalue()

@@ -144,7 +144,13 @@ def test_rank_groups_reach_the_report_and_name_locality():
     from virtual_clock import StepClock, jitter_ns
 
     groups = {"numa": {r: ("node0" if r < 4 else "node1") for r in range(8)}}
-    clock = StepClock(lambda rank, step: (20_000_000 if rank >= 4 else 0) + jitter_ns(rank, step))
+    # 50 ms steps, as the sleeping version had: a NUMA node 20 ms (40% of a step) late is
+    # locality; 20 ms of a 1 s step would be within a healthy fleet's spread (docs/diagnostics.md).
+    clock = StepClock(
+        lambda rank, step: (20_000_000 if rank >= 4 else 0) + jitter_ns(rank, step),
+        step_ns=50_000_000,
+        done_ns=30_000_000,
+    )
     pacer = jp.Pacer(granularity="device", rank_groups=groups, clock=clock)
     pacer._fault_hook = clock.hook  # called just before each arrival is read
     _run(pacer, steps=30, site="loc")

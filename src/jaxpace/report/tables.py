@@ -46,7 +46,7 @@ def summary_rows(report: Report) -> list[list[str]]:
         ["source", report.source],
         ["ranks / processes", f"{report.num_ranks} / {report.num_processes}"],
         [
-            "steps (complete / warm-up / analyzed)",
+            "steps (all / warm-up / analyzed)",
             f"{report.num_steps} / {report.warmup_steps} / {report.analyzed_steps}",
         ],
         ["iteration mean (CV)", f"{format_ms(it.mean_s)} ({it.cv:.3f})"],

@@ -117,7 +117,7 @@ def text_table(rows: list[list[str]], title: str | None = None, header: bool = T
 
 
 # Rows of the summary table that only `--verbose` prints (the default stays about 25 lines).
-_VERBOSE_ONLY_ROWS = ("iteration p50 / p90 / p99", "source")  # the title names the source
+_VERBOSE_ONLY_ROWS = ("iteration p50 / p90 / p99",)
 
 
 def _summary(report: Report, width: int, verbose: bool = True) -> list[str]:
@@ -224,12 +224,8 @@ def summary_lines(report: Report, *, verbose: bool = False, width: int = PIPE_WI
     out = []
     if report.partial:
         out.append("PARTIAL REPORT: input was incomplete (see notes)")
-    out += wrap_text(
+    out.append(
         f"jaxpace report: run `{display_name(report.run_id)}`, site `{display_name(report.site)}`"
-        f", from {display_name(report.source)}",
-        width,
-        "",
-        "  ",
     )
     out += _summary(report, width, verbose)
     out += ["", *_ranking(report, 12 if verbose else DEFAULT_RANKS, verbose, width)]
