@@ -17,7 +17,16 @@ from jaxpace._probe import Clock, Sink
 
 if TYPE_CHECKING:  # loaded on first use (below): they import JAX
     from jaxpace import launch, report, sim, sinks, topology
-    from jaxpace._dropins import pmean, psum
+    from jaxpace._dropins import (
+        all_gather,
+        all_to_all,
+        pmax,
+        pmean,
+        pmin,
+        ppermute,
+        psum,
+        psum_scatter,
+    )
     from jaxpace._runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
     from jaxpace.topology import make_mesh
 
@@ -35,6 +44,8 @@ __all__ = [
     "Sink",
     "SiteStats",
     "adaptive",
+    "all_gather",
+    "all_to_all",
     "configure",
     "default_pacer",
     "errors",
@@ -42,8 +53,12 @@ __all__ = [
     "launch",
     "make_mesh",
     "no_pacing",
+    "pmax",
     "pmean",
+    "pmin",
+    "ppermute",
     "psum",
+    "psum_scatter",
     "report",
     "sim",
     "sinks",
@@ -54,8 +69,14 @@ __all__ = [
 # which `jaxpace report`, `jaxpace simulate` and `jaxpace --help` never need; `report`, `sim`
 # and `sinks` pull in rich/HTML code that a training process never needs.
 _LAZY = {
+    "all_gather": ("jaxpace._dropins", "all_gather"),
+    "all_to_all": ("jaxpace._dropins", "all_to_all"),
+    "pmax": ("jaxpace._dropins", "pmax"),
     "pmean": ("jaxpace._dropins", "pmean"),
+    "pmin": ("jaxpace._dropins", "pmin"),
+    "ppermute": ("jaxpace._dropins", "ppermute"),
     "psum": ("jaxpace._dropins", "psum"),
+    "psum_scatter": ("jaxpace._dropins", "psum_scatter"),
     "Pacer": ("jaxpace._runtime", "Pacer"),
     "PacerConfig": ("jaxpace._runtime", "PacerConfig"),
     "SiteStats": ("jaxpace._runtime", "SiteStats"),

@@ -44,6 +44,9 @@ class SiteStats:
         every shard at device granularity.
       probe: which probes time this site and why: the native XLA FFI handlers,
         or the io_callback fallback with the reason the native ones do not apply.
+      pacing: what the pacing policy does at this site: paced (psum/pmean, where the
+        in-band exchange rides), or measure only and why (all_gather, psum_scatter,
+        ppermute, all_to_all, pmax, pmin: no exchange can ride without an extra collective).
       in_flight: measured collectives of this process that had arrived but not
         finished when `stats()` stopped waiting (0 once every dispatched step ran).
     """
@@ -65,6 +68,7 @@ class SiteStats:
     ab_effect: dict[str, Any] | None = None
     layout: str | None = None
     probe: str | None = None
+    pacing: str | None = None
     in_flight: int = 0
 
 
@@ -130,6 +134,8 @@ class Site:
         self.errors = 0
         self.layout = layout  # how each process's measuring shard was found
         self.probe: str | None = None  # which probes time it, and why (set at trace time)
+        self.measure_only = False  # a collective the in-band exchange cannot ride (never paced)
+        self.pacing: str | None = None  # what the policy does here, and why (set at trace time)
         self.native = None  # (native site id, layout key) on the native path
         self.flush = _no_flush  # brings host state up to date (the native drain)
         self.memo = SiteMemo(num_slots)
@@ -230,6 +236,7 @@ def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
         errors=site.errors,
         layout=site.layout,
         probe=site.probe,
+        pacing=site.pacing,
     )
     waits, hists = [], []
     for r in ranks:
