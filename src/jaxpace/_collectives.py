@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
-from jaxpace import _exchange, _invariant, _jax_compat, _kinds
+from jaxpace import _exchange, _invariant, _jax_compat, _kinds, _site_layout
 from jaxpace._measured_native import axis_rank, linear_shard_index, native_or_none, tangent
 from jaxpace.errors import UnboundAxisError
 
@@ -145,8 +145,15 @@ def _measurement_mode(axes: tuple) -> tuple[str | None, Any]:
     return None, am
 
 
-def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str]:
-    """`is_leader[linear shard index]` over the abstract mesh, one True per process."""
+def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str, np.ndarray]:
+    """`(is_leader[linear shard index], source, process[linear shard index])` over the
+    abstract mesh: one leader per process, its first shard in mesh order."""
+    procs, source = _process_map(rt, am)
+    return _site_layout.leaders(procs), source, procs
+
+
+def _process_map(rt: Runtime, am) -> tuple[np.ndarray, str]:
+    """`(process index of each linear shard, where that came from)`."""
     names = tuple(am.axis_names)
     shape = tuple(am.axis_sizes)
     total = int(np.prod(shape)) if shape else 1
@@ -164,29 +171,21 @@ def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str]:
         except Exception:  # noqa: BLE001
             return False
 
-    def table_of(m) -> np.ndarray:
-        table = np.zeros(total, dtype=bool)
-        seen = set()
-        for i, d in enumerate(m.devices.reshape(-1)):
-            p = getattr(d, "process_index", 0)
-            if p not in seen:
-                seen.add(p)
-                table[i] = True
-        return table
+    def procs_of(m) -> np.ndarray:
+        return np.array([getattr(d, "process_index", 0) for d in m.devices.reshape(-1)])
 
     for src, m in candidates:
         if fits(m):
-            return table_of(m), src
+            return procs_of(m), src
     # Meshes from jaxpace.make_mesh: usable only if every one of this shape
     # agrees (the one inside shard_map is not known by identity).
-    registered = [table_of(m) for m in registry.recent() if fits(m)]
+    registered = [procs_of(m) for m in registry.recent() if fits(m)]
     if registered and all((t == registered[0]).all() for t in registered):
         return registered[0], "jaxpace.make_mesh"
     nproc = jax.process_count()
     block = max(total // max(nproc, 1), 1)
-    table = np.zeros(total, dtype=bool)
-    table[::block] = True
-    return table, "assumed process-contiguous blocks (as jax.make_mesh and pmap lay out)"
+    procs = np.minimum(np.arange(total) // block, max(nproc - 1, 0))
+    return procs, "assumed process-contiguous blocks (as jax.make_mesh and pmap lay out)"
 
 
 def _reduction_typed(leaf) -> bool:
@@ -261,7 +260,7 @@ def collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site, pa
     try:
         return _collective(
             rt,
-            _kinds.Call(kind, _kinds.lax_fn(kind, params)),
+            _kinds.Call(kind, _kinds.lax_fn(kind, params), dict(params or {})),
             x,
             axis_name,
             axis_index_groups,
@@ -397,11 +396,20 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, site, sizes, a
     group = _group_size(axes, sizes, axis_index_groups)
     if granularity == "process":
         num_slots = jax.process_count()
-        table, source = _leader_table(rt, am)
+        table, source, procs = _leader_table(rt, am)
     else:
         num_slots = group
-        table, source = None, "every shard (granularity='device')"
+        table, source, procs = None, "every shard (granularity='device')", None
     site_obj = rt.open_site(site, num_slots, source)
+    site_obj.layout_info = _site_layout.describe(
+        call.kind,
+        tuple(am.axis_names),
+        tuple(am.axis_sizes),
+        axes,
+        procs,
+        axis_index_groups,
+        call.params.get("perm") if call.kind == "ppermute" else None,
+    )
     scale = _exchange.reduction_scale(call.kind, group) if call.kind in ("psum", "pmean") else 1.0
     exchange = rt.policy.needs_exchange and _kinds.carries_exchange(call.kind)
     site_obj.measure_only = not _kinds.carries_exchange(call.kind)

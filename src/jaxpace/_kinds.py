@@ -46,6 +46,7 @@ class Call(NamedTuple):
 
     kind: str
     fn: Any
+    params: dict = {}  # noqa: RUF012 - read only
 
 
 def carries_exchange(kind: str) -> bool:

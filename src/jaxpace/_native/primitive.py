@@ -59,10 +59,22 @@ arrive_p = Primitive("jaxpace_arrive")
 arrive_p.multiple_results = True
 
 
+def _invariant_scalar(aval, dtype):
+    """A scalar aval of `dtype` that varies along no manual axis (a constant's type)."""
+    sharding = getattr(aval, "sharding", None)
+    kw = {}
+    if sharding is not None and hasattr(sharding, "update"):
+        kw["sharding"] = sharding.update(spec=PartitionSpec())
+    return jax.core.ShapedArray((), np.dtype(dtype), weak_type=False, **kw)
+
+
 def _arrive_abstract(tr, *, site, payload_size):
     del site
-    # Outputs vary along every axis that `tr` (token and rank, stacked) varies along.
-    return [_like(tr, (), np.int32), _like(tr, (payload_size,), np.float32)]
+    # The payload varies along every axis that `tr` (token and rank, stacked) varies along.
+    # The step tag is typed as invariant: it only feeds `step_tag < 0`, which is False on
+    # every shard, into each leaf's tie; typed as varying, a tie would make a leaf that is
+    # invariant along some axis (a replicated loss under `pmean`) vary along it.
+    return [_invariant_scalar(tr, np.int32), _like(tr, (payload_size,), np.float32)]
 
 
 def _arrive_impl(tr, *, site, payload_size):

@@ -25,7 +25,7 @@ log = logging.getLogger("jaxpace")
 # The fields `header_record` writes itself (docs/records.md, "header").
 _HEADER_FIELDS = (
     "type", "format", "run_id", "process_index", "process_count", "host", "pid",
-    "granularity", "jaxpace_version", "policy", "local_devices", "topology",
+    "granularity", "jaxpace_version", "policy", "local_devices", "topology", "sites",
 )  # fmt: skip
 
 
@@ -113,6 +113,12 @@ def header(pacer: Pacer) -> dict[str, Any]:
         policy=pacer.policy.name,
         local_devices=[d.id for d in jax.local_devices()],
         rank_groups=_rank_groups(pacer),
+        # Per site: its collective and who takes part with whom (groups, ppermute pairs).
+        sites={
+            name: site.layout_info
+            for name, site in sorted(pacer._sites.items())
+            if getattr(site, "layout_info", None)
+        },
     )
 
 

@@ -58,6 +58,7 @@ def cli_main(args: argparse.Namespace) -> int:
             ),
         )
         print_summary(report)
+        _print_sites(args.run_dir, report.sites, args.warmup)
         base = Path(args.run_dir)
         out_dir = base if base.is_dir() else base.parent
         html = write_html(report, args.html or out_dir / "report.html")
@@ -77,6 +78,19 @@ def cli_main(args: argparse.Namespace) -> int:
         return 2
     print("wrote " + ", ".join(str(w) for w in written))
     return 0
+
+
+def _print_sites(run_dir: str, sites, warmup: int | None) -> None:
+    """Every site in step order, with who is late within each group (several sites only)."""
+    if len(sites) < 2:
+        return
+    from jaxpace.report.records import load_records
+    from jaxpace.report.stages import links
+
+    rows = links.site_table(
+        load_records(run_dir), DEFAULT_WARMUP_STEPS if warmup is None else warmup
+    )
+    print("\n" + links.format_site_table(rows))
 
 
 def _one_run(run_dir: str) -> str:
