@@ -44,11 +44,11 @@ class SiteStats:
         every shard at device granularity.
       probe: which probes time this site and why: the native XLA FFI handlers,
         or the io_callback fallback with the reason the native ones do not apply.
+      in_flight: measured collectives of this process that had arrived but not
+        finished when `stats()` stopped waiting (0 once every dispatched step ran).
       pacing: what the pacing policy does at this site: paced (psum/pmean, where the
         in-band exchange rides), or measure only and why (all_gather, psum_scatter,
         ppermute, all_to_all, pmax, pmin: no exchange can ride without an extra collective).
-      in_flight: measured collectives of this process that had arrived but not
-        finished when `stats()` stopped waiting (0 once every dispatched step ran).
     """
 
     site: str
@@ -68,8 +68,8 @@ class SiteStats:
     ab_effect: dict[str, Any] | None = None
     layout: str | None = None
     probe: str | None = None
-    pacing: str | None = None
     in_flight: int = 0
+    pacing: str | None = None
 
 
 class RankState:

@@ -212,6 +212,11 @@ def format_site_table(rows: list[SiteRow]) -> str:
             f"{r.site:<16} {r.kind or '?':<13} {len(r.groups):>6} "
             f"{format_ms(r.wait_s):>9} {r.share:>6.0%}  {late or '-'}"
         )
+    if any(len(r.groups) > 1 for r in rows):
+        lines.append(
+            "Ranks of different groups never wait for each other: a ranking over all ranks "
+            "mixes them; this table compares arrivals within each group."
+        )
     first = next((r for r in rows if r.late or r.slow_link), None)
     if first is not None:
         who = (
