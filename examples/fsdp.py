@@ -168,7 +168,7 @@ def update_step(c, shards, grads, lr):
     return new
 
 
-def make_step(mesh, collective: str, lr: float):
+def make_step(mesh, collective: str, lr: float, donate: bool = True):
     """`step(params, x, y, lag_s=0.0) -> (params, loss)`: the forward/backward half and the
     reduce-scatter/update half, two jitted calls; `lag_s` is slept before each (a late
     process reaches both the all-gathers and the reduce-scatters late)."""
@@ -197,7 +197,7 @@ def make_step(mesh, collective: str, lr: float):
             in_specs=(specs, specs),
             out_specs=specs,
         ),
-        donate_argnums=0,
+        donate_argnums=0 if donate else (),
     )
 
     def step(params, x, y, lag_s=0.0):

@@ -244,3 +244,14 @@ def test_module_level_dropins_are_lax_signatures():
         for p in theirs.values():
             assert ours[p.name].kind == p.kind and ours[p.name].default == p.default, (name, p)
         assert list(ours)[len(theirs) :] == ["site"], name
+
+
+def test_ppermute_takes_a_one_shot_iterator_as_lax_does(pacer):
+    """JAX's pmap_test passes `zip(...)` as `perm`; it is read more than once here."""
+    n = 8
+    perm = [n - 1, *range(n - 1)]
+    x = jnp.arange(n, dtype=jnp.float32)
+    ours = jax.pmap(lambda v: pacer.ppermute(v, "i", zip(perm, range(n), strict=True)), "i")(x)
+    plain = jax.pmap(lambda v: lax.ppermute(v, "i", zip(perm, range(n), strict=True)), "i")(x)
+    _assert_same(ours, plain)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(perm, np.float32))

@@ -295,6 +295,8 @@ class Pacer:
 
     def ppermute(self, x, axis_name, perm, *, site: str | None = None):
         """`jax.lax.ppermute`, measured (never paced). See `jaxpace.ppermute`."""
+        if not isinstance(perm, (list, tuple)) and hasattr(perm, "__iter__"):
+            perm = list(perm)  # a `zip` or generator is read more than once here
         return _collectives.collective(
             self.hooks, "ppermute", x, axis_name, None, site, {"perm": perm}
         )
