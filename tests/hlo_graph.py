@@ -76,7 +76,15 @@ def parse(text: str) -> dict[str, dict[str, dict]]:
         if ctrl:
             deps |= set(_NAME.findall(ctrl.group(1)))
         target = re.search(r'custom_call_target="([^"]+)"', attrs)
-        cur[name] = {"op": op, "target": target.group(1) if target else None, "deps": deps}
+        calls = set(re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", attrs))
+        for group in re.findall(r"branch_computations=\{([^}]*)\}", attrs):
+            calls |= set(_NAME.findall(group))
+        cur[name] = {
+            "op": op,
+            "target": target.group(1) if target else None,
+            "deps": deps,
+            "calls": calls,
+        }
     for comp in comps.values():
         for ins in comp.values():
             ins["deps"] &= comp.keys()
@@ -94,11 +102,29 @@ def _closure(edges: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+def _holds(comps: dict, cname: str, target: str, seen: set[str]) -> bool:
+    """Whether computation `cname` (or one it calls) holds a custom call to `target`."""
+    if cname in seen or cname not in comps:
+        return False
+    seen.add(cname)
+    return any(
+        ins["target"] == target or any(_holds(comps, c, target, seen) for c in ins["calls"])
+        for ins in comps[cname].values()
+    )
+
+
+def _is(comps: dict, ins: dict, target: str) -> bool:
+    """The instruction is a custom call to `target`, or calls a computation that makes one
+    (e.g. a `conditional` whose branch holds a host callback)."""
+    return ins["target"] == target or any(_holds(comps, c, target, set()) for c in ins["calls"])
+
+
 def check_bracketed(text: str, arrive: str, done: str) -> tuple[int, list[str]]:
     """`(collectives seen, problems)`: each collective must follow an `arrive` custom call
     and precede a `done` one in its computation (through data or control edges)."""
     problems, seen = [], 0
-    for cname, comp in parse(text).items():
+    comps = parse(text)
+    for cname, comp in comps.items():
         deps = {n: ins["deps"] for n, ins in comp.items()}
         users: dict[str, set[str]] = {n: set() for n in comp}
         for n, ins in comp.items():
@@ -110,9 +136,9 @@ def check_bracketed(text: str, arrive: str, done: str) -> tuple[int, list[str]]:
             seen += 1
             before = _closure(deps, n)
             after = _closure(users, n)
-            if not any(comp[k]["target"] == arrive for k in before):
+            if not any(_is(comps, comp[k], arrive) for k in before):
                 problems.append(f"{cname}/{n} ({ins['op']}) does not depend on {arrive}")
-            if not any(comp[k]["target"] == done for k in after):
+            if not any(_is(comps, comp[k], done) for k in after):
                 problems.append(f"{cname}/{n} ({ins['op']}) does not feed {done}")
     return seen, problems
 

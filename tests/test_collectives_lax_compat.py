@@ -255,3 +255,25 @@ def test_ppermute_takes_a_one_shot_iterator_as_lax_does(pacer):
     plain = jax.pmap(lambda v: lax.ppermute(v, "i", zip(perm, range(n), strict=True)), "i")(x)
     _assert_same(ours, plain)
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(perm, np.float32))
+
+
+def test_io_callback_probes_measure_the_new_dropins_bitwise(mesh):
+    """The fallback probes (forced by a custom clock) time every new drop-in, bits unchanged."""
+    import time
+
+    pacer = jp.Pacer(granularity="device", mesh=mesh, clock=lambda: time.perf_counter_ns())
+    try:
+        x = _operand(jnp.float32, mesh)
+        with jax.set_mesh(mesh):
+            for cid in ("all_gather-b-tiled-axis1", "psum_scatter-both-untiled", "ppermute-both",
+                        "all_to_all-b-tiled", "pmax-both"):  # fmt: skip
+                call = TABLE[cid][0]
+                ours = _smap(lambda v, c=call: c(pacer, v), mesh)(x)
+                _assert_same(ours, _smap(lambda v, c=call: c(lax, v), mesh)(x))
+        st = pacer.stats()
+        assert len(st) == 5
+        for s in st.values():
+            assert s.measured and s.steps > 0 and s.probe.startswith("io_callback"), s
+            assert s.pacing.startswith("measure only")
+    finally:
+        pacer.close()

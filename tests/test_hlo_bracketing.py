@@ -152,3 +152,23 @@ def test_values_stay_bitwise_with_every_leaf_tied(mesh):
                     ), name
     finally:
         pacer.close()
+
+
+@pytest.mark.parametrize("exchange", [False, True], ids=["measure", "exchange"])
+@pytest.mark.parametrize("name", ["psum", "pmean", "all_gather", "ppermute", "all_to_all"])
+def test_io_callback_probes_bracket_every_collective_too(mesh, name, exchange):
+    """The fallback probes (host callbacks inside a `cond`, forced by a custom clock)."""
+    import time
+
+    policy = jp.adaptive() if exchange else jp.no_pacing()
+    pacer = jp.Pacer(policy, granularity="device", mesh=mesh, clock=time.perf_counter_ns.__call__)
+    try:
+        tree = _sharded(mesh, large=False)
+        with jax.set_mesh(mesh):
+            text = _jitted(CALLS[name], pacer, mesh, tree).lower(tree).compile().as_text()
+        target = "xla_ffi_python_cpu_callback"
+        assert target in text
+        seen, problems = check_bracketed(text, target, target)
+        assert seen > 0 and not problems, problems
+    finally:
+        pacer.close()

@@ -538,7 +538,11 @@ def _io_reduce(call, exchange, axis_name, axis_index_groups):
         ]
         tied = jax.tree_util.tree_unflatten(tdef, leaves)
         if exchange:
-            return lax_fn((tied, payload), axis_name, axis_index_groups=axis_index_groups)
+            out, red = lax_fn((tied, payload), axis_name, axis_index_groups=axis_index_groups)
+            # The post-callback reads the payload; XLA may split the all-reduce per operand,
+            # so tie one element of every output leaf into it (never true: the same bits).
+            tok = _token(jax.tree_util.tree_leaves(out))
+            return out, _tie_first_element(red, never & (tok == tok))
         out = lax_fn(tied, axis_name, axis_index_groups=axis_index_groups)
         # The post-callback reads one element of every output leaf: it runs after all.
         return out, _token(jax.tree_util.tree_leaves(out)).reshape((1,))
