@@ -277,3 +277,25 @@ def test_io_callback_probes_measure_the_new_dropins_bitwise(mesh):
             assert s.pacing.startswith("measure only")
     finally:
         pacer.close()
+
+
+def test_sampling_records_and_sinks_cover_the_new_dropins(mesh):
+    """`sample_every`, records and sinks work at an all_gather site as at a psum site."""
+    got = []
+    pacer = jp.Pacer(granularity="device", mesh=mesh, sample_every=2, sinks=[got.append])
+    try:
+        x = _operand(jnp.float32, mesh)
+        f = _smap(lambda v: pacer.all_gather(v, AX, axis=1, tiled=True, site="ag"), mesh)
+        with jax.set_mesh(mesh):
+            for _ in range(4):
+                f(x).block_until_ready()
+        st = pacer.stats()["ag"]
+        assert st.ranks == list(range(8))
+        assert st.steps == 2 * 8, st  # steps 0 and 2 of 4, on each of the 8 ranks
+        pacer.flush()
+        assert {s["site"] for s in got} == {"ag"} and len(got) == st.steps
+        recs = pacer.records()
+        assert recs[0]["sites"]["ag"] == {"kind": "all_gather", "groups": [list(range(8))]}
+        assert sum(1 for r in recs if r["type"] == "step") == st.steps
+    finally:
+        pacer.close()
