@@ -7,6 +7,8 @@ layout that the records' header carries (groups of a 2 x 4 mesh, ppermute pairs)
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from conftest import run_4x2
 
 from jaxpace import _records, _site_layout
 from jaxpace.report.records import load_records
@@ -85,3 +87,17 @@ def test_layout_groups_and_pairs_on_a_2x4_mesh():
     assert pp["pairs"] == [[0, 2], [1, 3], [2, 0], [3, 1]]
     dev = _site_layout.describe("ppermute", names, shape, ("model",), None, None, [(0, 1)])
     assert dev == {"kind": "ppermute", "groups": [[0, 1, 2, 3]], "pairs": [[0, 1]]}
+
+
+@pytest.mark.multiprocess
+def test_4x2_ppermute_ring_names_the_slow_pair(tmp_path):
+    """A ring over 8 devices of 4 processes, process 1 late: its destination waits for it."""
+    out = tmp_path / "ring"
+    proc = run_4x2("ppermute_ring.py", "--out", out, "--lag-process", 1, "--lag-s", 0.1)
+    del proc
+    recs = load_records(out)
+    assert recs.headers[0]["sites"]["ring"]["pairs"] == [[0, 1], [1, 2], [2, 3], [3, 0]]
+    (row,) = links.site_table(recs)
+    assert row.kind == "ppermute" and row.slow_link is not None
+    assert (row.slow_link.source, row.slow_link.destination) == (1, 2)
+    assert row.slow_link.wait_s > 0.05
