@@ -115,7 +115,7 @@ def block(w, x, c, layer):
 
 def _site(c, name):
     """`site=` for jaxpace, nothing for `jax.lax`."""
-    return {} if c.__name__ == "jax.lax" else {"site": name}
+    return {} if getattr(c, "__name__", "") == "jax.lax" else {"site": name}
 
 
 def grad_step(c, shards, x, y):
@@ -168,8 +168,9 @@ def update_step(c, shards, grads, lr):
     return new
 
 
-def make_step(mesh, collective: str, lr: float, donate: bool = True):
-    """`step(params, x, y, lag_s=0.0) -> (params, loss)`: the forward/backward half and the
+def make_step(mesh, collective, lr: float, donate: bool = True):
+    """`step(params, x, y, lag_s=0.0) -> (params, loss)` with `collective` "jaxpace", "lax" or
+    a `jaxpace.Pacer`: the forward/backward half and the
     reduce-scatter/update half, two jitted calls; `lag_s` is slept before each (a late
     process reaches both the all-gathers and the reduce-scatters late)."""
     import jax
@@ -177,8 +178,10 @@ def make_step(mesh, collective: str, lr: float, donate: bool = True):
 
     if collective == "jaxpace":
         import jaxpace as c
-    else:
+    elif collective == "lax":
         c = jax.lax
+    else:
+        c = collective  # a `jaxpace.Pacer`
     specs = param_specs()
     # A gradient has the gathered weight's shape on each device: the same specs lay the
     # `data` replicas' gradients side by side along the FSDP axis.
