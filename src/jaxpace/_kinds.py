@@ -24,8 +24,10 @@ __all__ = [
     "pacing_note",
 ]
 
-# The in-band exchange is one more operand of the same all-reduce: only psum and pmean
-# sum it. Every other kind is measured only (no hidden collective is added).
+# The in-band exchange is one more operand of the same (variadic) all-reduce: only psum and
+# pmean reduce all their leaves in one. `lax.pmax`/`pmin` bind one all-reduce per leaf, so a
+# payload there would be an all-reduce of its own. Every other kind is measured only (no
+# hidden collective is added).
 EXCHANGE_KINDS = frozenset({"psum", "pmean"})
 # Collectives whose JVP is the same collective on the tangent (lax's own rule).
 LINEAR_KINDS = frozenset({"psum", "pmean", "all_gather", "psum_scatter", "ppermute", "all_to_all"})
