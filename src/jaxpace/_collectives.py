@@ -413,7 +413,7 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, site, sizes, a
     scale = _exchange.reduction_scale(call.kind, group) if call.kind in ("psum", "pmean") else 1.0
     exchange = rt.policy.needs_exchange and _kinds.carries_exchange(call.kind)
     site_obj.measure_only = not _kinds.carries_exchange(call.kind)
-    site_obj.pacing = _kinds.pacing_note(call.kind, rt.policy.needs_exchange)
+    site_obj.pacing = _kinds.pacing_note(call.kind, rt.policy.needs_exchange, rt.policy.max_delay_s)
     n_pay = _exchange.payload_size(num_slots) if exchange else 0
     native = (call, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table)
     done_native = native_or_none(rt, site_obj, probe, native, am, axes, sizes)

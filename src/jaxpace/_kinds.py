@@ -56,9 +56,11 @@ def carries_exchange(kind: str) -> bool:
     return kind in EXCHANGE_KINDS
 
 
-def pacing_note(kind: str, exchange_wanted: bool) -> str:
+def pacing_note(kind: str, exchange_wanted: bool, max_delay_s: float = 1.0) -> str:
     """What the policy does at a site of `kind` (the `pacing` field of `stats()`)."""
     if kind in EXCHANGE_KINDS:
+        if max_delay_s <= 0:
+            return "paceable; this policy never delays (max_delay_s = 0)"
         if exchange_wanted:
             return "paced: the policy's in-band exchange rides on this all-reduce"
         return "paced by the policy (no exchange needed)"
