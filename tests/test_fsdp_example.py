@@ -118,3 +118,17 @@ def test_fsdp_4x2_report_names_the_late_process_at_gathers_and_scatters(tmp_path
     )
     assert report.returncode == 0, report.stderr[-2000:]
     assert "First late in the step: rank 1" in report.stdout
+
+
+def test_benchmark_rewrites_only_its_section(tmp_path):
+    from benchmarks import __main__ as bench
+    from benchmarks import fsdp
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"{bench.BEGIN}\ngenerated\n{bench.END}\n\n## Kept\n\nhand-written\n")
+    fsdp.write_section(f"{fsdp.BEGIN}\nfirst\n{fsdp.END}", doc)
+    fsdp.write_section(f"{fsdp.BEGIN}\nsecond\n{fsdp.END}", doc)
+    text = doc.read_text()
+    assert "second" in text and "first" not in text and text.count(fsdp.BEGIN) == 1
+    assert "generated" in text and text.endswith("## Kept\n\nhand-written\n")
+    assert text.index(bench.END) < text.index(fsdp.BEGIN)
