@@ -299,3 +299,22 @@ def test_sampling_records_and_sinks_cover_the_new_dropins(mesh):
         assert sum(1 for r in recs if r["type"] == "step") == st.steps
     finally:
         pacer.close()
+
+
+def test_remat_saves_the_residuals_lax_saves():
+    """JAX's shard_map_test `test_collectives_not_saved`: the leader choice adds no residual."""
+    from functools import partial
+
+    from jax._src.ad_checkpoint import saved_residuals
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("x",))
+    out = []
+    for m in (lax, jp):
+
+        @jax.remat
+        @partial(jax.shard_map, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+        def f(x, m=m):
+            return m.all_gather(x, "x") * m.all_gather(x, "x")
+
+        out.append(saved_residuals(f, jnp.ones(4)))
+    assert out[0] == out[1] and len(out[1]) == 1, out

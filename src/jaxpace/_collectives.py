@@ -13,7 +13,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 from jaxpace import _exchange, _invariant, _jax_compat, _kinds, _site_layout
-from jaxpace._measured_native import axis_rank, linear_shard_index, native_or_none, tangent
+from jaxpace._measured_native import axis_rank, is_leader, native_or_none, tangent
 from jaxpace.errors import UnboundAxisError
 
 __all__ = ["Runtime", "collective"]
@@ -476,11 +476,8 @@ def _io_pre(rt, site_obj, granularity, n_pay, table, am):
 
     @jax.custom_batching.custom_vmap
     def pre(tok, rank):
-        if table is not None:
-            is_leader = jnp.asarray(table)[linear_shard_index(am)]
-        else:
-            is_leader = jnp.bool_(True)
-        return lax.cond(is_leader, call_pre, skip_pre, (tok, rank))
+        leader = is_leader(table, am) if table is not None else jnp.bool_(True)
+        return lax.cond(leader, call_pre, skip_pre, (tok, rank))
 
     # A collective over a named axis is elementwise in any other (vmapped)
     # dimension, as lax.psum's own batching rule: one arrival per shard, not one

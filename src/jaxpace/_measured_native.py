@@ -13,7 +13,7 @@ from jax import lax
 
 from jaxpace import _jax_compat, _kinds
 
-__all__ = ["axis_rank", "linear_shard_index", "native_or_none", "tangent"]
+__all__ = ["axis_rank", "is_leader", "linear_shard_index", "native_or_none", "tangent"]
 
 
 def linear_shard_index(am):
@@ -22,6 +22,21 @@ def linear_shard_index(am):
     for name, size in zip(am.axis_names, am.axis_sizes, strict=True):
         idx = idx * size + lax.axis_index(name)
     return idx
+
+
+def is_leader(table: np.ndarray, am):
+    """Whether this shard measures for its process: `table[linear shard index]`.
+
+    When the leaders are every `block`-th shard (process-contiguous meshes, as
+    `jax.make_mesh` and `pmap` lay out), computed from the index with literals only, so
+    `jax.checkpoint` has no constant array to save as a residual.
+    """
+    idx = linear_shard_index(am)
+    n = int(table.size)
+    block = int(np.argmax(table[1:])) + 1 if table[1:].any() else n
+    if table[0] and n % block == 0 and (table == (np.arange(n) % block == 0)).all():
+        return idx % block == 0
+    return jnp.asarray(table)[idx]
 
 
 def axis_rank(axes: tuple, sizes: dict):
@@ -135,7 +150,7 @@ def _measured_native(
     def _probed(fn, x):
         rank = axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
         if table is not None:
-            rank = jnp.where(jnp.asarray(table)[linear_shard_index(am)], rank, -1)
+            rank = jnp.where(is_leader(table, am), rank, -1)
         out, _ = primitive.native_collective(fn, x, site_id=nid, rank=rank, payload_size=n_pay)
         return out
 
