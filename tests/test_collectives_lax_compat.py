@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hlo_graph import count_collectives
+from hlo_graph import check_bracketed, count_collectives
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -185,6 +185,9 @@ def test_pytrees_scan_vmap_and_enable_checks(mesh, pacer):
         (ours, t_ours), (plain, t_plain) = run(pacer), run(lax)
     _assert_same(ours, plain)
     assert count_collectives(t_ours) == count_collectives(t_plain)
+    if _native.available()[0]:  # inside the scan's loop body too
+        seen, problems = check_bracketed(t_ours, "jaxpace_arrive_cpu", "jaxpace_done_cpu")
+        assert seen >= 8 and not problems, problems
 
 
 def test_pmap_with_axis_index_groups(pacer):
