@@ -17,7 +17,7 @@ that spent the least time inside it arrived last) and names, per site:
   source, or the link), and the slowest pair when it stands out from the others.
 
 Sites are listed in step order (the median, over ranks and steps, of each site's arrival
-after the rank's first arrival of that step: one rank's own clock, so clock-free), so the
+after its process's first arrival of that step: one process's own clock, so clock-free), so the
 first site where a rank is late is where its lateness enters the step; later sites inherit it.
 """
 
@@ -87,21 +87,22 @@ def _site_info(recs: Records) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _grid(
-    recs: Records, k: int, skip: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`(steps, ranks, wait[S, R], arrive_ns[S, R])` of site `k`, complete steps after `skip`."""
+def _grid(recs: Records, k: int, skip: int) -> tuple[np.ndarray, ...]:
+    """`(steps, ranks, wait[S, R], arrive_ns[S, R], process[S, R])` of site `k`: its
+    complete steps after the first `skip`."""
     c = recs.columns
     sel = c["site"] == k
     steps, ranks = np.unique(c["step"][sel]), np.unique(c["rank"][sel])
     wait = np.full((steps.size, ranks.size), np.nan)
     arrive = np.full((steps.size, ranks.size), np.nan)
+    proc = np.full((steps.size, ranks.size), -1, np.int64)
     si, ri = np.searchsorted(steps, c["step"][sel]), np.searchsorted(ranks, c["rank"][sel])
     wait[si, ri] = c["wait_ns"][sel] / 1e9
     arrive[si, ri] = c["arrive_ns"][sel]
+    proc[si, ri] = c["process"][sel]
     keep = ~np.isnan(wait).any(axis=1)
     keep[: min(skip, keep.size)] = False
-    return steps[keep], ranks, wait[keep], arrive[keep]
+    return steps[keep], ranks, wait[keep], arrive[keep], proc[keep]
 
 
 def _group_late(wait: np.ndarray, ranks: np.ndarray, group: Iterable[int]) -> GroupLate | None:
@@ -157,22 +158,23 @@ def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
     for k, name in enumerate(recs.sites):
         n = int(np.unique(recs.columns["step"][recs.columns["site"] == k]).size)
         grids[name] = _grid(recs, k, min(warmup_steps, n // 4))
-        steps, ranks, _, arrive = grids[name]
+        steps, _, _, arrive, proc = grids[name]
+        # Keyed by process: one clock (ranks of different sites may be different devices).
         for i, st in enumerate(steps.tolist()):
-            for j, r in enumerate(ranks.tolist()):
-                key = (st, r)
+            for j, p in enumerate(proc[i].tolist()):
+                key = (st, p)
                 first[key] = min(first.get(key, math.inf), arrive[i, j])
     means = {
         n: float(np.median(g[2].mean(axis=1))) if g[2].size else math.nan for n, g in grids.items()
     }
     total = float(np.nansum(list(means.values())))
-    for name, (steps, ranks, wait, arrive) in grids.items():
+    for name, (steps, ranks, wait, arrive, proc) in grids.items():
         meta = info.get(name, {})
         groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])
         offs = [
-            arrive[i, j] - first[(st, r)]
+            arrive[i, j] - first[(st, p)]
             for i, st in enumerate(steps.tolist())
-            for j, r in enumerate(ranks.tolist())
+            for j, p in enumerate(proc[i].tolist())
         ]
         late = tuple(x for x in (_group_late(wait, ranks, g) for g in groups) if x is not None)
         links, slow = _links(wait, ranks, meta.get("pairs"))
