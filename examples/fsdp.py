@@ -10,7 +10,8 @@ step is two jitted calls (forward/backward, then reduce-scatter/update), so that
 `--lag-process` can make one process late at both:
 
     python examples/fsdp.py --steps 8                        # 1 process, 8 CPU devices
-    jaxpace launch -n 4 --local-devices 2 -- python examples/fsdp.py --lag-process 1
+    jaxpace launch -n 4 --local-devices 2 -- python examples/fsdp.py \
+        --lag-process 1 --lag-s 0.2 --steps 24
     jaxpace report run/fsdp                                   # who was late, where
 
 `--collective lax` runs the same step with `jax.lax` (the overhead benchmark compares).
