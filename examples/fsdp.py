@@ -1,4 +1,4 @@
-"""A transformer block trained with FSDP + tensor parallelism, every collective a jaxpace drop-in.
+r"""A transformer block trained with FSDP + tensor parallelism, every collective a jaxpace drop-in.
 
 A 2 x 4 mesh (`data`, `model`) in `jax.shard_map`: each weight is split over `model`
 (tensor parallelism: attention heads and MLP columns) and over `data` (FSDP). Per layer
