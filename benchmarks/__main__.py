@@ -517,6 +517,10 @@ def main(argv=None) -> int:
         from benchmarks import sources
 
         return sources.main(argv[1:])
+    if argv[:1] == ["fsdp"]:  # the FSDP example's step, jaxpace vs lax (benchmarks/fsdp.py)
+        from benchmarks import fsdp
+
+        return fsdp.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 

@@ -1,18 +1,20 @@
-"""pytest plugin for `python -m benchmarks peer`: routes `jax.lax.psum`/`pmean` through jaxpace.
+"""pytest plugin for `python -m benchmarks peer`: routes `jax.lax`'s collectives through jaxpace.
 
 Loaded with `-p benchmarks._peer_plugin` into a pytest run of JAX's own test
 files. Environment:
 
   JAXPACE_PEER_MODE   "plain" (count outcomes only) or "jaxpace" (substitute)
   JAXPACE_PEER_OUT    path of the JSON summary written at the end of the session
+  JAXPACE_PEER_KINDS  comma list of the collectives to route (default: all eight,
+                      psum, pmean, pmax, pmin, all_gather, psum_scatter, ppermute, all_to_all)
 
-jaxpace is imported *before* the patch, so `jaxpace._collectives._LAX` holds
-the real `lax.psum`/`lax.pmean` and jaxpace's own reductions never recurse
-into the substitutes. Only the public names `jax.lax.psum`/`jax.lax.pmean`
-are replaced: JAX's test files reach them only as `lax.psum`/`jax.lax.psum`
-(none imports psum/pmean from `jax._src.lax.parallel`), and replacing the
-names inside `jax._src.lax.parallel` would reroute lax's own internals (its
-`pmean` calls the module-level `psum`), which is not what a user's code does.
+jaxpace is imported *before* the patch, so `jaxpace._kinds.LAX` holds the real
+`jax.lax` functions and jaxpace's own collectives never recurse into the
+substitutes. Only the public names (`jax.lax.psum`, `jax.lax.all_gather`, ...)
+are replaced: JAX's test files reach them as `lax.psum`/`jax.lax.psum`, and
+replacing the names inside `jax._src.lax.parallel` would reroute lax's own
+internals (its `pmean` calls the module-level `psum`), which is not what a
+user's code does.
 
 Every substituted call is classified at trace time by what the default
 `Pacer`'s runtime did during it: it opened a measured site ("measured"),
@@ -24,6 +26,7 @@ jaxpace hands to lax before any decision, e.g. `psum(x, ())`), or it raised.
 from __future__ import annotations
 
 import collections
+import inspect
 import json
 import os
 import sys
@@ -31,12 +34,19 @@ import sys
 import jax
 
 import jaxpace
-from jaxpace import _collectives
+from jaxpace import _kinds
 
 MODE = os.environ.get("JAXPACE_PEER_MODE", "plain")
 OUT = os.environ.get("JAXPACE_PEER_OUT")
 
-_REAL = {"psum": jax.lax.psum, "pmean": jax.lax.pmean}
+KINDS = tuple(
+    k
+    for k in os.environ.get(
+        "JAXPACE_PEER_KINDS", "psum,pmean,pmax,pmin,all_gather,psum_scatter,ppermute,all_to_all"
+    ).split(",")
+    if k
+)
+_REAL = {k: getattr(jax.lax, k, None) for k in KINDS}
 _outcomes: collections.Counter = collections.Counter()
 _tests: dict[str, str] = {}
 _test_calls: collections.Counter = collections.Counter()
@@ -44,10 +54,11 @@ _state = {"event": None, "test": None}
 
 
 def _install() -> None:
-    if _collectives._LAX["psum"] is not _REAL["psum"] or (
-        _collectives._LAX["pmean"] is not _REAL["pmean"]
-    ):
-        raise RuntimeError("jaxpace._collectives._LAX does not hold the real jax.lax functions")
+    unknown = sorted(set(KINDS) - set(_kinds.KINDS))
+    if unknown:
+        raise RuntimeError(f"JAXPACE_PEER_KINDS: unknown {unknown}; choose from {_kinds.KINDS}")
+    if any(_kinds.LAX[k] is not _REAL[k] for k in KINDS):
+        raise RuntimeError("jaxpace._kinds.LAX does not hold the real jax.lax functions")
     hooks = jaxpace.default_pacer().hooks
     real_open, real_note = hooks.open_site, hooks.note_unmeasured
 
@@ -65,14 +76,14 @@ def _install() -> None:
     def wrap(kind):
         jp_fn = getattr(jaxpace, kind)
 
-        def substitute(x, axis_name, *, axis_index_groups=None):
+        def substitute(*args, **kwargs):
             # The site jaxpace would name itself if the test called it directly
             # (its own default would name this wrapper's line for every call).
             f = sys._getframe(1)
             site = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}:{f.f_code.co_name}"
             _state["event"] = None
             try:
-                out = jp_fn(x, axis_name, axis_index_groups=axis_index_groups, site=site)
+                out = jp_fn(*args, site=site, **kwargs)
             except BaseException as e:
                 _outcomes[f"{kind}: raised {type(e).__name__}"] += 1
                 raise
@@ -82,10 +93,11 @@ def _install() -> None:
 
         substitute.__name__ = substitute.__qualname__ = kind
         substitute.__doc__ = _REAL[kind].__doc__
+        substitute.__signature__ = inspect.signature(_REAL[kind])
         return substitute
 
-    jax.lax.psum = wrap("psum")
-    jax.lax.pmean = wrap("pmean")
+    for kind in KINDS:
+        setattr(jax.lax, kind, wrap(kind))
 
 
 if MODE == "jaxpace":

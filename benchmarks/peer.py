@@ -2,7 +2,8 @@
 
 Runs `tests/pmap_test.py` and `tests/shard_map_test.py` of a JAX source
 checkout (at the tag of the installed jax) with pytest twice: once as they are
-(plain `jax.lax`), once with `jax.lax.psum`/`jax.lax.pmean` replaced by
+(plain `jax.lax`), once with `jax.lax`'s collectives (psum, pmean, pmax, pmin,
+all_gather, psum_scatter, ppermute, all_to_all) replaced by
 jaxpace's (`benchmarks/_peer_plugin.py`, loaded with `-p`). Prints the
 pass/fail/skip counts side by side, the tests that fail only with jaxpace, and
 how many substituted calls were measured or passed through (with reasons), so a

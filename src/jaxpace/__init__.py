@@ -10,7 +10,16 @@ from jaxpace.policy.simple import fixed, no_pacing
 
 if TYPE_CHECKING:  # loaded on first use (below): they import JAX
     from jaxpace import launch, report, sim, sinks, topology
-    from jaxpace._dropins import pmean, psum
+    from jaxpace._dropins import (
+        all_gather,
+        all_to_all,
+        pmax,
+        pmean,
+        pmin,
+        ppermute,
+        psum,
+        psum_scatter,
+    )
     from jaxpace._runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
     from jaxpace._runtime.pauses import expected_pause
     from jaxpace.topology import make_mesh
@@ -29,6 +38,8 @@ __all__ = [
     "Sink",
     "SiteStats",
     "adaptive",
+    "all_gather",
+    "all_to_all",
     "configure",
     "default_pacer",
     "errors",
@@ -37,8 +48,12 @@ __all__ = [
     "launch",
     "make_mesh",
     "no_pacing",
+    "pmax",
     "pmean",
+    "pmin",
+    "ppermute",
     "psum",
+    "psum_scatter",
     "report",
     "sim",
     "sinks",
@@ -49,8 +64,14 @@ __all__ = [
 # which `jaxpace report`, `jaxpace simulate` and `jaxpace --help` never need; `report`, `sim`
 # and `sinks` pull in rich/HTML code that a training process never needs.
 _LAZY = {
+    "all_gather": ("jaxpace._dropins", "all_gather"),
+    "all_to_all": ("jaxpace._dropins", "all_to_all"),
+    "pmax": ("jaxpace._dropins", "pmax"),
     "pmean": ("jaxpace._dropins", "pmean"),
+    "pmin": ("jaxpace._dropins", "pmin"),
+    "ppermute": ("jaxpace._dropins", "ppermute"),
     "psum": ("jaxpace._dropins", "psum"),
+    "psum_scatter": ("jaxpace._dropins", "psum_scatter"),
     "Pacer": ("jaxpace._runtime", "Pacer"),
     "PacerConfig": ("jaxpace._runtime", "PacerConfig"),
     "SiteStats": ("jaxpace._runtime", "SiteStats"),

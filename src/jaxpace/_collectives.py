@@ -12,12 +12,13 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
-from jaxpace import _exchange, _invariant, _jax_compat
+from jaxpace import _exchange, _invariant, _jax_compat, _kinds, _site_layout
+from jaxpace._measured_native import axis_rank, is_leader, native_or_none, tangent
 from jaxpace.errors import UnboundAxisError
 
 __all__ = ["Runtime", "collective"]
 
-_LAX = {"psum": lax.psum, "pmean": lax.pmean}
+_LAX = _kinds.LAX  # the real jax.lax functions (captured before any test harness patch)
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -147,8 +148,15 @@ def _measurement_mode(axes: tuple) -> tuple[str | None, Any]:
     return None, am
 
 
-def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str]:
-    """`is_leader[linear shard index]` over the abstract mesh, one True per process."""
+def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str, np.ndarray]:
+    """`(is_leader[linear shard index], source, process[linear shard index])` over the
+    abstract mesh: one leader per process, its first shard in mesh order."""
+    procs, source = _process_map(rt, am)
+    return _site_layout.leaders(procs), source, procs
+
+
+def _process_map(rt: Runtime, am) -> tuple[np.ndarray, str]:
+    """`(process index of each linear shard, where that came from)`."""
     names = tuple(am.axis_names)
     shape = tuple(am.axis_sizes)
     total = int(np.prod(shape)) if shape else 1
@@ -166,43 +174,21 @@ def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str]:
         except Exception:  # noqa: BLE001
             return False
 
-    def table_of(m) -> np.ndarray:
-        table = np.zeros(total, dtype=bool)
-        seen = set()
-        for i, d in enumerate(m.devices.reshape(-1)):
-            p = getattr(d, "process_index", 0)
-            if p not in seen:
-                seen.add(p)
-                table[i] = True
-        return table
+    def procs_of(m) -> np.ndarray:
+        return np.array([getattr(d, "process_index", 0) for d in m.devices.reshape(-1)])
 
     for src, m in candidates:
         if fits(m):
-            return table_of(m), src
+            return procs_of(m), src
     # Meshes from jaxpace.make_mesh: usable only if every one of this shape
     # agrees (the one inside shard_map is not known by identity).
-    registered = [table_of(m) for m in registry.recent() if fits(m)]
+    registered = [procs_of(m) for m in registry.recent() if fits(m)]
     if registered and all((t == registered[0]).all() for t in registered):
         return registered[0], "jaxpace.make_mesh"
     nproc = jax.process_count()
     block = max(total // max(nproc, 1), 1)
-    table = np.zeros(total, dtype=bool)
-    table[::block] = True
-    return table, "assumed process-contiguous blocks (as jax.make_mesh and pmap lay out)"
-
-
-def _linear_shard_index(am):
-    idx = jnp.int32(0)
-    for name, size in zip(am.axis_names, am.axis_sizes, strict=True):
-        idx = idx * size + lax.axis_index(name)
-    return idx
-
-
-def _axis_rank(axes: tuple, sizes: dict):
-    idx = jnp.int32(0)
-    for a in axes:
-        idx = idx * sizes[a] + lax.axis_index(a)
-    return idx
+    procs = np.minimum(np.arange(total) // block, max(nproc - 1, 0))
+    return procs, "assumed process-contiguous blocks (as jax.make_mesh and pmap lay out)"
 
 
 def _reduction_typed(leaf) -> bool:
@@ -253,16 +239,6 @@ def _tie_first_element(leaf, never):
     return lax.dynamic_update_slice(leaf, upd, (0,) * ndim)
 
 
-def _dependency_leaf(leaves) -> int | None:
-    """Index of the smallest non-empty array leaf (cheapest to tie a dependency to)."""
-    best, best_size = None, None
-    for i, leaf in enumerate(leaves):
-        size = int(np.prod(jnp.shape(leaf)))
-        if size > 0 and (best_size is None or size < best_size):
-            best, best_size = i, size
-    return best
-
-
 def _group_size(axes: tuple, sizes: dict, axis_index_groups) -> int:
     if axis_index_groups is not None:
         return len(axis_index_groups[0])
@@ -275,15 +251,24 @@ def _group_size(axes: tuple, sizes: dict, axis_index_groups) -> int:
 # ---------------------------------------------------------------------- the collective
 
 
-def collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
-    """Measured `lax.psum`/`lax.pmean` on behalf of the runtime `rt` (a `Pacer`'s hooks).
+def collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site, params=None):
+    """Measured `jax.lax.<kind>` on behalf of the runtime `rt` (a `Pacer`'s hooks).
+
+    `params` are the collective's own keyword options (`axis`, `tiled`, `perm`, ...).
 
     Every pass-through decision below is made at trace time from static facts
     (axis kinds, tracer kinds, the mesh, settings agreed at consensus), so every
     process traces the same program.
     """
     try:
-        return _collective(rt, kind, x, axis_name, axis_index_groups, site)
+        return _collective(
+            rt,
+            _kinds.Call(kind, _kinds.lax_fn(kind, params), dict(params or {})),
+            x,
+            axis_name,
+            axis_index_groups,
+            site,
+        )
     except NotImplementedError as e:
         if str(e).strip():
             raise
@@ -298,8 +283,8 @@ def collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
         ) from e
 
 
-def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
-    lax_fn = _LAX[kind]
+def _collective(rt: Runtime, call, x, axis_name, axis_index_groups, site):
+    lax_fn = call.fn
 
     def plain():
         return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
@@ -363,10 +348,11 @@ def _collective(rt: Runtime, kind: str, x, axis_name, axis_index_groups, site):
     if reason is not None:
         rt.note_unmeasured(site, reason)
         return plain()
-    if _invariant.warn_if_invariant(kind, leaves, axes, site):  # the skew would be hidden
-        rt.note_invariant(site, str(axes[0]))  # into the records: the report refuses a culprit
+    if call.kind in ("psum", "pmean", "pmax", "pmin"):  # the skew would be hidden
+        if _invariant.warn_if_invariant(call.kind, leaves, axes, site):
+            rt.note_invariant(site, str(axes[0]))  # into the records: the report refuses a culprit
     return _measured(
-        rt, kind, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am, probe
+        rt, call, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am, probe
     )
 
 
@@ -408,43 +394,53 @@ def _native_probe(rt: Runtime, am) -> tuple[str | None, str]:
     return None, f"io_callback probes: no native handler for platform {platform!r}"
 
 
-def _measured(rt: Runtime, kind, x, axis_name, axis_index_groups, site, sizes, am, probe):
+def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, site, sizes, am, probe):
     axes = _axes(axis_name)
     granularity = rt.config.granularity
     group = _group_size(axes, sizes, axis_index_groups)
     if granularity == "process":
         num_slots = jax.process_count()
-        table, source = _leader_table(rt, am)
+        table, source, procs = _leader_table(rt, am)
     else:
         num_slots = group
-        table, source = None, "every shard (granularity='device')"
+        table, source, procs = None, "every shard (granularity='device')", None
     site_obj = rt.open_site(site, num_slots, source)
-    scale = _exchange.reduction_scale(kind, group)
-    exchange = rt.policy.needs_exchange
+    site_obj.layout_info = _site_layout.describe(
+        call.kind,
+        tuple(am.axis_names),
+        tuple(am.axis_sizes),
+        axes,
+        procs,
+        axis_index_groups,
+        call.params.get("perm") if call.kind == "ppermute" else None,
+    )
+    scale = _exchange.reduction_scale(call.kind, group) if call.kind in ("psum", "pmean") else 1.0
+    exchange = rt.policy.needs_exchange and _kinds.carries_exchange(call.kind)
+    site_obj.measure_only = not _kinds.carries_exchange(call.kind)
+    site_obj.pacing = _kinds.pacing_note(call.kind, rt.policy.needs_exchange, rt.policy.max_delay_s)
     n_pay = _exchange.payload_size(num_slots) if exchange else 0
-    native = (kind, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table)
-    done_native = _native_or_none(rt, site_obj, probe, native, am, axes, sizes)
+    native = (call, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table)
+    done_native = native_or_none(rt, site_obj, probe, native, am, axes, sizes)
     if done_native is not None:
         return done_native[0]
 
     return _measured_io_callback(
-        rt, kind, x, axis_name, axis_index_groups, site_obj, native, am, axes, sizes
+        rt, call, x, axis_name, axis_index_groups, site_obj, native, am, axes, sizes
     )
 
 
 def _measured_io_callback(
-    rt, kind, x, axis_name, axis_index_groups, site_obj, args, am, axes, sizes
+    rt, call, x, axis_name, axis_index_groups, site_obj, args, am, axes, sizes
 ):
     """The measured collective through the io_callback probes (the fallback path)."""
     _, _, _, _, granularity, _, n_pay, scale, table = args
-    lax_fn = _LAX[kind]
-    exchange = rt.policy.needs_exchange
+    exchange = n_pay > 0
     pre = _io_pre(rt, site_obj, granularity, n_pay, table, am)
     post = _io_post(rt, site_obj, granularity, exchange, scale)
-    reduce = _io_reduce(lax_fn, exchange, axis_name, axis_index_groups)
+    reduce = _io_reduce(call, exchange, axis_name, axis_index_groups)
     leaves = jax.tree_util.tree_leaves(x)
     tok = _token(leaves)
-    rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+    rank = axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
     payload, step_tag = pre(tok, rank)
     out, red = reduce(x, payload, step_tag)
     post(lax.stop_gradient(red), step_tag, rank)
@@ -484,11 +480,8 @@ def _io_pre(rt, site_obj, granularity, n_pay, table, am):
 
     @jax.custom_batching.custom_vmap
     def pre(tok, rank):
-        if table is not None:
-            is_leader = jnp.asarray(table)[_linear_shard_index(am)]
-        else:
-            is_leader = jnp.bool_(True)
-        return lax.cond(is_leader, call_pre, skip_pre, (tok, rank))
+        leader = is_leader(table, am) if table is not None else jnp.bool_(True)
+        return lax.cond(leader, call_pre, skip_pre, (tok, rank))
 
     # A collective over a named axis is elementwise in any other (vmapped)
     # dimension, as lax.psum's own batching rule: one arrival per shard, not one
@@ -528,33 +521,38 @@ def _io_post(rt, site_obj, granularity, exchange, scale):
     return post
 
 
-def _io_reduce(lax_fn, exchange, axis_name, axis_index_groups):
+def _io_reduce(call, exchange, axis_name, axis_index_groups):
     """The collective with the arrival tied in, under lax's own tangent rule."""
+    lax_fn = call.fn
 
     @jax.custom_jvp
     def reduce(x, payload, step_tag):
+        # `step_tag` is never negative, so each tie rewrites a leaf's first element
+        # with itself, bit for bit; XLA cannot know that, so every collective that
+        # carries a leaf (whatever XLA's combiner does) waits for the pre-callback.
+        # An in-place one-element update, not a pass over the whole leaf.
         leaves, tdef = jax.tree_util.tree_flatten(x)
-        dep = _dependency_leaf(leaves)
-        if exchange or dep is None:
-            return lax_fn((x, payload), axis_name, axis_index_groups=axis_index_groups)
-        # `step_tag` is never negative, so this rewrites the leaf's first element
-        # with itself, bit for bit; XLA cannot know that, so the collective
-        # waits for the pre-callback. An in-place one-element update, not a
-        # pass over the whole leaf (a full select cost 2x at 1M elements).
-        leaves = list(leaves)
-        leaves[dep] = _tie_first_element(leaves[dep], step_tag < 0)
-        out = lax_fn(
-            jax.tree_util.tree_unflatten(tdef, leaves),
-            axis_name,
-            axis_index_groups=axis_index_groups,
-        )
-        return out, _token([jax.tree_util.tree_leaves(out)[dep]]).reshape((1,))
+        never = step_tag < 0
+        leaves = [
+            _tie_first_element(leaf, never) if int(np.prod(jnp.shape(leaf))) > 0 else leaf
+            for leaf in leaves
+        ]
+        tied = jax.tree_util.tree_unflatten(tdef, leaves)
+        if exchange:
+            out, red = lax_fn((tied, payload), axis_name, axis_index_groups=axis_index_groups)
+            # The post-callback reads the payload; XLA may split the all-reduce per operand,
+            # so tie one element of every output leaf into it (never true: the same bits).
+            tok = _token(jax.tree_util.tree_leaves(out))
+            return out, _tie_first_element(red, never & (tok == tok))
+        out = lax_fn(tied, axis_name, axis_index_groups=axis_index_groups)
+        # The post-callback reads one element of every output leaf: it runs after all.
+        return out, _token(jax.tree_util.tree_leaves(out)).reshape((1,))
 
     @reduce.defjvp
     def reduce_jvp(primals, tangents):
         xp, payload, step_tag = primals
         out, red = reduce(xp, payload, step_tag)
-        out_t = _tangent(lax_fn, tangents[0], out, axis_name, axis_index_groups)
+        out_t = tangent(call, xp, tangents[0], out, axis_name, axis_index_groups)
         # `red` only feeds the post-callback, through stop_gradient: its tangent is unused.
         return (out, red), (out_t, jnp.zeros_like(red))
 
@@ -564,149 +562,3 @@ def _io_reduce(lax_fn, exchange, axis_name, axis_index_groups):
 def _unbatch(args, in_batched):
     """One shard's dependency values from vmapped ones: the first batch element."""
     return tuple(a[0] if b else a for a, b in zip(args, in_batched, strict=True))
-
-
-def _native_or_none(rt, site_obj, probe, args, am, axes, sizes):
-    """`(result,)` of the collective through the native probes, or None for the fallback.
-
-    Sets `site_obj.probe` either way (what `stats()` says about the path).
-    """
-    kind, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table = args
-    native_id, native_why = None, probe[1]
-    if probe[0] is not None:
-        native_id, native_why = _attach_native(
-            rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
-        )
-    site_obj.probe = native_why
-    if native_id is None:
-        return None
-    out = _measured_native(
-        kind, x, axis_name, axis_index_groups, native_id, n_pay, granularity, table, am, axes, sizes
-    )
-    return (out,)
-
-
-def _attach_native(
-    rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
-):
-    """Registers the native site; returns `(native id or None, what stats() says)`."""
-    from jaxpace._native import driver
-
-    platform, why = probe
-    fixed_rank = jax.process_index() if granularity == "process" else -1
-    try:
-        nid = driver.attach(
-            rt,
-            site_obj,
-            num_slots=num_slots,
-            fixed_rank=fixed_rank,
-            sample_every=rt.config.sample_every,
-            payload_len=n_pay,
-            scale=scale,
-            capacity=rt.config.capacity * max(1, jax.local_device_count()),
-            max_delay_s=rt.policy.max_delay_s,
-            stop=getattr(rt, "stop_event", None),
-        )
-        if platform == "cuda":
-            why_dev = _cuda_device_table(rt, nid, granularity, table, am, axes, sizes)
-            if why_dev is not None:
-                return None, f"io_callback probes: {why_dev}"
-    except Exception as e:  # noqa: BLE001 - any failure here means "use the fallback"
-        return None, f"io_callback probes: native site registration failed ({e})"
-    return nid, f"native: {why}"
-
-
-def _cuda_device_table(rt, nid, granularity, table, am, axes, sizes) -> str | None:
-    """GPU operands live on the device, so the handlers read each shard's rank from a host
-    table keyed by local device ordinal, built from a concrete mesh. None when set."""
-    from jaxpace import _native
-
-    mesh = rt.mesh if rt.mesh is not None else _jax_compat.concrete_mesh()
-    names, shape = tuple(am.axis_names), tuple(am.axis_sizes)
-    if mesh is None or tuple(mesh.axis_names) != names or tuple(mesh.devices.shape) != shape:
-        return "the CUDA handlers need the concrete mesh (Pacer(mesh=...) or jax.set_mesh)"
-    devs = mesh.devices
-    ranks = {}
-    for idx in np.ndindex(*shape):
-        d = devs[idx]
-        if d.process_index != jax.process_index():
-            continue
-        if granularity == "process":
-            lin = int(np.ravel_multi_index(idx, shape))
-            r = 0 if table is not None and table[lin] else -1
-        else:
-            pos = dict(zip(names, idx, strict=True))
-            r = 0
-            for a in axes:
-                r = r * sizes[a] + pos[a]
-        ranks[int(d.local_hardware_id)] = r
-    arr = np.full(max(ranks) + 1 if ranks else 0, -1, np.int32)
-    for k, v in ranks.items():
-        arr[k] = v
-    _native.set_site_devices(nid, arr)
-    return None
-
-
-def _measured_native(
-    kind, x, axis_name, axis_index_groups, nid, n_pay, granularity, table, am, axes, sizes
-):
-    """The measured collective through the native probes: no JAX effect, no Python per step.
-
-    Arrive and done are effect-free primitives lowered to side-effecting FFI calls
-    (jaxpace._native.primitive); a shard that does not measure passes rank -1 and
-    the handler returns at once. Works under remat (measured once per step),
-    custom_jvp and jax_enable_checks; the custom_jvp below keeps lax's own tangent
-    rule, so gradients stay bitwise lax's (the ties' transposes would add zeros,
-    which turns -0.0 into +0.0).
-    """
-    from jaxpace._native import primitive
-
-    lax_fn = _LAX[kind]
-
-    def reduce(t):  # t is (x, payload) with exchange: one all-reduce for both
-        return lax_fn(t, axis_name, axis_index_groups=axis_index_groups)
-
-    @jax.custom_batching.custom_vmap
-    def measured(x):
-        rank = _axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
-        if table is not None:
-            rank = jnp.where(jnp.asarray(table)[_linear_shard_index(am)], rank, -1)
-        out, _ = primitive.native_collective(reduce, x, site_id=nid, rank=rank, payload_size=n_pay)
-        return out
-
-    @measured.def_vmap
-    def measured_vmap(axis_size, in_batched, x):
-        del axis_size
-        return measured(x), in_batched[0]
-
-    @jax.custom_jvp
-    def run(x):
-        return measured(x)
-
-    @run.defjvp
-    def run_jvp(primals, tangents):
-        (xp,), (xt,) = primals, tangents
-        y = run(xp)
-        return y, _tangent(lax_fn, xt, y, axis_name, axis_index_groups)
-
-    return run(x)
-
-
-def _tangent(lax_fn, xt, y, axis_name, axis_index_groups):
-    """The tangent lax's own JVP rule gives: the same collective on the tangent.
-
-    Integer/bool inputs carry `float0` tangents; their outputs get a zero tangent
-    of the output's tangent dtype (`float0`, or float for `pmean` of ints).
-    """
-    float0 = jax.dtypes.float0
-    t_leaves, t_def = jax.tree_util.tree_flatten(xt)
-    y_leaves = jax.tree_util.tree_leaves(y)
-    out = []
-    for t, yl in zip(t_leaves, y_leaves, strict=True):
-        if getattr(t, "dtype", None) != float0:
-            out.append(lax_fn(t, axis_name, axis_index_groups=axis_index_groups))
-        elif jnp.issubdtype(yl.dtype, jnp.inexact):
-            out.append(jnp.zeros(yl.shape, yl.dtype))
-        else:
-            out.append(np.zeros(yl.shape, dtype=float0))
-    return jax.tree_util.tree_unflatten(t_def, out)

@@ -59,10 +59,22 @@ arrive_p = Primitive("jaxpace_arrive")
 arrive_p.multiple_results = True
 
 
+def _invariant_scalar(aval, dtype):
+    """A scalar aval of `dtype` that varies along no manual axis (a constant's type)."""
+    sharding = getattr(aval, "sharding", None)
+    kw = {}
+    if sharding is not None and hasattr(sharding, "update"):
+        kw["sharding"] = sharding.update(spec=PartitionSpec())
+    return jax.core.ShapedArray((), np.dtype(dtype), weak_type=False, **kw)
+
+
 def _arrive_abstract(tr, *, site, payload_size):
     del site
-    # Outputs vary along every axis that `tr` (token and rank, stacked) varies along.
-    return [_like(tr, (), np.int32), _like(tr, (payload_size,), np.float32)]
+    # The payload varies along every axis that `tr` (token and rank, stacked) varies along.
+    # The step tag is typed as invariant: it only feeds `step_tag < 0`, which is False on
+    # every shard, into each leaf's tie; typed as varying, a tie would make a leaf that is
+    # invariant along some axis (a replicated loss under `pmean`) vary along it.
+    return [_invariant_scalar(tr, np.int32), _like(tr, (payload_size,), np.float32)]
 
 
 def _arrive_impl(tr, *, site, payload_size):
@@ -301,6 +313,11 @@ def _tie(leaf, never):
 def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """`reduce` timed by the native probes: arrive -> reduce -> done, bitwise `reduce(x)`.
 
+    Every non-empty leaf is tied to `arrive` (its first element rewritten with itself,
+    through a select XLA cannot fold), and `done` reads one element of every output leaf,
+    so every collective XLA makes of `reduce` (one per leaf, or any combination the
+    all-reduce combiner forms) depends on the arrive probe and feeds the done probe.
+
     Args:
       reduce: `reduce(tree)` -> the collective's result (e.g. `lambda t: lax.psum(t, "i")`).
         With `payload_size > 0` it is called on `(x, payload)`, so the payload is an operand of
@@ -313,27 +330,36 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """
     leaves, tdef = jax.tree_util.tree_flatten(x)
     sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
-    dep = min((i for i, s in enumerate(sizes) if s > 0), key=lambda i: sizes[i])
     tok = jnp.float32(0)
     for leaf, s in zip(leaves, sizes, strict=True):
         if s > 0:
             tok = tok + _first_scalar(leaf)
     step_tag, payload = arrive(lax.stop_gradient(tok), site_id, rank, payload_size)
     step_tag = lax.stop_gradient(step_tag)
+    never = step_tag < 0  # step_tag >= 0 always: each tie keeps the leaf's bits
+    tied = [_tie(leaf, never) if s > 0 else leaf for leaf, s in zip(leaves, sizes, strict=True)]
+    tied_x = jax.tree_util.tree_unflatten(tdef, tied)
+    feed = []
     if payload_size > 0:
-        out, red = reduce((x, lax.stop_gradient(payload)))
+        out, red = reduce((tied_x, lax.stop_gradient(payload)))
         red = lax.stop_gradient(red)
-        reduced_for_done = red
+        feed.append(jnp.ravel(red).astype(jnp.float32))  # the handler reads these first
     else:
-        leaves = list(leaves)
-        leaves[dep] = _tie(leaves[dep], step_tag < 0)  # step_tag >= 0 always: the same bits
-        out = reduce(jax.tree_util.tree_unflatten(tdef, leaves))
+        out = reduce(tied_x)
         red = None
-        reduced_for_done = _first_scalar(jax.tree_util.tree_leaves(out)[dep])
+    out_leaves = jax.tree_util.tree_leaves(out)
+    feed += [
+        _first_scalar(leaf).reshape((1,)) for leaf in out_leaves if int(np.prod(jnp.shape(leaf)))
+    ]
+    reduced_for_done = jnp.concatenate(feed) if feed else jnp.zeros((1,), jnp.float32)
     one = lax.stop_gradient(done(reduced_for_done, step_tag, site_id, rank))
     if done_kept_by_rule():
         return out, red
     out_leaves, out_def = jax.tree_util.tree_flatten(out)
+    dep = min(
+        (i for i, leaf in enumerate(out_leaves) if int(np.prod(jnp.shape(leaf)))),
+        key=lambda i: int(np.prod(jnp.shape(out_leaves[i]))),
+    )
     out_leaves = list(out_leaves)
     out_leaves[dep] = _tie(out_leaves[dep], one < 0)  # done returns 1.0: the same bits
     return jax.tree_util.tree_unflatten(out_def, out_leaves), red

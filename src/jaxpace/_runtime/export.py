@@ -128,8 +128,8 @@ def header(pacer: Pacer) -> dict[str, Any]:
         policy=pacer.policy.name,
         local_devices=[d.id for d in jax.local_devices()],
         rank_groups=_rank_groups(pacer),
-        platform=_platform(),
-        sample_every=int(pacer.config.sample_every),
+        # Per site: what changes what its numbers mean (probe, an invariant operand, the
+        # policy stopping), its collective and who takes part with whom (groups, pairs).
         sites=_site_context(pacer),
     )
 
@@ -150,7 +150,8 @@ def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
 
     `probe`: which probes timed it; `invariant_over`: the axis its operand was
     already reduced over (the skew is hidden), else None; `backed_off` /
-    `ab_rejected`: the policy stopped pacing during the run on some rank.
+    `ab_rejected`: the policy stopped pacing during the run on some rank; and the
+    site's layout (`collective`, its rank groups, ppermute's pairs; `_site_layout`).
     """
     out: dict[str, dict[str, Any]] = {}
     invariant = dict(getattr(pacer.hooks, "invariant_sites", {}))
@@ -163,6 +164,7 @@ def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
             ab = status.ab_effect or {}
             ab_rejected = ab_rejected or bool(ab.get("rejected"))
         out[name] = {
+            **(getattr(site, "layout_info", None) or {}),  # collective, groups, ppermute pairs
             "probe": site.probe,
             "invariant_over": invariant.get(name),
             "backed_off": backed_off,

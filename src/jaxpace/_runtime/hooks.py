@@ -128,7 +128,8 @@ class Hooks:
         """
         p = self._p
         n = site.num_slots
-        exchange = p.policy.needs_exchange
+        # A measure-only site (a collective the exchange cannot ride) carries no payload.
+        exchange = p.policy.needs_exchange and not site.measure_only
         payload = np.zeros(_exchange.payload_size(n) if exchange else 0, dtype=np.float32)
         try:
             if p._fault_hook is not None:
@@ -211,7 +212,9 @@ class Hooks:
         with st.lock:
             wait_ns, delay_ns = self._close_record(st, step, t)
             st.wd_out = step  # for the stall watchdog: left the collective
-            if reduced is None:
+            if site.measure_only:
+                pass  # all_gather, ppermute, ...: recorded, never paced
+            elif reduced is None:
                 # No exchange: only this rank's own view (fixed / measure-only).
                 self._decide(site, st, rank, np.full(site.num_slots, np.nan), st.prev_step_s, step)
             else:

@@ -260,6 +260,72 @@ class Pacer:
         """`jax.lax.pmean`, measured (and paced) by this pacer. See `jaxpace.pmean`."""
         return _collectives.collective(self.hooks, "pmean", x, axis_name, axis_index_groups, site)
 
+    def pmax(self, x, axis_name, *, axis_index_groups=None, site: str | None = None):
+        """`jax.lax.pmax`, measured (never paced) by this pacer. See `jaxpace.pmax`."""
+        return _collectives.collective(self.hooks, "pmax", x, axis_name, axis_index_groups, site)
+
+    def pmin(self, x, axis_name, *, axis_index_groups=None, site: str | None = None):
+        """`jax.lax.pmin`, measured (never paced) by this pacer. See `jaxpace.pmin`."""
+        return _collectives.collective(self.hooks, "pmin", x, axis_name, axis_index_groups, site)
+
+    def all_gather(
+        self,
+        x,
+        axis_name,
+        *,
+        axis_index_groups=None,
+        axis=0,
+        tiled=False,
+        to="varying",
+        site: str | None = None,
+    ):
+        """`jax.lax.all_gather`, measured (never paced). See `jaxpace.all_gather`."""
+        params = {"axis": axis, "tiled": tiled, "to": to}
+        return _collectives.collective(
+            self.hooks, "all_gather", x, axis_name, axis_index_groups, site, params
+        )
+
+    def psum_scatter(
+        self,
+        x,
+        axis_name,
+        *,
+        scatter_dimension=0,
+        axis_index_groups=None,
+        tiled=False,
+        site: str | None = None,
+    ):
+        """`jax.lax.psum_scatter`, measured (never paced). See `jaxpace.psum_scatter`."""
+        params = {"scatter_dimension": scatter_dimension, "tiled": tiled}
+        return _collectives.collective(
+            self.hooks, "psum_scatter", x, axis_name, axis_index_groups, site, params
+        )
+
+    def ppermute(self, x, axis_name, perm, *, site: str | None = None):
+        """`jax.lax.ppermute`, measured (never paced). See `jaxpace.ppermute`."""
+        if not isinstance(perm, (list, tuple)) and hasattr(perm, "__iter__"):
+            perm = list(perm)  # a `zip` or generator is read more than once here
+        return _collectives.collective(
+            self.hooks, "ppermute", x, axis_name, None, site, {"perm": perm}
+        )
+
+    def all_to_all(
+        self,
+        x,
+        axis_name,
+        split_axis,
+        concat_axis,
+        *,
+        axis_index_groups=None,
+        tiled=False,
+        site: str | None = None,
+    ):
+        """`jax.lax.all_to_all`, measured (never paced). See `jaxpace.all_to_all`."""
+        params = {"split_axis": split_axis, "concat_axis": concat_axis, "tiled": tiled}
+        return _collectives.collective(
+            self.hooks, "all_to_all", x, axis_name, axis_index_groups, site, params
+        )
+
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self, timeout_s: float = 5.0) -> None:

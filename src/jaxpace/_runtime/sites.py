@@ -60,6 +60,9 @@ class SiteStats:
       arrived_last: per rank of the job, exchanged steps in which it arrived
         last, over the run; arrived_last_top1pct: steps in which it was among
         the latest 1% of ranks (the latest `ceil(R / 100)`).
+      pacing: what the pacing policy does at this site: paced (psum/pmean, where the
+        in-band exchange rides), or measure only and why (all_gather, psum_scatter,
+        ppermute, all_to_all, pmax, pmin: no exchange can ride without an extra collective).
     """
 
     site: str
@@ -85,6 +88,7 @@ class SiteStats:
     fleet_sd: list[float] = dataclasses.field(default_factory=list)
     arrived_last: list[int] = dataclasses.field(default_factory=list)
     arrived_last_top1pct: list[int] = dataclasses.field(default_factory=list)
+    pacing: str | None = None
 
 
 class RankState:
@@ -212,6 +216,8 @@ class Site:
         self.errors = 0
         self.layout = layout  # how each process's measuring shard was found
         self.probe: str | None = None  # which probes time it, and why (set at trace time)
+        self.measure_only = False  # a collective the in-band exchange cannot ride (never paced)
+        self.pacing: str | None = None  # what the policy does here, and why (set at trace time)
         self.native = None  # (native site id, layout key) on the native path
         self.flush = _no_flush  # brings host state up to date (the native drain)
         self.memo = SiteMemo(num_slots)
@@ -325,6 +331,7 @@ def site_stats(site: Site, policy: PacingPolicy) -> SiteStats:
         errors=site.errors,
         layout=site.layout,
         probe=site.probe,
+        pacing=site.pacing,
     )
     waits, hists = [], []
     window: tuple[int, np.ndarray, np.ndarray] | None = None  # the longest rank's, in order

@@ -80,6 +80,7 @@ def cli_main(args: argparse.Namespace) -> int:
             ),
         )
         print_summary(report, verbose=bool(getattr(args, "verbose", False)))
+        _print_sites(args.run_dir, report.sites, args.warmup)
         html = write_html(report, outputs["html"])
         trace = write_trace(report, outputs["trace"])
         written = [html, trace]
@@ -127,6 +128,19 @@ def _output_paths(args: argparse.Namespace) -> dict[str, Path]:
     for key, p in paths.items():
         check_output_path(p, f"{key.upper()} output", f"--{key}")
     return paths
+
+
+def _print_sites(run_dir: str, sites, warmup: int | None) -> None:
+    """Every site in step order, with who is late within each group (several sites only)."""
+    if len(sites) < 2:
+        return
+    from jaxpace.report.records import load_records
+    from jaxpace.report.stages import links
+
+    rows = links.site_table(
+        load_records(run_dir), DEFAULT_WARMUP_STEPS if warmup is None else warmup
+    )
+    print("\n" + links.format_site_table(rows))
 
 
 def _one_run(run_dir: str) -> str:

@@ -1,0 +1,141 @@
+"""`python -m benchmarks fsdp`: the FSDP example's step with jaxpace (measure only) vs `jax.lax`.
+
+One process, 8 CPU devices, the 2 x 4 (`data`, `model`) mesh of `examples/fsdp.py`: the same
+step built twice, every collective a `jaxpace` drop-in (the default pacer: measure only)
+or the `jax.lax` call, timed interleaved (each once per round, shuffled order). The figure
+is the median over rounds of the paired ratio jaxpace / lax, and the ratio of medians.
+Writes `benchmarks/results/fsdp.json` and the section of docs/benchmarks.md between the
+`fsdp` markers (below the generated block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BEGIN = "<!-- begin: fsdp, written by `python -m benchmarks fsdp` -->"
+END = "<!-- end: fsdp -->"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("fsdp_example", REPO / "examples" / "fsdp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(reps: int, batch_per_replica: int) -> dict:
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    from benchmarks.__main__ import _interleaved, _paired_pct, machine
+
+    ex = _example()
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    jax.set_mesh(mesh)
+    shardings = [{n: NamedSharding(mesh, s) for n, s in d.items()} for d in ex.param_specs()]
+    params = ex._place(ex.init_params(jax.random.key(0)), shardings)
+    x, y = ex.make_data(mesh, batch_per_replica, 1)[0]
+    import jaxpace
+
+    sampled = jaxpace.Pacer(sample_every=10, mesh=mesh)
+    steps = {c: ex.make_step(mesh, c, 0.05, donate=False) for c in ("lax", "jaxpace")}
+    steps["sample_every=10"] = ex.make_step(mesh, sampled, 0.05, donate=False)
+    res = _interleaved(steps, (params, x, y), reps)
+    sampled.close()
+    out = {
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "reps": reps,
+        "batch_per_replica": batch_per_replica,
+        "median_ms": {k: v["median_s"] * 1e3 for k, v in res.items()},
+        "iqr_ms": {k: [v["p25_s"] * 1e3, v["p75_s"] * 1e3] for k, v in res.items()},
+        "paired_pct": _paired_pct(res, "jaxpace", "lax"),
+        "ratio_of_medians_pct": (res["jaxpace"]["median_s"] / res["lax"]["median_s"] - 1) * 100,
+        "sampled_ratio_of_medians_pct": (
+            res["sample_every=10"]["median_s"] / res["lax"]["median_s"] - 1
+        )
+        * 100,
+    }
+
+    st = jaxpace.default_pacer().stats()
+    out["sites_measured"] = sum(1 for s in st.values() if s.measured and s.steps > 0)
+    out["steps_per_site"] = int(np.median([s.steps for s in st.values() if s.measured]))
+    return out
+
+
+def markdown(results: list[dict]) -> str:
+    r0 = results[0]
+    lines = [
+        BEGIN,
+        "## FSDP + tensor parallelism step (`python -m benchmarks fsdp`)",
+        "",
+        "The step of `examples/fsdp.py` (two jitted halves: all-gathers, forward and "
+        "backward with the tensor-parallel sums; reduce-scatters and the update) on one "
+        "process with 8 CPU devices as a 2 x 4 (`data`, `model`) mesh, every collective a "
+        "jaxpace drop-in (default pacer: measure only) vs the same step with `jax.lax`, "
+        f"interleaved, {r0['reps']} rounds per batch size; {r0['sites_measured']} sites "
+        "measured. The weights are the example's (2 layers, width 64); a larger batch per "
+        "`data` replica makes the step longer without changing its collectives.",
+        "",
+        "| batch per replica | `jax.lax` median (IQR) | jaxpace median (IQR) | ratio of medians | "
+        "median per-round ratio | `sample_every=10`, ratio of medians |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lax, jp = r["median_ms"]["lax"], r["median_ms"]["jaxpace"]
+        ql, qj = r["iqr_ms"]["lax"], r["iqr_ms"]["jaxpace"]
+        lines.append(
+            f"| {r['batch_per_replica']} | {lax:.2f} ms ({ql[0]:.2f}–{ql[1]:.2f}) | "
+            f"{jp:.2f} ms ({qj[0]:.2f}–{qj[1]:.2f}) | {r['ratio_of_medians_pct']:+.1f}% | "
+            f"{r['paired_pct']:+.1f}% | {r['sampled_ratio_of_medians_pct']:+.1f}% |"
+        )
+    lines += ["", f"Machine: {r0['machine']}. Date: {r0['date']}.", END]
+    return "\n".join(lines)
+
+
+def write_section(text: str, path: Path) -> None:
+    doc = path.read_text()
+    if BEGIN in doc and END in doc:
+        doc = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: text, doc, flags=re.S)
+    else:
+        marker = "<!-- end: written by `python -m benchmarks`"
+        i = doc.index(marker)
+        j = doc.index("\n", i) + 1
+        doc = doc[:j] + "\n" + text + "\n" + doc[j:]
+    path.write_text(doc)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks fsdp", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--batch-per-replica", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
+    args = ap.parse_args(argv)
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", 8)
+    results = [run(args.reps, b) for b in args.batch_per_replica]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fsdp.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    text = markdown(results)
+    print(text)
+    if args.markdown:
+        write_section(text, Path(args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The measured collective through the native probes (no JAX effect, no Python per step).
+
+Called by `jaxpace._collectives` once it has decided to measure a call and the native
+probes apply; `tangent` is lax's own JVP rule for every measured collective.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxpace import _jax_compat, _kinds
+
+__all__ = ["axis_rank", "is_leader", "linear_shard_index", "native_or_none", "tangent"]
+
+
+def linear_shard_index(am):
+    """This shard's index in the row-major order of the abstract mesh `am`."""
+    idx = jnp.int32(0)
+    for name, size in zip(am.axis_names, am.axis_sizes, strict=True):
+        idx = idx * size + lax.axis_index(name)
+    return idx
+
+
+def is_leader(table: np.ndarray, am):
+    """Whether this shard measures for its process: `table[linear shard index]`.
+
+    When the leaders are every `block`-th shard (process-contiguous meshes, as
+    `jax.make_mesh` and `pmap` lay out), computed from the index with literals only, so
+    `jax.checkpoint` has no constant array to save as a residual.
+    """
+    idx = linear_shard_index(am)
+    n = int(table.size)
+    block = int(np.argmax(table[1:])) + 1 if table[1:].any() else n
+    if table[0] and n % block == 0 and (table == (np.arange(n) % block == 0)).all():
+        return idx % block == 0
+    return jnp.asarray(table)[idx]
+
+
+def axis_rank(axes: tuple, sizes: dict):
+    """This shard's rank over `axes` (row-major over their sizes)."""
+    idx = jnp.int32(0)
+    for a in axes:
+        idx = idx * sizes[a] + lax.axis_index(a)
+    return idx
+
+
+def native_or_none(rt, site_obj, probe, args, am, axes, sizes):
+    """`(result,)` of the collective through the native probes, or None for the fallback.
+
+    Sets `site_obj.probe` either way (what `stats()` says about the path).
+    """
+    call, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table = args
+    native_id, native_why = None, probe[1]
+    if probe[0] is not None:
+        native_id, native_why = _attach_native(
+            rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
+        )
+    site_obj.probe = native_why
+    if native_id is None:
+        return None
+    out = _measured_native(
+        call, x, axis_name, axis_index_groups, native_id, n_pay, granularity, table, am, axes, sizes
+    )
+    return (out,)
+
+
+def _attach_native(
+    rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
+):
+    """Registers the native site; returns `(native id or None, what stats() says)`."""
+    from jaxpace._native import driver
+
+    platform, why = probe
+    fixed_rank = jax.process_index() if granularity == "process" else -1
+    try:
+        nid = driver.attach(
+            rt,
+            site_obj,
+            num_slots=num_slots,
+            fixed_rank=fixed_rank,
+            sample_every=rt.config.sample_every,
+            payload_len=n_pay,
+            scale=scale,
+            capacity=rt.config.capacity * max(1, jax.local_device_count()),
+            max_delay_s=0.0 if site_obj.measure_only else rt.policy.max_delay_s,
+            stop=getattr(rt, "stop_event", None),
+        )
+        if platform == "cuda":
+            why_dev = _cuda_device_table(rt, nid, granularity, table, am, axes, sizes)
+            if why_dev is not None:
+                return None, f"io_callback probes: {why_dev}"
+    except Exception as e:  # noqa: BLE001 - any failure here means "use the fallback"
+        return None, f"io_callback probes: native site registration failed ({e})"
+    return nid, f"native: {why}"
+
+
+def _cuda_device_table(rt, nid, granularity, table, am, axes, sizes) -> str | None:
+    """GPU operands live on the device, so the handlers read each shard's rank from a host
+    table keyed by local device ordinal, built from a concrete mesh. None when set."""
+    from jaxpace import _native
+
+    mesh = rt.mesh if rt.mesh is not None else _jax_compat.concrete_mesh()
+    names, shape = tuple(am.axis_names), tuple(am.axis_sizes)
+    if mesh is None or tuple(mesh.axis_names) != names or tuple(mesh.devices.shape) != shape:
+        return "the CUDA handlers need the concrete mesh (Pacer(mesh=...) or jax.set_mesh)"
+    devs = mesh.devices
+    ranks = {}
+    for idx in np.ndindex(*shape):
+        d = devs[idx]
+        if d.process_index != jax.process_index():
+            continue
+        if granularity == "process":
+            lin = int(np.ravel_multi_index(idx, shape))
+            r = 0 if table is not None and table[lin] else -1
+        else:
+            pos = dict(zip(names, idx, strict=True))
+            r = 0
+            for a in axes:
+                r = r * sizes[a] + pos[a]
+        ranks[int(d.local_hardware_id)] = r
+    arr = np.full(max(ranks) + 1 if ranks else 0, -1, np.int32)
+    for k, v in ranks.items():
+        arr[k] = v
+    _native.set_site_devices(nid, arr)
+    return None
+
+
+def _measured_native(
+    call, x, axis_name, axis_index_groups, nid, n_pay, granularity, table, am, axes, sizes
+):
+    """The measured collective through the native probes: no JAX effect, no Python per step.
+
+    Arrive and done are effect-free primitives lowered to side-effecting FFI calls
+    (jaxpace._native.primitive); a shard that does not measure passes rank -1 and
+    the handler returns at once. Works under remat (measured once per step),
+    custom_jvp and jax_enable_checks; the custom_jvp below keeps lax's own tangent
+    rule, so gradients stay bitwise lax's (the ties' transposes would add zeros,
+    which turns -0.0 into +0.0).
+    """
+    from jaxpace._native import primitive
+
+    lax_fn = call.fn
+
+    def reduce(t):  # t is (x, payload) with exchange: one all-reduce for both
+        return lax_fn(t, axis_name, axis_index_groups=axis_index_groups)
+
+    def _probed(fn, x):
+        rank = axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+        if table is not None:
+            rank = jnp.where(is_leader(table, am), rank, -1)
+        out, _ = primitive.native_collective(fn, x, site_id=nid, rank=rank, payload_size=n_pay)
+        return out
+
+    @jax.custom_batching.custom_vmap
+    def measured(x):
+        return _probed(reduce, x)
+
+    @measured.def_vmap
+    def measured_vmap(axis_size, in_batched, x):
+        if call.kind in _kinds.ELEMENTWISE_KINDS:
+            # Elementwise in any other (vmapped) dimension, as lax's own batching rule:
+            # one arrival per shard, not one per batch element.
+            return measured(x), in_batched[0]
+        # all_gather / psum_scatter / all_to_all place axes: lax's batching rule does that.
+        in_axes = jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched[0])
+
+        def reduce_batched(t):
+            return jax.vmap(reduce, in_axes=(in_axes,), axis_size=axis_size)(t)
+
+        out = _probed(reduce_batched, x)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def run(x):
+        return measured(x)
+
+    @run.defjvp
+    def run_jvp(primals, tangents):
+        (xp,), (xt,) = primals, tangents
+        y = run(xp)
+        return y, tangent(call, xp, xt, y, axis_name, axis_index_groups)
+
+    return run(x)
+
+
+def tangent(call, xp, xt, y, axis_name, axis_index_groups):
+    """The tangent lax's own JVP rule gives for `call` at primal `xp`, tangent `xt`.
+
+    For a linear collective, the same collective on the tangent. Integer/bool inputs
+    carry `float0` tangents; their outputs get a zero tangent of the output's tangent
+    dtype (`float0`, or float for `pmean` of ints). For the others (`pmax`, `pmin`),
+    whatever `jax.jvp` of the lax call gives, its errors included.
+    """
+    lax_fn = call.fn
+    if call.kind not in _kinds.LINEAR_KINDS:
+        return jax.jvp(
+            lambda v: lax_fn(v, axis_name, axis_index_groups=axis_index_groups), (xp,), (xt,)
+        )[1]
+    float0 = jax.dtypes.float0
+    t_leaves, t_def = jax.tree_util.tree_flatten(xt)
+    y_leaves = jax.tree_util.tree_leaves(y)
+    out = []
+    for t, yl in zip(t_leaves, y_leaves, strict=True):
+        if getattr(t, "dtype", None) != float0:
+            out.append(lax_fn(t, axis_name, axis_index_groups=axis_index_groups))
+        elif jnp.issubdtype(yl.dtype, jnp.inexact):
+            out.append(jnp.zeros(yl.shape, yl.dtype))
+        else:
+            out.append(np.zeros(yl.shape, dtype=float0))
+    return jax.tree_util.tree_unflatten(t_def, out)

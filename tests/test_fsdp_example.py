@@ -1,0 +1,134 @@
+"""examples/fsdp.py: FSDP + tensor parallelism with every collective a jaxpace drop-in.
+
+Single process: the same losses and weight bytes as the `jax.lax` step, and every collective
+of both compiled halves is bracketed by the probes, with lax's collective counts. Under
+`jaxpace launch -n 4 --local-devices 2` with process 1 made late: the report names rank 1,
+within its group, at every all-gather and every reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO, run_launch
+from hlo_graph import check_bracketed, count_collectives
+
+from jaxpace import _native
+from jaxpace.report.records import load_records
+from jaxpace.report.stages import links
+
+EXAMPLE = REPO / "examples" / "fsdp.py"
+
+
+def _load_example():
+    spec = importlib.util.spec_from_file_location("fsdp_example", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(tmp_path, coll):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    out = tmp_path / coll
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--steps", "4", "--collective", coll, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "result-p0.json").read_text())
+
+
+def test_fsdp_single_process_matches_lax_to_the_bit(tmp_path):
+    ours, plain = _run(tmp_path, "jaxpace"), _run(tmp_path, "lax")
+    assert ours["params_sha256"] == plain["params_sha256"]
+    assert np.array(ours["losses"]).view(np.uint8).tobytes() == (
+        np.array(plain["losses"]).view(np.uint8).tobytes()
+    )
+    assert ours["losses"][-1] < ours["losses"][0]
+    assert sorted(p.name for p in (tmp_path / "jaxpace").iterdir()) == [
+        "records-p0.jsonl",
+        "result-p0.json",
+    ]
+
+
+@pytest.mark.skipif(
+    not _native.available()[0], reason=f"native probes unavailable: {_native.available()[1]}"
+)
+def test_every_collective_of_the_fsdp_step_is_a_bracketed_dropin():
+    ex = _load_example()
+    mesh = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:8])
+    from jax.sharding import NamedSharding
+
+    import jaxpace as jp
+
+    with jax.set_mesh(mesh):
+        shardings = [{n: NamedSharding(mesh, s) for n, s in d.items()} for d in ex.param_specs()]
+        params = ex._place(ex.init_params(jax.random.key(0)), shardings)
+        x, y = ex.make_data(mesh, 2, 1)[0]
+        texts = {}
+        for coll in ("jaxpace", "lax"):
+            grads_fn, update_fn = ex.make_step(mesh, coll, 0.05).halves
+            grads = jax.eval_shape(grads_fn, params, x, y)[0]
+            texts[coll] = [
+                grads_fn.lower(params, x, y).compile().as_text(),
+                update_fn.lower(params, grads).compile().as_text(),
+            ]
+    for ours, plain in zip(texts["jaxpace"], texts["lax"], strict=True):
+        seen, problems = check_bracketed(ours, "jaxpace_arrive_cpu", "jaxpace_done_cpu")
+        assert seen > 0 and not problems, problems
+        assert count_collectives(ours) == count_collectives(plain)
+    assert jp.default_pacer() is not None
+
+
+@pytest.mark.multiprocess
+def test_fsdp_4x2_report_names_the_late_process_at_gathers_and_scatters(tmp_path):
+    out = tmp_path / "run"
+    args = ["-n", 4, "--local-devices", 2, "--timeout", 400, "--", sys.executable, EXAMPLE]
+    args += ["--steps", 24, "--lag-process", 1, "--lag-s", 0.2, "--out", out]
+    proc = run_launch(args, timeout_s=460)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rows = {r.site: r for r in links.site_table(load_records(out))}
+    gathers = [s for s, r in rows.items() if r.kind == "all_gather"]
+    scatters = [s for s, r in rows.items() if r.kind == "psum_scatter"]
+    assert len(gathers) == 4 and len(scatters) == 4, rows.keys()
+    for s in gathers + scatters:
+        named = {(g.rank, g.group) for g in rows[s].late}
+        assert named == {(1, (1, 3))}, (s, rows[s].late)
+        assert rows[s].late[0].lead_s > 0.1
+    text = links.format_site_table(list(rows.values()))
+    assert "rank 1 by" in text
+    report = subprocess.run(
+        [sys.executable, "-m", "jaxpace", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "First late in the step: rank 1" in report.stdout
+
+
+def test_benchmark_rewrites_only_its_section(tmp_path):
+    from benchmarks import __main__ as bench
+    from benchmarks import fsdp
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"{bench.BEGIN}\ngenerated\n{bench.END}\n\n## Kept\n\nhand-written\n")
+    fsdp.write_section(f"{fsdp.BEGIN}\nfirst\n{fsdp.END}", doc)
+    fsdp.write_section(f"{fsdp.BEGIN}\nsecond\n{fsdp.END}", doc)
+    text = doc.read_text()
+    assert "second" in text and "first" not in text and text.count(fsdp.BEGIN) == 1
+    assert "generated" in text and text.endswith("## Kept\n\nhand-written\n")
+    assert text.index(bench.END) < text.index(fsdp.BEGIN)

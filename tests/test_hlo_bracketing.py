@@ -1,0 +1,174 @@
+"""Every collective of a measured call depends on the arrive probe and feeds the done probe.
+
+Checked in the HLO: compiled for CPU (after XLA's combiners and scheduling), and lowered for
+CUDA (`lower(lowering_platforms=("cuda",))`, what XLA GPU starts from; no GPU is needed to
+lower). Pytrees of many leaves, large and small, mixed dtypes, with and without the
+in-band exchange, every drop-in. The compiled CPU program also holds exactly the
+collectives of the plain `jax.lax` program (no hidden collective).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hlo_graph import check_bracketed, count_collectives
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxpace as jp
+from jaxpace import _native
+
+pytestmark = pytest.mark.skipif(
+    not _native.available()[0], reason=f"native probes unavailable: {_native.available()[1]}"
+)
+
+N = 8
+PERM = [(i, (i + 1) % N) for i in range(N)]
+
+# name -> f(m, tree): one collective of module `m` (jax.lax or a Pacer) over axis "i".
+CALLS = {
+    "psum": lambda m, t: m.psum(t, "i"),
+    "pmean": lambda m, t: m.pmean(t, "i"),
+    "pmax": lambda m, t: m.pmax(t, "i"),
+    "pmin": lambda m, t: m.pmin(t, "i"),
+    "all_gather": lambda m, t: m.all_gather(t, "i", axis=0, tiled=True),
+    "psum_scatter": lambda m, t: m.psum_scatter(t, "i", scatter_dimension=0, tiled=True),
+    "ppermute": lambda m, t: m.ppermute(t, "i", PERM),
+    "all_to_all": lambda m, t: m.all_to_all(t, "i", 0, 0, tiled=True),
+}
+
+
+def _tree(large: bool):
+    """Per-shard leaves (first dimension a multiple of N, for scatter and all-to-all)."""
+    big = (N * 32768, 8) if large else (N * 2, 3)  # 8 MiB per shard when large
+    return {
+        "w": jnp.ones(big, jnp.float32),
+        "b": jnp.arange(N * 4, dtype=jnp.float32).reshape(N, 4),
+        "h": jnp.ones((N, 5), jnp.bfloat16),
+        "k": jnp.arange(N * 2, dtype=jnp.int32),
+        "s": [jnp.full((N,), 2.0, jnp.float32), jnp.zeros((N, 2, 2), jnp.float32)],
+    }
+
+
+def _jitted(call, m, mesh, tree):
+    spec = jax.tree.map(lambda _: P("i"), tree)
+    f = jax.shard_map(
+        lambda t: call(m, t), mesh=mesh, in_specs=(spec,), out_specs=spec, check_vma=False
+    )
+    return jax.jit(f)
+
+
+def _sharded(mesh, large):
+    tree = jax.tree.map(lambda a: jnp.concatenate([a] * N), _tree(large))
+    return jax.device_put(tree, NamedSharding(mesh, P("i")))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((N,), ("i",), devices=jax.devices()[:N])
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+@pytest.mark.parametrize("exchange", [False, True], ids=["measure", "exchange"])
+@pytest.mark.parametrize("name", list(CALLS))
+def test_every_collective_is_bracketed_in_compiled_cpu_hlo(mesh, name, exchange, large):
+    policy = jp.adaptive() if exchange else jp.no_pacing()
+    pacer = jp.Pacer(policy, granularity="device", mesh=mesh)
+    try:
+        tree = _sharded(mesh, large)
+        with jax.set_mesh(mesh):
+            ours = _jitted(CALLS[name], pacer, mesh, tree).lower(tree).compile().as_text()
+            plain = _jitted(CALLS[name], lax, mesh, tree).lower(tree).compile().as_text()
+        assert "jaxpace_arrive_cpu" in ours, "the call was not measured by the native probes"
+        seen, problems = check_bracketed(ours, "jaxpace_arrive_cpu", "jaxpace_done_cpu")
+        assert seen > 0, "no collective found in the compiled HLO"
+        assert not problems, "\n".join(problems)
+        # The same collectives as lax, except that with the exchange psum/pmean carry one
+        # more (tiny) operand of an all-reduce: never one collective more.
+        assert count_collectives(ours) == count_collectives(plain)
+    finally:
+        pacer.close()
+
+
+@pytest.mark.parametrize("exchange", [False, True], ids=["measure", "exchange"])
+@pytest.mark.parametrize("name", list(CALLS))
+def test_every_collective_is_bracketed_in_hlo_lowered_for_cuda(mesh, name, exchange):
+    policy = jp.adaptive() if exchange else jp.no_pacing()
+    pacer = jp.Pacer(policy, granularity="device", mesh=mesh)
+    try:
+        tree = _sharded(mesh, large=True)
+        with jax.set_mesh(mesh):
+            traced = _jitted(CALLS[name], pacer, mesh, tree).trace(tree)
+            text = traced.lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")
+        assert "jaxpace_arrive_cuda" in text, "the CUDA lowering holds no native probe"
+        seen, problems = check_bracketed(text, "jaxpace_arrive_cuda", "jaxpace_done_cuda")
+        assert seen > 0, "no collective found in the HLO lowered for CUDA"
+        assert not problems, "\n".join(problems)
+        # One collective per array leaf on GPU before any combiner (what stays separate
+        # above the combiner's threshold), plus the payload's operand with the exchange.
+        n_leaves = len(jax.tree.leaves(tree))
+        assert seen >= n_leaves or name in ("psum", "pmean", "pmax", "pmin")
+    finally:
+        pacer.close()
+
+
+def test_the_checker_finds_an_unbracketed_collective(mesh):
+    """The check can fail: a lax collective beside a measured one is reported."""
+    pacer = jp.Pacer(jp.no_pacing(), granularity="device", mesh=mesh)
+    try:
+        x = jax.device_put(jnp.ones((N * 4,)), NamedSharding(mesh, P("i")))
+
+        def body(v):
+            return pacer.psum(v, "i") + lax.psum(v * 2, "i")
+
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        with jax.set_mesh(mesh):
+            text = f.lower(x).as_text(dialect="hlo")
+        seen, problems = check_bracketed(text, "jaxpace_arrive_cpu", "jaxpace_done_cpu")
+        assert seen == 2
+        assert len(problems) == 2 and all("all-reduce" in p for p in problems), problems
+    finally:
+        pacer.close()
+
+
+def test_values_stay_bitwise_with_every_leaf_tied(mesh):
+    """Tying every leaf keeps every output bit (−0.0, NaN payloads, ints, bf16)."""
+    pacer = jp.Pacer(jp.adaptive(), granularity="device", mesh=mesh)
+    try:
+        tree = _tree(large=False)
+        tree["w"] = tree["w"].at[0, 0].set(-0.0).at[1, 1].set(np.nan)
+        tree = jax.tree.map(lambda a: jnp.concatenate([a] * N), tree)
+        tree = jax.device_put(tree, NamedSharding(mesh, P("i")))
+        with jax.set_mesh(mesh):
+            for name in ("psum", "pmean", "all_gather", "ppermute"):
+                ours = _jitted(CALLS[name], pacer, mesh, tree)(tree)
+                plain = _jitted(CALLS[name], lax, mesh, tree)(tree)
+                for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(plain), strict=True):
+                    assert np.asarray(a).view(np.uint8).tobytes() == (
+                        np.asarray(b).view(np.uint8).tobytes()
+                    ), name
+    finally:
+        pacer.close()
+
+
+@pytest.mark.parametrize("exchange", [False, True], ids=["measure", "exchange"])
+@pytest.mark.parametrize("name", ["psum", "pmean", "all_gather", "ppermute", "all_to_all"])
+def test_io_callback_probes_bracket_every_collective_too(mesh, name, exchange):
+    """The fallback probes (host callbacks inside a `cond`, forced by a custom clock)."""
+    import time
+
+    policy = jp.adaptive() if exchange else jp.no_pacing()
+    pacer = jp.Pacer(policy, granularity="device", mesh=mesh, clock=time.perf_counter_ns.__call__)
+    try:
+        tree = _sharded(mesh, large=False)
+        with jax.set_mesh(mesh):
+            text = _jitted(CALLS[name], pacer, mesh, tree).lower(tree).compile().as_text()
+        target = "xla_ffi_python_cpu_callback"
+        assert target in text
+        seen, problems = check_bracketed(text, target, target)
+        assert seen > 0 and not problems, problems
+    finally:
+        pacer.close()

@@ -1,0 +1,102 @@
+"""The report's per-group view: who arrives last within each group, and slow ppermute pairs.
+
+Synthetic records with known lateness (and a balanced negative control), plus the site
+layout that the records' header carries (groups of a 2 x 4 mesh, ppermute pairs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import run_4x2
+
+from jaxpace import _records, _site_layout
+from jaxpace.report.records import load_records
+from jaxpace.report.stages import links
+
+SITES = {
+    "ag": {"kind": "all_gather", "groups": [[0, 2], [1, 3]]},
+    "pp": {"kind": "ppermute", "groups": [[0, 1, 2, 3]], "pairs": [[0, 1], [1, 2], [2, 3], [3, 0]]},
+}
+
+
+def _run(late: bool, steps: int = 30, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in range(4):
+        out.append(
+            _records.header_record(
+                run_id="r", process_index=p, process_count=4, host="h", pid=p,
+                granularity="process", jaxpace_version="0", policy="no_pacing()",
+                local_devices=[p], rank_groups=None, sites=SITES,
+            )
+        )  # fmt: skip
+    for k in range(steps):
+        t0 = k * 100_000_000
+        ag = rng.uniform(0.004, 0.012, 4)
+        if late:
+            ag[3] += 0.05  # rank 1 arrives 50 ms after rank 3: 3 waits, 1 does not
+        pp = rng.uniform(0.0005, 0.0015, 4)
+        if late:
+            pp[2] += 0.04  # destination 2 waits for source 1 (the slow pair 1 -> 2)
+        for r in range(4):
+            for site, wait, off in (("ag", ag[r], 0), ("pp", pp[r], 60_000_000)):
+                a = t0 + off + int(rng.integers(0, 1000))
+                out.append(
+                    _records.step_record(
+                        site=site, step=k, rank=r, process=r, arrive_ns=a,
+                        done_ns=a + int(wait * 1e9), delay_ns=0, engaged=False,
+                    )
+                )  # fmt: skip
+    return load_records(out)
+
+
+def test_late_rank_within_its_group_and_slow_pair_are_named():
+    rows = {r.site: r for r in links.site_table(_run(late=True))}
+    assert [r.site for r in links.site_table(_run(late=True))] == ["ag", "pp"]  # step order
+    (late,) = rows["ag"].late
+    assert (late.rank, late.group) == (1, (1, 3))
+    assert 0.04 < late.lead_s < 0.06 and late.p_value < links.ALPHA
+    assert rows["pp"].slow_link is not None
+    assert (rows["pp"].slow_link.source, rows["pp"].slow_link.destination) == (1, 2)
+    text = links.format_site_table(list(rows.values()))
+    assert "rank 1 by" in text and "slow pair 1->2" in text
+    assert "First late in the step: rank 1 at `ag`" in text
+
+
+def test_balanced_run_names_nobody():
+    for seed in range(5):
+        rows = links.site_table(_run(late=False, seed=seed))
+        assert all(not r.late and r.slow_link is None for r in rows), seed
+
+
+def test_too_few_steps_name_nobody():
+    # 4 analyzed steps: even always-latest has chance 1/16, far above ALPHA.
+    rows = {r.site: r for r in links.site_table(_run(late=True, steps=5), warmup_steps=1)}
+    assert not rows["ag"].late
+
+
+def test_layout_groups_and_pairs_on_a_2x4_mesh():
+    procs = np.repeat(np.arange(4), 2)  # 4 processes x 2 devices, process-contiguous
+    names, shape = ("data", "model"), (2, 4)
+    ag = _site_layout.describe("all_gather", names, shape, ("data",), procs, None, None)
+    assert ag == {"kind": "all_gather", "groups": [[0, 2], [1, 3]]}
+    tp = _site_layout.describe("psum", names, shape, ("model",), procs, None, None)
+    assert tp["groups"] == [[0, 1], [2, 3]]
+    pp = _site_layout.describe("ppermute", names, shape, ("data",), procs, None, [(0, 1), (1, 0)])
+    assert pp["pairs"] == [[0, 2], [1, 3], [2, 0], [3, 1]]
+    dev = _site_layout.describe("ppermute", names, shape, ("model",), None, None, [(0, 1)])
+    assert dev == {"kind": "ppermute", "groups": [[0, 1, 2, 3]], "pairs": [[0, 1]]}
+
+
+@pytest.mark.multiprocess
+def test_4x2_ppermute_names_the_slow_pair(tmp_path):
+    """Processes 0 and 1 swap data (so do 2 and 3); process 1 is late: 0 waits for it."""
+    out = tmp_path / "p2p"
+    run_4x2("ppermute_ring.py", "--out", out, "--lag-process", 1, "--lag-s", 0.1)
+    recs = load_records(out)
+    assert recs.headers[0]["sites"]["p2p"]["pairs"] == [[0, 1], [1, 0], [2, 3], [3, 2]]
+    (row,) = links.site_table(recs)
+    assert row.kind == "ppermute" and row.slow_link is not None
+    assert (row.slow_link.source, row.slow_link.destination) == (1, 0)
+    assert row.slow_link.wait_s > 0.05
