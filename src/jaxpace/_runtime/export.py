@@ -128,6 +128,8 @@ def header(pacer: Pacer) -> dict[str, Any]:
         policy=pacer.policy.name,
         local_devices=[d.id for d in jax.local_devices()],
         rank_groups=_rank_groups(pacer),
+        platform=_platform(),
+        sample_every=int(pacer.config.sample_every),
         # Per site: what changes what its numbers mean (probe, an invariant operand, the
         # policy stopping), its collective and who takes part with whom (groups, pairs).
         sites=_site_context(pacer),
