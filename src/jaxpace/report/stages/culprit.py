@@ -422,7 +422,7 @@ def fleet_text(rs: RankStats | GroupFinding, fleet: FleetSpread | None, over_s: 
         step = fleet.step_s
         share = f" ({over_s / step:.0%} of the step)" if math.isfinite(step) and step > 0 else ""
         loo = (
-            f"{num_text(rs.fleet_sd)} SDs of the others (named beyond {num_text(fleet.threshold)} "
+            f"{num_text(rs.fleet_sd)} SDs of the ranks below it (named beyond {num_text(fleet.threshold)} "
             "or "
             if math.isfinite(fleet.threshold)
             else "(named beyond "
