@@ -123,7 +123,7 @@ def test_a_healthy_fleet_with_host_spread_names_no_host():
 
 def test_readme_demo_small_job_still_names_the_late_rank():
     # 4 processes, one persistently 20 ms late on ~150 ms steps: too few ranks for a spread;
-    # the small-job rule (later than the others by more than 5% of the step) names it.
+    # the small-job rule (later than the others by more than 10% of the step) names it.
     for seed in range(5):
         recs = synthetic_records(
             4, 100, compute_s=0.13, jitter_s=0.005, late_rank=2, late_s=0.02, seed=seed

@@ -15,10 +15,16 @@ the noise floor:
    (`fleet_spread`) above the fleet's median. The threshold grows with R so
    that a healthy, normally spread fleet names anybody with probability at
    most `ALPHA`, at every rank count. Below `FLEET_MIN_MEMBERS` ranks a robust
-   spread means little; a rank must then be an outlier of the others' mean
-   and SD (a leave-one-out t test, from 4 ranks) or later than the median of
-   the others by more than `SMALL_JOB_STEP_FRACTION` of the median step
-   (healthy devices of one kind differ by 0.5-3%).
+   spread means little. From 4 ranks, sorted latest first, each of the
+   latest `(R - 1) // 2` is tested against the mean and SD of the ranks
+   *below* it, and the latest j+1 are outliers when stage j (or a later one)
+   exceeds its threshold (a one-sided generalized ESD test: several
+   stragglers do not hide each other); the per-stage thresholds
+   (`SMALL_JOB_THRESHOLDS`) are calibrated by simulation of normal fleets for
+   a family-wise `ALPHA`. At any small R a rank is also an outlier when it is
+   later than the others' median by more than `SMALL_JOB_STEP_FRACTION` of
+   the median step, beyond what a healthy fleet whose devices differ by up
+   to 2% (SD) reaches; at 2-3 ranks that is the only rule.
 
 Groups (host, NUMA node, NIC, switch, process) take test 2 against the spread
 of the groups of their kind (`fleet_test` on group means).
@@ -57,8 +63,31 @@ __all__ = [
 ALPHA = 1e-3
 # Fewest ranks (or groups) whose spread the fleet test estimates.
 FLEET_MIN_MEMBERS = 16
-# Below that: later than the others' median by more than this share of the median step.
-SMALL_JOB_STEP_FRACTION = 0.05
+# Below that, also: later than the others' median by more than this share of the
+# median step. A healthy fleet whose per-rank speed spread is 2% of the step
+# (normal) exceeds it with probability below ALPHA at every R from 2 to 15
+# (about 9.4% at 2 ranks, 8.0-8.5% from 4; benchmarks/small_job_calibration.py).
+SMALL_JOB_STEP_FRACTION = 0.10
+# The small-job test's per-stage thresholds at ALPHA, R = 4..15 members
+# (`python -m benchmarks.small_job_calibration`: 2,000,000 normal fleets per R,
+# each stage at SMALL_JOB_MARGIN x ALPHA / stages).
+SMALL_JOB_THRESHOLDS: dict[int, tuple[float, ...]] = {
+    4: (47.39,),
+    5: (22.73, 54.38),
+    6: (13.88, 18.65),
+    7: (11.41, 12.68, 19.37),
+    8: (9.67, 9.24, 11.27),
+    9: (8.59, 7.87, 8.54, 11.44),
+    10: (8.04, 6.92, 7.09, 8.28),
+    11: (7.63, 6.43, 6.36, 6.81, 8.14),
+    12: (7.16, 5.97, 5.74, 5.96, 6.56),
+    13: (7.05, 5.66, 5.37, 5.42, 5.79, 6.63),
+    14: (6.68, 5.41, 5.04, 4.99, 5.12, 5.58),
+    15: (6.59, 5.33, 4.87, 4.71, 4.85, 5.07, 5.51),
+}
+# Each stage is calibrated at this share of its alpha / stages: a margin for the
+# simulation's own error, so that the family-wise rate stays at or below alpha.
+SMALL_JOB_MARGIN = 0.9
 # Values farther than this many MAD-SDs from the median are left out of the spread.
 _TRIM_SDS = 3.5
 _TRIM_CONSISTENCY = 0.9914  # the SD of a standard normal truncated at +-3.5
@@ -109,16 +138,22 @@ class FleetTest:
 
     Attributes:
       rule: `"fleet spread"` (at least `FLEET_MIN_MEMBERS` members) or
-        `"small job"` (fewer: later than the others by a share of the step).
+        `"small job"` (fewer: the staged test below, or later than the others
+        by a share of the step).
       center_s, spread_s: median and robust SD of the members' mean lateness.
       distance: per member, (mean - median) / robust SD: how far above the
         fleet it is, in robust SDs (any real number; inf when the spread is 0);
-        for a small job, in SDs of the other members (leave one out).
+        for a small job, in SDs of the members below it (`_small_job`: the
+        largest scaled stage statistic at or after its place, capped at the
+        threshold for members below the last stage).
       threshold: the distance an outlier exceeds (`fleet_threshold`, or for a
-        small job the leave-one-out t test's Bonferroni threshold; inf below 4
-        members). A small job's member is also an outlier when it is later than
-        the others' median by `SMALL_JOB_STEP_FRACTION` of the median step.
-      over_others_s: per member, its mean minus the median of the others'.
+        small job the first stage's threshold from `SMALL_JOB_THRESHOLDS`; inf
+        below 4 members). A small job's member is also an outlier when it is
+        later than the others' median by `SMALL_JOB_STEP_FRACTION` of the
+        median step.
+      over_others_s: per member, how much later than the others it is: for
+        ranks (`decide`) the mean excess over the others' per-step median, for
+        groups the mean minus the median of the other groups' means.
       outlier: per member, whether it passes the test.
     """
 
@@ -131,45 +166,147 @@ class FleetTest:
     outlier: np.ndarray
 
 
-def fleet_test(means: np.ndarray, step_s: float, alpha: float = ALPHA) -> FleetTest:
-    """Test 2 on per-member mean lateness (`means`, seconds); `step_s` is the median step."""
+def fleet_test(
+    means: np.ndarray,
+    step_s: float,
+    alpha: float = ALPHA,
+    over_s: np.ndarray | None = None,
+    sizes: np.ndarray | None = None,
+) -> FleetTest:
+    """Test 2 on per-member mean lateness (`means`, seconds); `step_s` is the median step.
+
+    `over_s`: per member, how much later than the others it is (seconds), for
+    the small-job step rule; by default `means` minus the median of the others'.
+    `decide` passes each rank's mean excess, which is already its lateness over
+    the others' per-step median (subtracting the others' median once more would
+    double a healthy difference between two ranks). `sizes`: per member, the
+    ranks it averages (groups; default 1): the mean of k healthy ranks varies
+    by 1/sqrt(k) of one rank's spread, so the step rule's share is divided by
+    sqrt(k).
+    """
     m = np.asarray(means, dtype=np.float64)
     R = m.size
     center, spread = fleet_spread(m)
     with np.errstate(divide="ignore", invalid="ignore"):
         dist = np.where(spread > 0, (m - center) / spread, np.sign(m - center) * np.inf)
     dist = np.nan_to_num(dist, nan=0.0)
-    others = m - median_of_others(m[None, :])[0] if R >= 2 else np.zeros(R)
+    if over_s is not None:
+        others = np.asarray(over_s, dtype=np.float64)
+    else:
+        others = m - median_of_others(m[None, :])[0] if R >= 2 else np.zeros(R)
     if R >= FLEET_MIN_MEMBERS:
         q = fleet_threshold(R, alpha)
         return FleetTest("fleet spread", center, spread, dist, q, others, dist > q)
     # Few members: each against the mean and SD of the others (exact for a normal
     # spread, Bonferroni over the members), or later than the others by a share of the step.
-    t, q = _leave_one_out(m, alpha)
+    t, q, out = _small_job(m, alpha)
     ok = math.isfinite(step_s) and step_s > 0
-    by_step = others > SMALL_JOB_STEP_FRACTION * step_s if ok else np.zeros(R, bool)
-    return FleetTest("small job", center, spread, t, q, others, (t > q) | by_step)
+    k = np.ones(R) if sizes is None else np.maximum(np.asarray(sizes, dtype=np.float64), 1.0)
+    share = SMALL_JOB_STEP_FRACTION / np.sqrt(k)
+    by_step = others > share * step_s if ok else np.zeros(R, bool)
+    return FleetTest("small job", center, spread, t, q, others, out | by_step)
 
 
-def _leave_one_out(m: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
-    """Per member, (m_i - mean of the others) / (SD of the others x sqrt(1 + 1/(R-1))), which
-    is Student t with R - 2 degrees of freedom for a normal spread; and its Bonferroni
-    threshold. Below 4 members: zeros and inf (no spread to estimate)."""
+def small_job_stages(count: int) -> int:
+    """Stages of the small-job test at `count` members: at most this many are named.
+
+    `(R - 1) // 2` from 4 members (1 at 4, 3 at 8, 7 at 15), so that at least
+    half the members, plus one, are always the yardstick; 0 below 4.
+    """
+    R = int(count)
+    return (R - 1) // 2 if 4 <= R < FLEET_MIN_MEMBERS else 0
+
+
+def stage_statistics(x: np.ndarray, stages: int) -> np.ndarray:
+    """(..., stages) statistics of the small-job test on rows sorted latest first.
+
+    Stage j: the (j+1)-th latest member against the mean and SD of the members
+    below it, `(x_j - mean) / (SD x sqrt(1 + 1/k))` over the k = R - j - 1
+    members below (Student t with k - 1 degrees of freedom for a normal spread
+    when j = 0). Removing the j latest first is what keeps several stragglers
+    from hiding each other (the generalized ESD test, one-sided). An SD of 0
+    gives +-inf (0 when equal).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    R = x.shape[-1]
+    out = np.zeros(x.shape[:-1] + (stages,))
+    for j in range(stages):
+        below = x[..., j + 1 :]
+        k = R - j - 1
+        mu = below.mean(axis=-1)
+        scale = below.std(axis=-1, ddof=1) * math.sqrt(1.0 + 1.0 / k)
+        diff = x[..., j] - mu
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), np.sign(diff) * np.inf)
+        out[..., j] = t
+    return out
+
+
+def _small_job(m: np.ndarray, alpha: float) -> tuple[np.ndarray, float, np.ndarray]:
+    """Per member, its distance, the threshold, and whether it is an outlier (small job).
+
+    Sorted latest first, stage j's statistic (`stage_statistics`) is scaled by
+    `q_0 / q_j` (its threshold `q_j` from `SMALL_JOB_THRESHOLDS`, calibrated
+    by simulation of normal fleets: each stage exceeds it with probability
+    `alpha / stages`, so a healthy fleet names anybody with probability at
+    most `alpha`). The j+1 latest are outliers when some stage at or after j
+    exceeds its threshold; a member's distance is the largest scaled statistic
+    of the stages at or after its own, so that outlier = distance > q_0.
+    Members below the last stage are capped at q_0 (not named). Below 4
+    members: zeros and inf (no spread to estimate).
+    """
     R = m.size
-    if R < 4:
-        return np.zeros(R), math.inf
-    s1, s2 = m.sum(), (m * m).sum()
-    mu = (s1 - m) / (R - 1)
-    var = np.maximum((s2 - m * m - (R - 1) * mu * mu) / (R - 2), 0.0)
-    scale = np.sqrt(var * (1.0 + 1.0 / (R - 1)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(scale > 0, (m - mu) / scale, np.sign(m - mu) * np.inf)
-    return np.nan_to_num(t, nan=0.0), _t_isf_cached(alpha / R, R - 2)
+    stages = small_job_stages(R)
+    if stages == 0:
+        return np.zeros(R), math.inf, np.zeros(R, bool)
+    q = small_job_thresholds(R, alpha)
+    order = np.argsort(-m, kind="stable")
+    x = m[order]
+    scaled = stage_statistics(x, R - 2)  # every member with >= 2 below it
+    scaled = np.nan_to_num(scaled, nan=0.0)
+    scaled[:stages] *= q[0] / np.asarray(q)
+    dist_sorted = np.empty(R)
+    dist_sorted[:stages] = np.maximum.accumulate(scaled[:stages][::-1])[::-1]
+    rest = scaled[stages:]
+    dist_sorted[stages : R - 2] = np.minimum(rest * q[0] / q[-1], q[0])
+    # The two earliest: against the mean and SD of all the others (negative in practice).
+    for j in (R - 2, R - 1):
+        o = np.delete(x, j)
+        sd = o.std(ddof=1) * math.sqrt(1.0 + 1.0 / o.size)
+        dist_sorted[j] = min((x[j] - o.mean()) / sd if sd > 0 else 0.0, q[0])
+    dist = np.empty(R)
+    dist[order] = dist_sorted
+    return dist, q[0], dist > q[0]
 
 
-@functools.lru_cache(maxsize=256)
-def _t_isf_cached(p: float, df: float) -> float:
-    return t_isf(p, df)
+def calibrate_small_job(count: int, alpha: float, fleets: int, seed: int = 0) -> tuple:
+    """Per stage, the `1 - alpha / stages` quantile of its statistic over `fleets`
+    simulated normal fleets of `count` members (the statistics are location and
+    scale free, so standard normal draws suffice). `benchmarks/small_job_calibration.py`
+    runs it with 2,000,000 fleets and `SMALL_JOB_MARGIN x ALPHA` (seed 1) for
+    `SMALL_JOB_THRESHOLDS`."""
+    R = int(count)
+    stages = small_job_stages(R)
+    rng = np.random.default_rng([R, seed])
+    stats = []
+    for start in range(0, fleets, 100_000):
+        x = -np.sort(-rng.standard_normal((min(100_000, fleets - start), R)), axis=1)
+        stats.append(stage_statistics(x, stages))
+    st = np.concatenate(stats)
+    return tuple(float(v) for v in np.quantile(st, 1.0 - alpha / stages, axis=0))
+
+
+@functools.lru_cache(maxsize=64)
+def small_job_thresholds(count: int, alpha: float = ALPHA) -> tuple:
+    """Per stage, the threshold of the small-job test at `count` (4-15) members.
+
+    At `ALPHA` the precomputed `SMALL_JOB_THRESHOLDS`; at another level a
+    calibration over 200,000 simulated fleets (a fraction of a second).
+    """
+    R = int(count)
+    if alpha == ALPHA and R in SMALL_JOB_THRESHOLDS:
+        return SMALL_JOB_THRESHOLDS[R]
+    return calibrate_small_job(R, SMALL_JOB_MARGIN * alpha, 200_000)
 
 
 def noise_floor(excess: np.ndarray, p50_s: float) -> float:
@@ -313,7 +450,7 @@ def decide(lateness: np.ndarray, step_s: float, alpha: float = ALPHA) -> Decisio
     half = t95(df) * se if df >= 1 else np.full(R, np.inf)
     p_adj, last_p_adj = holm(p), holm(_last_arrival_p(last, R, n))
     floor = noise_floor(excess, step_s) if n else 20e-6
-    fleet = fleet_test(mean_ex, step_s, alpha)
+    fleet = fleet_test(mean_ex, step_s, alpha, over_s=mean_ex)
     late = ((p_adj < alpha) | (last_p_adj < alpha)) & fleet.outlier & (d > floor)
     return Decision(
         n=n, df=df, excess=excess, mean_excess=mean_ex, d=d, se=se, ci_low=d - half,

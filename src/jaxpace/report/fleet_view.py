@@ -40,7 +40,7 @@ def fleet_line(fleet: FleetSpread | None, rule: bool = True) -> str:
         if fleet.rule == "fleet spread"
         else f"small job: named beyond {SMALL_JOB_STEP_FRACTION:.0%} of the step"
         + (
-            f" or {num_text(fleet.threshold)} SDs of the others"
+            f" or {num_text(fleet.threshold)} SDs of the ranks below"
             if math.isfinite(fleet.threshold)
             else ""
         )

@@ -156,15 +156,16 @@ class FleetSpread:
 
     Attributes:
       rule: `"fleet spread"` (>= 16 ranks: outliers beyond `threshold` robust
-        SDs) or `"small job"` (fewer: beyond `threshold` SDs of the other ranks,
-        or later than the others by more than 5% of the median step).
+        SDs) or `"small job"` (fewer: beyond `threshold` SDs of the ranks below
+        it, from 4 ranks, or later than the others by more than 10% of the
+        median step).
       num_ranks: ranks compared; step_s: the median step time (NaN if unknown).
       median_s, p90_s, p99_s: quantiles over ranks of the per-rank mean
         lateness (seconds; lateness = ``max_j wait_j - wait_i``).
       spread_s: robust SD of the per-rank mean excess lateness (seconds, >= 0).
       threshold: robust SDs a named rank exceeds (rule "fleet spread"); for a
-        small job, the leave-one-out t threshold (SDs of the other ranks; inf
-        below 4 ranks), next to the 5%-of-the-step rule; > 0.
+        small job, the staged test's threshold (SDs of the ranks below; inf
+        below 4 ranks), next to the 10%-of-the-step rule; > 0.
       slowest: the slowest ranks (up to 5), latest first.
     """
 

@@ -44,6 +44,7 @@ from jaxpace.report.stages.stats import (
     batch_means_se,
     col_mean,
     holm,
+    median_of_others,
     num_text,
     p_text,
     robust_std,
@@ -286,8 +287,9 @@ def late_groups(
     over every group of every kind (test 1). Test 2: the group's mean
     lateness is an outlier of the spread of the groups of its kind
     (`jaxpace._culprit.fleet_test`, at `ALPHA` over the number of kinds; with
-    fewer than 16 groups, later than the other groups' median by 5% of the
-    median step `step_s`). A group passing both is late when its median
+    fewer than 16 groups, the small-job rule: the staged test against the
+    groups below, or later than the other groups' median by 10% of the
+    median step `step_s` over the square root of the group's size). A group passing both is late when its median
     member is later than the median non-member by more than `floor` and more
     than half its members are.
     """
@@ -379,8 +381,17 @@ def _group_outliers(
     latest = np.full(G, -np.inf)
     np.maximum.at(latest, codes, m_rank)
     without = np.where(sizes > 1, (sums - latest) / np.maximum(sizes - 1, 1), sums)
-    fleet = fleet_test(sums / sizes, step_s, alpha)
-    return fleet.outlier & fleet_test(without, step_s, alpha).outlier, fleet.distance
+    # A group of one rank is that rank: its mean excess is already its lateness over the others.
+    mean = sums / sizes
+    over = np.where(sizes == 1, mean, mean - median_of_others(mean[None, :])[0]) if G > 1 else None
+    fleet = fleet_test(mean, step_s, alpha, over_s=over, sizes=sizes)
+    over_w = (
+        np.where(sizes == 1, without, without - median_of_others(without[None, :])[0])
+        if G > 1
+        else None
+    )
+    rest = fleet_test(without, step_s, alpha, over_s=over_w, sizes=sizes)  # the group's share
+    return fleet.outlier & rest.outlier, fleet.distance
 
 
 def _nested(found: list[GroupFinding]) -> list[GroupFinding]:
@@ -411,7 +422,7 @@ def fleet_text(rs: RankStats | GroupFinding, fleet: FleetSpread | None, over_s: 
         step = fleet.step_s
         share = f" ({over_s / step:.0%} of the step)" if math.isfinite(step) and step > 0 else ""
         loo = (
-            f"{num_text(rs.fleet_sd)} SDs of the others (named beyond {num_text(fleet.threshold)} "
+            f"{num_text(rs.fleet_sd)} SDs of the ranks below it (named beyond {num_text(fleet.threshold)} "
             "or "
             if math.isfinite(fleet.threshold)
             else "(named beyond "

@@ -1,0 +1,57 @@
+"""Calibrates the small-job fleet test (`jaxpace._culprit.SMALL_JOB_THRESHOLDS`).
+
+`python -m benchmarks.small_job_calibration [--fleets N] [--check N]`: per rank
+count R = 4..15, the per-stage thresholds (each stage exceeds its threshold on
+a normal fleet with probability SMALL_JOB_MARGIN x ALPHA / stages), printed as the table to paste
+into `_culprit.py`; then, with the thresholds in the code, the family-wise
+false-alarm rate on fresh normal fleets (any member named by the statistical
+rule), and the step share beyond which a healthy fleet whose per-rank speed
+spread is 2% of the step puts any member past its others' median with
+probability ALPHA (the bound under `SMALL_JOB_STEP_FRACTION`), R = 2..15.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from jaxpace._culprit import (
+    ALPHA,
+    FLEET_MIN_MEMBERS,
+    SMALL_JOB_MARGIN,
+    calibrate_small_job,
+    small_job_stages,
+    small_job_thresholds,
+    stage_statistics,
+)
+from jaxpace._stats import median_of_others
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fleets", type=int, default=2_000_000)
+    ap.add_argument("--check", type=int, default=1_000_000)
+    ap.add_argument("--spread", type=float, default=0.02)
+    args = ap.parse_args()
+    print("SMALL_JOB_THRESHOLDS = {")
+    for R in range(4, FLEET_MIN_MEMBERS):
+        q = calibrate_small_job(R, SMALL_JOB_MARGIN * ALPHA, args.fleets, seed=1)
+        print(f"    {R}: ({', '.join(f'{v:.2f}' for v in q)}),", flush=True)
+    print("}")
+    print("R, family-wise rate of the statistical rule, step share exceeded at rate ALPHA")
+    for R in range(2, FLEET_MIN_MEMBERS):
+        rng = np.random.default_rng([R, 7])
+        x = rng.standard_normal((args.check, R))
+        named = 0
+        if R >= 4:  # anybody named <=> some stage over its threshold (`_small_job`)
+            r = small_job_stages(R)
+            st = stage_statistics(-np.sort(-x, axis=1), r)
+            named = int((st > np.asarray(small_job_thresholds(R))).any(axis=1).sum())
+        over = (x - median_of_others(x)).max(axis=1)
+        share = float(np.quantile(over, 1.0 - ALPHA)) * args.spread
+        print(f"{R:3d} {named / args.check:.5f} {share:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
