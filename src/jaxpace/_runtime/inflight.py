@@ -43,8 +43,12 @@ def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]
     """
     if pacer._sites and timeout_s > 0:
         t = threading.Thread(target=_block_on_live_arrays, name="jaxpace-settle", daemon=True)
-        t.start()
-        t.join(timeout_s)
+        try:
+            t.start()
+        except RuntimeError:  # interpreter shutdown (Python 3.12+): no new thread; the
+            pass  # dispatched steps of a finished program have run; drain what finished
+        else:
+            t.join(timeout_s)
     in_flight: dict[str, int] = {}
     for name, site in list(pacer._sites.items()):
         site.flush()

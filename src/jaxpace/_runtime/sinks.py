@@ -37,23 +37,41 @@ class SinkThread:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        # True when no thread could be started (interpreter shutdown: Python 3.12 refuses
+        # new threads in atexit hooks): summaries are then delivered on the caller's thread.
+        self._inline = False
 
     def emit(self, summary: dict[str, Any]) -> None:
         if self._closed:
             self.dropped += 1
             return
-        if self._queue is None:
+        if self._queue is None and not self._inline:
             with self._lock:
-                if self._queue is None:
-                    self._queue = queue.Queue(maxsize=QUEUE_SLOTS)
-                    self._thread = threading.Thread(
-                        target=self._loop, name="jaxpace-sinks", daemon=True
-                    )
-                    self._thread.start()
+                if self._queue is None and not self._inline:
+                    self._start()
+        if self._inline:
+            self._deliver(summary)
+            return
         try:
             self._queue.put_nowait(summary)
         except queue.Full:
             self.dropped += 1
+
+    def _start(self) -> None:
+        self._queue = queue.Queue(maxsize=QUEUE_SLOTS)
+        self._thread = threading.Thread(target=self._loop, name="jaxpace-sinks", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            self._queue, self._thread, self._inline = None, None, True
+
+    def _deliver(self, item: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            try:
+                sink(item)
+            except Exception as e:  # noqa: BLE001
+                self.errors += 1
+                self._errlog.warning("sink", "jaxpace: metrics sink %r raised %r", sink, e)
 
     def _loop(self) -> None:
         q = self._queue
@@ -63,12 +81,7 @@ class SinkThread:
                 self._close_sinks()
                 q.task_done()
                 return
-            for sink in self.sinks:
-                try:
-                    sink(item)
-                except Exception as e:  # noqa: BLE001
-                    self.errors += 1
-                    self._errlog.warning("sink", "jaxpace: metrics sink %r raised %r", sink, e)
+            self._deliver(item)
             q.task_done()
 
     def _close_sinks(self) -> None:
@@ -103,6 +116,8 @@ class SinkThread:
             self._closed = True
         q = self._queue
         if q is None:
+            if self._inline and first:  # everything was delivered on the caller's thread
+                self._close_sinks()
             return self.dropped
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         self.flush(max(0.0, deadline - time.monotonic()))
