@@ -263,7 +263,9 @@ def _small_job(m: np.ndarray, alpha: float) -> tuple[np.ndarray, float, np.ndarr
     order = np.argsort(-m, kind="stable")
     x = m[order]
     scaled = stage_statistics(x, R - 2)  # every member with >= 2 below it
-    scaled = np.nan_to_num(scaled, nan=0.0)
+    # NaN (no spread below) is no evidence; an infinite statistic (ranks below it all equal)
+    # stays infinite rather than becoming the largest float, which the scaling overflowed.
+    scaled = np.nan_to_num(scaled, nan=0.0, posinf=np.inf, neginf=-np.inf)
     scaled[:stages] *= q[0] / np.asarray(q)
     dist_sorted = np.empty(R)
     dist_sorted[:stages] = np.maximum.accumulate(scaled[:stages][::-1])[::-1]
