@@ -41,10 +41,10 @@ def test_close_with_a_blocking_sink_is_bounded_and_counts_dropped(caplog):
     pacer = jp.Pacer(sinks=[stuck_sink])
     n = QUEUE_SLOTS + 2_000
     try:
-        pacer._sink_thread.emit({"i": 0})
+        pacer.sink_thread.emit({"i": 0})
         assert entered.wait(30), "the sink thread never started"
         for i in range(1, n):
-            pacer._sink_thread.emit({"i": i})
+            pacer.sink_thread.emit({"i": i})
         closer = threading.Thread(target=pacer.close, daemon=True)
         with caplog.at_level(logging.WARNING, "jaxpace"):
             closer.start()
@@ -54,7 +54,7 @@ def test_close_with_a_blocking_sink_is_bounded_and_counts_dropped(caplog):
         assert pacer.sink_dropped == n - 1
         assert f"{n - 1} summaries dropped" in caplog.text
         # After close, emit neither blocks nor restarts anything; it counts.
-        pacer._sink_thread.emit({"late": True})
+        pacer.sink_thread.emit({"late": True})
         assert pacer.sink_dropped == n
     finally:
         release.set()
@@ -65,11 +65,11 @@ def test_close_delivers_what_a_working_sink_can_take():
     got = []
     pacer = jp.Pacer(sinks=[got.append])
     for i in range(100):
-        pacer._sink_thread.emit({"i": i})
+        pacer.sink_thread.emit({"i": i})
     pacer.close()
     assert [s["i"] for s in got] == list(range(100))
     assert pacer.sink_dropped == 0
-    t = pacer._sink_thread._thread
+    t = pacer.sink_thread._thread
     t.join(10)
     assert not t.is_alive()
 
@@ -222,10 +222,10 @@ def test_every_pacer_argument_is_validated_at_construction(field, value, expecte
 @pytest.mark.parametrize("field,value,expected", BAD_PACER_ARGS[:9], ids=lambda v: repr(v)[:30])
 def test_configure_validates_the_same_way_and_changes_nothing(field, value, expected):
     p = jp.default_pacer()
-    before = (p.clock, p.mesh, p.rank_groups, list(p._sink_thread.sinks), p.policy)
+    before = (p.clock, p.mesh, p.rank_groups, list(p.sink_thread.sinks), p.policy)
     with pytest.raises(ConfigError, match=expected):
         jp.configure(policy=jp.fixed(0.001), **{field: value})
-    assert (p.clock, p.mesh, p.rank_groups, list(p._sink_thread.sinks), p.policy) == before
+    assert (p.clock, p.mesh, p.rank_groups, list(p.sink_thread.sinks), p.policy) == before
 
 
 @pytest.mark.timeout(30)
@@ -237,7 +237,7 @@ def test_good_pacer_arguments_are_accepted_and_rank_groups_reach_the_header():
         sinks=(f for f in [print]),  # any iterable of callables
         rank_groups={"numa": {np.int64(0): "socket0", 1: "socket1"}},
     )
-    assert p.mesh is mesh and p._sink_thread.sinks == [print]
+    assert p.mesh is mesh and p.sink_thread.sinks == [print]
 
     class MeshLike:  # what the runtime reads of a mesh; tests fake process layouts so
         axis_names = ("data",)

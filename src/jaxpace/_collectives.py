@@ -25,8 +25,8 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 class Runtime(Protocol):
     """What a measured collective needs from its runtime (`Pacer.hooks` implements it).
 
-    This is the whole contract between the collectives and the `Pacer`; the
-    collectives read nothing else of it.
+    This is the whole contract between the collectives (with the native probes'
+    drain thread) and the `Pacer`; they read nothing else of it.
 
     Attributes:
       config: the `PacerConfig` (`enabled`, `granularity`, `sample_every`, ...).
@@ -58,6 +58,31 @@ class Runtime(Protocol):
 
     def done(self, site: Any, rank: int, step_tag: int, reduced: Any, scale: float) -> None:
         """Post-collective body: closes the record and runs the policy."""
+
+    # The native probes (`jaxpace._measured_native`, the drain thread `jaxpace._native.driver`).
+
+    def native_blocker(self) -> str | None:
+        """Why this runtime needs the Python (io_callback) probes, or None."""
+
+    @property
+    def stop_event(self) -> Any:
+        """A `threading.Event` set when pacing stops: native pacing sleeps end too."""
+
+    def native_record(
+        self,
+        site: Any,
+        rank: int,
+        step: int,
+        arrive_ns: int,
+        done_ns: int,
+        delay_ns: int,
+        reduced: Any,
+        scale: float,
+    ) -> float:
+        """One record the native probes finished: `done`'s work; returns the next delay (s)."""
+
+    def native_wants_wake(self, site: Any) -> bool:
+        """Whether the drain thread should handle each record of `site` at once."""
 
 
 # ---------------------------------------------------------------------- trace-time decisions
@@ -375,7 +400,7 @@ def _native_probe(rt: Runtime, am) -> tuple[str | None, str]:
     ok, why = _native.available()
     if not ok:
         return None, f"io_callback probes: {why}"
-    blocker = getattr(rt, "native_blocker", lambda: "this runtime has no native hooks")()
+    blocker = rt.native_blocker()
     if blocker:
         return None, f"io_callback probes: {blocker}"
     dev = getattr(am, "abstract_device", None)

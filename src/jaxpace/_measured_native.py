@@ -86,7 +86,7 @@ def _attach_native(
             scale=scale,
             capacity=rt.config.capacity * max(1, jax.local_device_count()),
             max_delay_s=0.0 if site_obj.measure_only else rt.policy.max_delay_s,
-            stop=getattr(rt, "stop_event", None),
+            stop=rt.stop_event,
         )
         if platform == "cuda":
             why_dev = _cuda_device_table(rt, nid, granularity, table, am, axes, sizes)

@@ -43,7 +43,7 @@ def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list
     proc = jax.process_index()
     out: list[dict[str, Any]] = [{**header(pacer), **extra}]
     first_kept: dict[str, int] = {}  # site -> first step still in every rank's ring
-    for name, site in sorted(pacer._sites.items()):
+    for name, site in sorted(pacer.sites.items()):
         site.flush()  # native probes: drain what the handlers finished
         for r in sorted(site.ranks):
             st = site.ranks[r]
@@ -156,8 +156,8 @@ def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
     site's layout (`collective`, its rank groups, ppermute's pairs; `_site_layout`).
     """
     out: dict[str, dict[str, Any]] = {}
-    invariant = dict(getattr(pacer.hooks, "invariant_sites", {}))
-    for name, site in sorted(pacer._sites.items()):
+    invariant = dict(pacer.hooks.invariant_sites)
+    for name, site in sorted(pacer.sites.items()):
         backed_off = ab_rejected = False
         for st in list(site.ranks.values()):
             with st.lock:
@@ -184,7 +184,7 @@ def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
     if pacer.config.granularity == "process":
         mine = {jax.process_index()}
     else:
-        mine = {r for site in pacer._sites.values() for r in site.ranks}
+        mine = {r for site in pacer.sites.values() for r in site.ranks}
     host = socket.gethostname()
     groups: dict[str, dict[str, str]] = {"host": {str(r): host for r in sorted(mine)}}
     for kind, mapping in (pacer.rank_groups or {}).items():

@@ -331,7 +331,7 @@ class Watchdog:
 
     def _scan(self, p: Any, now: float) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for name, site in list(p._sites.items()):
+        for name, site in list(p.sites.items()):
             for rank, a, age, d, arrivals in self._marks_of(site):
                 counts[name] = max(counts.get(name, 0), arrivals)
                 key = (name, rank)
@@ -425,7 +425,7 @@ class Watchdog:
 
     def _still_in(self, site: str, step: int) -> bool:
         p = self._pacer()
-        s = p._sites.get(site) if p is not None else None
+        s = p.sites.get(site) if p is not None else None
         if s is None:
             return False
         return any(a == step and a > d for _r, a, _age, d, _n in self._marks_of(s))
@@ -581,7 +581,7 @@ class Watchdog:
     def _pacing_off(self) -> None:
         p = self._pacer()
         if p is not None:
-            p._stop.set()  # pending and future pacing sleeps become zero
+            p.release()  # pending and future pacing sleeps become zero
 
     def _say(self, message: str) -> None:
         try:
