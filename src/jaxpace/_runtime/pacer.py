@@ -20,7 +20,7 @@ from jaxpace._runtime import export as _export
 from jaxpace._runtime.config import Granularity, PacerConfig
 from jaxpace._runtime.hooks import Hooks
 from jaxpace._runtime.inflight import DEFAULT_TIMEOUT_S, settle
-from jaxpace._runtime.sinks import SinkThread
+from jaxpace._runtime.sink_thread import SinkThread
 from jaxpace._runtime.sites import Site, SiteStats, site_stats
 from jaxpace._runtime.watchdog import Watchdog, WatchdogConfig
 from jaxpace._validate import check_callable, check_callables, check_rank_groups

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-import jaxpace.sim._collectives as coll
+import jaxpace.sim._collective_cost as coll
 from jaxpace._native import kernels
 from jaxpace.sim._scenario import Scenario
 
