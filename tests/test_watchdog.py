@@ -23,6 +23,8 @@ import jaxpace as jp
 from jaxpace import _native as nat
 from jaxpace._runtime import hooks
 from jaxpace._runtime import watchdog as wd
+from jaxpace._runtime.bounded_kv import BoundedKV
+from jaxpace._runtime.config import RUN_DIR_ENV
 from jaxpace._testing import set_fault_hook
 from jaxpace.errors import ConfigError, StallError
 
@@ -47,9 +49,9 @@ def test_run_dir_must_be_a_path():
 
 
 def test_run_dir_defaults_to_env_then_cwd(monkeypatch, tmp_path):
-    monkeypatch.delenv(wd.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     assert wd.WatchdogConfig().directory() == "."
-    monkeypatch.setenv(wd.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
     assert wd.WatchdogConfig().directory() == str(tmp_path)
     assert wd.WatchdogConfig(run_dir="/x").directory() == "/x"
 
@@ -323,7 +325,7 @@ class _HungClient:
 
 def test_bounded_kv_call_never_hangs_on_a_hung_coordinator():
     c = _HungClient()
-    kv = wd._BoundedKV(c, timeout_s=0.2)
+    kv = BoundedKV(c, timeout_s=0.2)
     ok, err = kv.call(lambda cl: cl.key_value_set("k", "v", True))
     assert not ok and isinstance(err, TimeoutError)
     reached = []  # the second call must not even reach the client (no wait, no queue)
@@ -337,7 +339,7 @@ def test_declare_with_a_hung_coordinator_says_so(tmp_path, capfd):
     pacer = jp.Pacer(stall_after_s=1.0, run_dir=tmp_path)
     w = pacer.watchdog
     c = _HungClient()
-    w._kv, w.me, w.nproc, w.prefix = wd._BoundedKV(c, timeout_s=0.2), 1, 4, "t"
+    w._kv, w.me, w.nproc, w.prefix = BoundedKV(c, timeout_s=0.2), 1, 4, "t"
     rec = w.declare("train.py:88:step", 20, 3.0, {"train.py:88:step": 21})
     c.release.set()
     assert rec["coordinator"].startswith("does not answer")

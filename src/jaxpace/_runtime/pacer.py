@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -17,71 +16,25 @@ from jaxpace._delay import register_stop
 from jaxpace._probe import Clock, RateLimitedLog, Sink
 from jaxpace._runtime import consensus, shutdown
 from jaxpace._runtime import export as _export
-from jaxpace._runtime.config import Granularity, PacerConfig
+from jaxpace._runtime.config import (
+    Granularity,
+    PacerConfig,
+    Settings,
+    check_policy,
+    checked_settings,
+)
 from jaxpace._runtime.hooks import Hooks
 from jaxpace._runtime.inflight import DEFAULT_TIMEOUT_S, settle
 from jaxpace._runtime.sink_thread import SinkThread
 from jaxpace._runtime.sites import Site, SiteStats, site_stats
 from jaxpace._runtime.watchdog import Watchdog, WatchdogConfig
-from jaxpace._validate import check_callable, check_callables, check_rank_groups
-from jaxpace.errors import ConfigError, TracedConfigChangeError
+from jaxpace.errors import TracedConfigChangeError
 
 __all__ = ["CLOSE_TIMEOUT_S", "Pacer", "configure", "default_pacer"]
 
 log = logging.getLogger("jaxpace")
 
 CLOSE_TIMEOUT_S = 10.0  # Pacer.close(): the whole shutdown's bound, steps and sinks together
-
-
-def _check_policy(policy: Any) -> _policy.PacingPolicy:
-    if policy is None:
-        return _policy.no_pacing()
-    if not isinstance(policy, _policy.PacingPolicy):
-        raise ConfigError(
-            f"`policy` must be a jaxpace PacingPolicy (jp.no_pacing(), jp.fixed(...), "
-            f"jp.adaptive(...)), got {type(policy).__name__}."
-        )
-    return policy
-
-
-def _check_clock(clock: Any) -> None:
-    check_callable(
-        "clock",
-        clock,
-        allow_none=True,
-        fix="Pass a function returning monotonic nanoseconds, e.g. `time.perf_counter_ns`, "
-        "or None for that default.",
-    )
-
-
-def _check_sinks(sinks: Any) -> list[Sink]:
-    return check_callables(
-        "sinks",
-        sinks,
-        fix="Pass a list of functions, each taking one summary dict, e.g. `sinks=[print]`.",
-    )
-
-
-def _check_mesh(mesh: Any) -> None:
-    import jax
-
-    if mesh is None or isinstance(mesh, jax.sharding.Mesh):
-        return
-    # Mesh-like objects (what the runtime reads: `axis_names` and an array of `devices`
-    # with one dimension per axis) pass too; tests use them to fake a process layout.
-    names, devices = getattr(mesh, "axis_names", None), getattr(mesh, "devices", None)
-    if not (
-        isinstance(names, tuple)
-        and all(isinstance(n, str) for n in names)
-        and getattr(devices, "ndim", None) == len(names)
-    ):
-        shown = repr(mesh)
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise ConfigError(
-            f"`mesh` must be a jax.sharding.Mesh or None, got {shown} of type "
-            f"{type(mesh).__name__}. Pass the concrete mesh your shard_map uses "
-            "(e.g. `jax.make_mesh(...)`), or leave it out."
-        )
 
 
 class Pacer:
@@ -163,9 +116,9 @@ class Pacer:
         self.in_flight_at_close = 0
         # The one configuration path (also `configure` and `jaxpace.configure`).
         self._apply(
-            _checked_settings(
-                self,
-                _check_policy(policy),
+            checked_settings(
+                self._settings(),
+                check_policy(policy),
                 {
                     "enabled": enabled,
                     "granularity": granularity,
@@ -219,11 +172,22 @@ class Pacer:
         """
         self._refuse_if_traced()
         if policy is not None:
-            policy = _check_policy(policy)
-        self._apply(_checked_settings(self, policy, changes))
+            policy = check_policy(policy)
+        self._apply(checked_settings(self._settings(), policy, changes))
 
-    def _apply(self, s: _Settings) -> None:
-        """Sets every setting at once, after `_checked_settings` checked them all."""
+    def _settings(self) -> Settings:
+        return Settings(
+            policy=self._policy,
+            config=self._config,
+            watchdog=self._watchdog.config,
+            clock=self.clock,
+            mesh=self.mesh,
+            rank_groups=self.rank_groups,
+            sinks=list(self._sink_thread.sinks),
+        )
+
+    def _apply(self, s: Settings) -> None:
+        """Sets every setting at once, after `config.checked_settings` checked them all."""
         self._policy = s.policy
         self._config = s.config
         self._watchdog.config = s.watchdog
@@ -559,64 +523,3 @@ def configure(policy: _policy.PacingPolicy | None = None, **settings: Any) -> Pa
     p = default_pacer()
     p.configure(policy=policy, **settings)
     return p
-
-
-# ---------------------------------------------------------------------- the one settings check
-
-
-_WATCHDOG_SETTINGS = ("stall_after_s", "on_stall", "run_dir")
-_OTHER_SETTINGS = ("clock", "sinks", "mesh", "rank_groups") + _WATCHDOG_SETTINGS
-
-
-@dataclasses.dataclass(frozen=True)
-class _Settings:
-    """Every setting of a `Pacer`, checked (what `Pacer._apply` sets)."""
-
-    policy: _policy.PacingPolicy
-    config: PacerConfig
-    watchdog: WatchdogConfig
-    clock: Clock
-    mesh: Any
-    rank_groups: dict[str, dict[int, str]] | None
-    sinks: list[Sink]
-
-
-def _checked_settings(
-    pacer: Pacer, policy: _policy.PacingPolicy | None, changes: dict[str, Any]
-) -> _Settings:
-    """`pacer`'s settings with `changes` (and `policy` unless None), every value checked.
-
-    The one path by which settings are set: `Pacer(...)`, `Pacer.configure` and
-    `jaxpace.configure`. Changes nothing; raises `ConfigError` on the first bad value.
-    """
-    changes = dict(changes)
-    config_fields = {f.name for f in dataclasses.fields(PacerConfig)}
-    bad = sorted(set(changes) - config_fields - set(_OTHER_SETTINGS))
-    if bad:
-        valid = sorted(config_fields | set(_OTHER_SETTINGS))
-        raise ConfigError(f"unknown setting(s) {bad}; valid: {valid}.")
-    watchdog = {k: changes.pop(k) for k in _WATCHDOG_SETTINGS if k in changes}
-    watchdog_config = dataclasses.replace(pacer.watchdog.config, **watchdog)
-    clock, mesh = pacer.clock, pacer.mesh
-    rank_groups, sinks = pacer.rank_groups, list(pacer.sink_thread.sinks)
-    if "clock" in changes:
-        clock = changes.pop("clock")
-        _check_clock(clock)
-        clock = clock if clock is not None else time.perf_counter_ns
-    if "mesh" in changes:
-        mesh = changes.pop("mesh")
-        _check_mesh(mesh)
-    if "sinks" in changes:
-        sinks = _check_sinks(changes.pop("sinks"))
-    if "rank_groups" in changes:
-        rank_groups = check_rank_groups("rank_groups", changes.pop("rank_groups"))
-    config = dataclasses.replace(pacer.config, **changes) if changes else pacer.config
-    return _Settings(
-        policy=policy if policy is not None else pacer.policy,
-        config=config,
-        watchdog=watchdog_config,
-        clock=clock,
-        mesh=mesh,
-        rank_groups=rank_groups,
-        sinks=sinks,
-    )
