@@ -16,7 +16,7 @@ from jaxpace import _exchange, _invariant, _jax_compat, _kinds, _site_layout
 from jaxpace._measured_native import TracePlan, axis_rank, is_leader, native_or_none, tangent
 from jaxpace.errors import UnboundAxisError
 
-__all__ = ["Runtime", "collective"]
+__all__ = ["Runtime", "caller_site", "collective"]
 
 _LAX = _kinds.LAX  # the real jax.lax functions (captured before any test harness patch)
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -88,7 +88,7 @@ class Runtime(Protocol):
 # ---------------------------------------------------------------------- trace-time decisions
 
 
-def _caller_site() -> str:
+def caller_site() -> str:
     """`file:line:function` of the first frame outside jaxpace and jax."""
     frame = inspect.currentframe()
     try:
@@ -315,7 +315,7 @@ def _collective(rt: Runtime, call, x, axis_name, axis_index_groups, site):
         return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
 
     if site is None:
-        site = _caller_site()
+        site = caller_site()
     elif not isinstance(site, str) or not site:
         raise TypeError(f"`site` must be a non-empty string, got {site!r}.")
     axes = _axes(axis_name)

@@ -90,11 +90,11 @@ class Hooks:
             self.invariant_sites[site] = axis
 
     def open_site(self, name: str, num_slots: int, layout: str | None) -> Site:
-        from jaxpace._collectives import _caller_site
+        from jaxpace._collectives import caller_site
 
         p = self._p
         with p.lock:
-            name, dup = self._names.resolve(name, _caller_site(), _jax_compat.current_trace())
+            name, dup = self._names.resolve(name, caller_site(), _jax_compat.current_trace())
             if dup:
                 log.warning(dup)
             s = p.sites.get(name)
