@@ -2,7 +2,8 @@
 
 `jaxpace._collectives` talks to the runtime only through the `Runtime` protocol
 (`jaxpace._collectives.Runtime`); `Hooks` is the `Pacer`'s implementation, and
-reads the `Pacer` only through its internal interface (`Pacer.sites`, `lock`, ...). The callback bodies (`arrive`, `done`) never raise and never
+reads the `Pacer` only through its internal interface (`Pacer.sites`, `lock`,
+...). The callback bodies (`arrive`, `done`) never raise and never
 wait for another rank: they use only the in-band vector already in hand.
 """
 
@@ -44,6 +45,10 @@ class Hooks:
 
     def __init__(self, pacer: Pacer) -> None:
         self._p = pacer
+        # The pacer's stop event and sink thread live as long as it does: held here, so
+        # the callbacks reach them without a property call.
+        self._stop = pacer.stop_event
+        self._sinks = pacer.sink_thread
         self._callbacks_ok: bool | None = None
         self.invariant_sites: dict[str, str] = {}  # site -> axis its operand was invariant over
         self._names = SiteNames()  # distinct calls sharing a site name get their own
@@ -124,7 +129,8 @@ class Hooks:
         """
         p = self._p
         n = site.num_slots
-        exchange = self._carries_exchange(site)
+        # A measure-only site (a collective the exchange cannot ride) carries no payload.
+        exchange = p.policy.needs_exchange and not site.measure_only
         payload = np.zeros(_exchange.payload_size(n) if exchange else 0, dtype=np.float32)
         try:
             t = now_ns(p.clock)
@@ -142,7 +148,7 @@ class Hooks:
                         self._warn_overlap(site, rank)
                     st.open_step = step
             delay_s = clamp_delay(delay_s, p.policy.max_delay_s)
-            slept = interruptible_sleep(delay_s, p.stop_event)
+            slept = interruptible_sleep(delay_s, self._stop)
             if sampled:
                 with st.lock:
                     st.recorder.arrive(step, t, int(slept * 1e9))
@@ -153,13 +159,10 @@ class Hooks:
             self.count_error(site, "pre", e)
             return np.zeros_like(payload), np.int32(0)
 
-    def _carries_exchange(self, site: Site) -> bool:
-        # A measure-only site (a collective the exchange cannot ride) carries no payload.
-        return self._p.policy.needs_exchange and not site.measure_only
-
     def no_arrival(self, site: Site) -> tuple[np.ndarray, np.int32]:
         """What `arrive` returns when it fails: an all-zero payload, no step (no delay)."""
-        n = _exchange.payload_size(site.num_slots) if self._carries_exchange(site) else 0
+        exchange = self._p.policy.needs_exchange and not site.measure_only
+        n = _exchange.payload_size(site.num_slots) if exchange else 0
         return np.zeros(n, dtype=np.float32), np.int32(0)
 
     def _warn_overlap(self, site: Site, rank: int) -> None:
@@ -205,7 +208,6 @@ class Hooks:
         scale: float,
     ) -> None:
         """Closes `step` at `t` and runs the policy (both probe paths)."""
-        p = self._p
         early = None  # the exchanged earliness, for sinks
         step_time = math.nan  # the exchanged median step time, for sinks
         with st.lock:
@@ -223,9 +225,8 @@ class Hooks:
                     self._note_backoff(site, st, status)
                     site.observe(st, step, view)  # stats(): windows, arrived-last counts
                     early, step_time = view.earliness_s, view.step_time_s
-        sinks = p.sink_thread
-        if sinks.sinks:
-            sinks.emit(
+        if self._sinks.sinks:
+            self._sinks.emit(
                 {
                     "site": site.name,
                     "step": step,
@@ -250,7 +251,7 @@ class Hooks:
     @property
     def stop_event(self):
         """Set when the pacer stops (close/release/SIGTERM): native sleeps end too."""
-        return self._p.stop_event
+        return self._stop
 
     def native_record(
         self,
