@@ -64,8 +64,8 @@ if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
     # only lets selects on compares vectorize, every operation still rounds as IEEE says).
     ext_modules.append(
         Extension(
-            "jaxpace._native._jaxpace_kernels",
-            sources=["src/jaxpace/_native/kernels.cc"],
+            "jaxpace._kernels._jaxpace_kernels",
+            sources=["src/jaxpace/_kernels/kernels.cc"],
             language="c++",
             extra_compile_args=[
                 "-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math",

@@ -14,7 +14,7 @@ import argparse
 import os
 import time
 
-from jaxpace._native import kernels
+from jaxpace import _kernels as kernels
 from jaxpace.sim import simulate
 
 

@@ -222,7 +222,7 @@ def _counters(pacer, site: str) -> dict:
     """The native probe's counters of `site`; zeros on the io_callback path (no ring)."""
     from jaxpace import _native
 
-    native = pacer._sites[site].native
+    native = pacer.sites[site].native
     if not native:
         return {"dropped": 0, "cuda_errors": 0}
     return _native.counters(native[0])

@@ -57,7 +57,7 @@ def run(reps: int, size: int, rounds: int, probe: str = "native") -> dict:
         base = res["watchdog off"]["median_s"]
         for k in ratios:
             ratios[k].append(res[k]["median_s"] / base)
-    running = {k: pc._watchdog.running for k, pc in pacers.items()}
+    running = {k: pc.watchdog.running for k, pc in pacers.items()}
     paths = {k: pc.stats()["w"].probe for k, pc in pacers.items()}
     for pc in pacers.values():
         pc.close()

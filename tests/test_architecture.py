@@ -1,4 +1,5 @@
-"""The package's shape: no import cycles, short functions, public names that resolve.
+"""The package's shape: no import cycles, short functions and modules, few positional
+parameters, public names that resolve.
 
 These tests read the source (ast), so they fail as soon as a change adds a
 cycle or an oversized function, before any behaviour changes.
@@ -12,6 +13,12 @@ import jaxpace
 
 PKG = Path(jaxpace.__file__).parent
 MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 600
+MAX_POSITIONAL_PARAMETERS = 8  # not counting `self` / `cls`; more: a small dataclass or `*`
+
+# Modules that may run past the module limit: data tables and the SWAR reader (a
+# hand-unrolled byte scanner that reads best in one piece). Each entry says why.
+LONG_MODULES_BY_DESIGN: dict[str, str] = {}
 
 # Functions that are data tables or generated text, not logic: the length
 # limit does not apply to them. Each entry says why.
@@ -137,6 +144,16 @@ def test_collectives_do_not_import_the_runtime():
     assert not any(m.startswith("jaxpace._runtime") for m in g["jaxpace._collectives"])
 
 
+def test_policy_and_sim_do_not_import_the_probe_package():
+    """The number kernels live in `jaxpace._kernels`, apart from the probes (`jaxpace._native`)."""
+    g = _graph()
+    for mod, deps in g.items():
+        if mod.startswith(("jaxpace.policy", "jaxpace.sim", "jaxpace._kernels")):
+            bad = [d for d in deps if d.startswith("jaxpace._native")]
+            assert not bad, f"{mod} imports {bad}"
+    assert "jaxpace._kernels" in g["jaxpace.policy._window_order"]
+
+
 def test_report_and_sim_sit_below_the_runtime():
     g = _graph()
     for mod, deps in g.items():
@@ -171,6 +188,40 @@ def _long_functions() -> list[str]:
 def test_no_function_over_80_lines_of_code():
     long = _long_functions()
     assert not long, "functions over 80 lines (split them into named stages): " + ", ".join(long)
+
+
+def test_no_module_over_600_lines():
+    long = []
+    for mod, path in MODULES.items():
+        n = len(path.read_text().splitlines())
+        if n > MAX_MODULE_LINES and mod not in LONG_MODULES_BY_DESIGN:
+            long.append(f"{mod} ({n} lines)")
+    assert len(MODULES) > 20  # the walk found the package
+    assert not long, "modules over 600 lines (split them by concern): " + ", ".join(long)
+
+
+def _positional(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    names = [a.arg for a in node.args.posonlyargs + node.args.args]
+    return len([n for n in names if n not in ("self", "cls")])
+
+
+def test_positional_count_skips_self_and_keyword_only():
+    tree = ast.parse("def f(self, a, b, *, c, d): pass\ndef g(a, /, b, *args, c=1): pass")
+    assert [_positional(n) for n in tree.body] == [2, 2]
+
+
+def test_no_function_over_8_positional_parameters():
+    many = []
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = _positional(node)
+                if n > MAX_POSITIONAL_PARAMETERS:
+                    many.append(f"{mod}.{node.name} ({n})")
+    assert not many, (
+        "functions with over 8 positional parameters (pass a small dataclass, or make the "
+        "options keyword-only): " + ", ".join(many)
+    )
 
 
 def test_every_submodule_all_resolves():

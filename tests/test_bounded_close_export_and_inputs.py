@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import jaxpace as jp
-from jaxpace import _records
+from jaxpace import _record_format
 from jaxpace._runtime import export as _export
-from jaxpace._runtime.sinks import QUEUE_SLOTS
+from jaxpace._runtime.sink_thread import QUEUE_SLOTS
 from jaxpace.errors import ConfigError
 
 # --------------------------------------------------------------------- 1. bounded shutdown
@@ -41,10 +41,10 @@ def test_close_with_a_blocking_sink_is_bounded_and_counts_dropped(caplog):
     pacer = jp.Pacer(sinks=[stuck_sink])
     n = QUEUE_SLOTS + 2_000
     try:
-        pacer._sink_thread.emit({"i": 0})
+        pacer.sink_thread.emit({"i": 0})
         assert entered.wait(30), "the sink thread never started"
         for i in range(1, n):
-            pacer._sink_thread.emit({"i": i})
+            pacer.sink_thread.emit({"i": i})
         closer = threading.Thread(target=pacer.close, daemon=True)
         with caplog.at_level(logging.WARNING, "jaxpace"):
             closer.start()
@@ -54,7 +54,7 @@ def test_close_with_a_blocking_sink_is_bounded_and_counts_dropped(caplog):
         assert pacer.sink_dropped == n - 1
         assert f"{n - 1} summaries dropped" in caplog.text
         # After close, emit neither blocks nor restarts anything; it counts.
-        pacer._sink_thread.emit({"late": True})
+        pacer.sink_thread.emit({"late": True})
         assert pacer.sink_dropped == n
     finally:
         release.set()
@@ -65,11 +65,11 @@ def test_close_delivers_what_a_working_sink_can_take():
     got = []
     pacer = jp.Pacer(sinks=[got.append])
     for i in range(100):
-        pacer._sink_thread.emit({"i": i})
+        pacer.sink_thread.emit({"i": i})
     pacer.close()
     assert [s["i"] for s in got] == list(range(100))
     assert pacer.sink_dropped == 0
-    t = pacer._sink_thread._thread
+    t = pacer.sink_thread._thread
     t.join(10)
     assert not t.is_alive()
 
@@ -119,7 +119,7 @@ def test_export_refuses_to_replace_a_non_regular_file(kind, tmp_path):
         with pytest.raises(FileExistsError, match=f"it is {name}"):
             jp.Pacer().export(path)
         with pytest.raises(FileExistsError, match="only a regular file"):
-            _records.write_jsonl(path, [{"type": "header"}])
+            _record_format.write_jsonl(path, [{"type": "header"}])
         assert _KIND_TEST[kind](os.lstat(path).st_mode), f"{kind} was replaced"
         if kind == "symlink":
             assert (tmp_path / "target.txt").read_text() == "precious\n"
@@ -133,11 +133,11 @@ def test_write_jsonl_refuses_a_directory_and_replaces_a_regular_file(tmp_path):
     d = tmp_path / "d"
     _special("directory", d, tmp_path)
     with pytest.raises(IsADirectoryError, match="it is a directory"):
-        _records.write_jsonl(d, [{"a": 1}])
+        _record_format.write_jsonl(d, [{"a": 1}])
     assert (d / "keep.txt").read_text() == "x"
     f = tmp_path / "r.jsonl"
     f.write_text("old\n")
-    _records.write_jsonl(f, [{"a": 1}])
+    _record_format.write_jsonl(f, [{"a": 1}])
     assert f.read_text() == '{"a":1}\n'
 
 
@@ -222,10 +222,10 @@ def test_every_pacer_argument_is_validated_at_construction(field, value, expecte
 @pytest.mark.parametrize("field,value,expected", BAD_PACER_ARGS[:9], ids=lambda v: repr(v)[:30])
 def test_configure_validates_the_same_way_and_changes_nothing(field, value, expected):
     p = jp.default_pacer()
-    before = (p.clock, p.mesh, p.rank_groups, list(p._sink_thread.sinks), p.policy)
+    before = (p.clock, p.mesh, p.rank_groups, list(p.sink_thread.sinks), p.policy)
     with pytest.raises(ConfigError, match=expected):
         jp.configure(policy=jp.fixed(0.001), **{field: value})
-    assert (p.clock, p.mesh, p.rank_groups, list(p._sink_thread.sinks), p.policy) == before
+    assert (p.clock, p.mesh, p.rank_groups, list(p.sink_thread.sinks), p.policy) == before
 
 
 @pytest.mark.timeout(30)
@@ -237,7 +237,7 @@ def test_good_pacer_arguments_are_accepted_and_rank_groups_reach_the_header():
         sinks=(f for f in [print]),  # any iterable of callables
         rank_groups={"numa": {np.int64(0): "socket0", 1: "socket1"}},
     )
-    assert p.mesh is mesh and p._sink_thread.sinks == [print]
+    assert p.mesh is mesh and p.sink_thread.sinks == [print]
 
     class MeshLike:  # what the runtime reads of a mesh; tests fake process layouts so
         axis_names = ("data",)
@@ -263,8 +263,8 @@ def test_export_to_a_new_path_ending_in_slash_makes_a_folder(tmp_path, monkeypat
     """Issue 18: `export("run/")` makes run/ and writes records-p0.jsonl, no run/.tmp."""
     monkeypatch.chdir(tmp_path)
     out = jp.Pacer().export("run/")
-    assert os.path.normpath(out) == os.path.join("run", _records.records_filename(0))
-    assert os.listdir(tmp_path / "run") == [_records.records_filename(0)]
+    assert os.path.normpath(out) == os.path.join("run", _record_format.records_filename(0))
+    assert os.listdir(tmp_path / "run") == [_record_format.records_filename(0)]
     assert os.listdir(tmp_path) == ["run"]
 
 
@@ -282,7 +282,7 @@ def test_export_under_a_file_says_what_is_wrong(tmp_path):
 
 
 def _header_line():
-    h = _records.header_record(
+    h = _record_format.header_record(
         run_id="r",
         process_index=0,
         process_count=1,
@@ -359,7 +359,7 @@ def test_negative_durations_in_records_are_skipped_counted_and_noted(field, tmp_
     assert rep.partial and any("negative" in n for n in rep.notes)
     # From a file too, with the file and line named.
     d = tmp_path / "run"
-    _records.write_jsonl(d / _records.records_filename(0), dicts)
+    _record_format.write_jsonl(d / _record_format.records_filename(0), dicts)
     loaded = jp.report.load_records(d)
     assert any("records-p0.jsonl:" in n and "negative" in n for n in loaded.notes)
 

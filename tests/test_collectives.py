@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
+from jaxpace._testing import set_fault_hook
 from jaxpace.errors import UnboundAxisError
 
 MESH = jax.make_mesh((8,), ("data",))
@@ -363,7 +364,7 @@ def test_pre_callback_is_a_real_dependency():
         if where == "pre" and rank == 3 and step == 1:
             time.sleep(hold_s)
 
-    pacer._fault_hook = hook
+    set_fault_hook(pacer, hook)
     run_psum(pacer, "dep", 3)
     recs = [r for r in pacer.records() if r["type"] == "step" and r["step"] == 1]
     waits = {r["rank"]: r["wait_ns"] / 1e9 for r in recs}
@@ -408,7 +409,7 @@ def test_single_process_lagging_shard_has_the_smallest_wait():
 
     clock = StepClock(lambda rank, step: (20_000_000 if rank == 5 else 0) + jitter_ns(rank, step))
     pacer = jp.Pacer(granularity="device", clock=clock)
-    pacer._fault_hook = clock.hook  # called just before each arrival is read
+    set_fault_hook(pacer, clock.hook)  # called just before each arrival is read
     run_psum(pacer, "lag", 40, width=16)
     by_step = {}
     for r in pacer.records()[1:]:

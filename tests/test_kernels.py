@@ -1,4 +1,4 @@
-"""The compiled kernels (`jaxpace._native.kernels`) give the NumPy fallback's bits, and the
+"""The compiled kernels (`jaxpace._kernels`) give the NumPy fallback's bits, and the
 fallback runs when the library is absent or disabled."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import jaxpace.policy._adaptive_fast as F
 import jaxpace.policy._window_order as WO
 import jaxpace.sim._engine as E
+from jaxpace import _kernels as kernels
 from jaxpace._exchange import sanitize_seconds
-from jaxpace._native import kernels
 from jaxpace.policy.adaptive import AdaptiveConfig, AdaptiveState, ab_guard, adaptive
 from jaxpace.policy.base import Observation
 from jaxpace.policy.quantile import quantile_of_window
@@ -143,7 +143,7 @@ def test_whole_runs_are_the_same_with_and_without_kernels(scenario, policy, node
 
 def test_disabled_by_environment_runs_numpy():
     code = (
-        "from jaxpace._native import kernels; from jaxpace.sim import simulate;"
+        "from jaxpace import _kernels as kernels; from jaxpace.sim import simulate;"
         "print(kernels.available());"
         "r = simulate('paper', nodes=2, steps=20, policy='adaptive', seed=1);"
         "print(r.steps)"

@@ -435,8 +435,8 @@ def test_pacer_native_idle_adaptive_is_drained_on_the_timer_and_wakes_once_engag
         jax.block_until_ready(f(x))
         jax.block_until_ready(g(x))
         idle.stats(), busy.stats()
-    e_idle = driver._entries[idle._sites["idle"].native[0]]
-    e_busy = driver._entries[busy._sites["busy"].native[0]]
+    e_idle = driver._entries[idle.sites["idle"].native[0]]
+    e_busy = driver._entries[busy.sites["busy"].native[0]]
     assert e_idle.can_delay and not e_idle.eager  # never engaged: timer-drained
     assert e_busy.eager and busy.stats()["busy"].steps_paced > 0
     assert idle.stats()["idle"].steps == 6  # every record still arrives (steps, not rank-steps)
@@ -582,7 +582,7 @@ def test_pacer_native_dropped_records_are_reported(mesh):
 
     smap(mesh, body, P("d"))(x).block_until_ready()  # 400 records at once
     s = pacer.stats()["drop"]
-    dropped = nat.counters(pacer._sites["drop"].native[0])["dropped"]
+    dropped = nat.counters(pacer.sites["drop"].native[0])["dropped"]
     assert s.probe.startswith("native") and f"[{dropped} records dropped" in s.probe
     # every record drained or counted; `steps` counts steps (the most any rank recorded), and
     # every rank's ring holds the same 8 of its 50 here

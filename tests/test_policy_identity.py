@@ -40,7 +40,7 @@ def test_processes_agree_on_the_identity_not_the_bare_name():
     name was compared)."""
     a = jp.PacingPolicy(lambda n: None, _zero_update, max_delay_s=0.01)
     b = jp.PacingPolicy(lambda n: None, _half_update, max_delay_s=0.01)
-    fa = consensus.fingerprint(jp.Pacer(policy=a)._agreed_settings())
-    fb = consensus.fingerprint(jp.Pacer(policy=b)._agreed_settings())
+    fa = consensus.fingerprint(jp.Pacer(policy=a).agreed_settings())
+    fb = consensus.fingerprint(jp.Pacer(policy=b).agreed_settings())
     assert fa != fb
     assert "_zero_update" in fa and "_half_update" in fb

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxpace import _records
+from jaxpace import _record_format
 from jaxpace.report import line_reader as reader
 from jaxpace.report import synthetic_records
 from jaxpace.report.records import Records, load_records
@@ -25,7 +25,7 @@ CHUNKS = ((None, None), (97, None), (1000, 3), (4096, 2), (4096, None))
 
 
 def _header(p=0, count=1, run_id="r", **extra):
-    h = _records.header_record(
+    h = _record_format.header_record(
         run_id=run_id,
         process_index=p,
         process_count=count,
@@ -44,7 +44,7 @@ def _header(p=0, count=1, run_id="r", **extra):
 def _step(site="train.py:42:train_step", step=0, rank=0, process=0, **kw):
     args = dict(arrive_ns=1_000_000 + step, done_ns=1_500_000 + step, delay_ns=0, engaged=False)
     args.update(kw)
-    return _records.step_record(site=site, step=step, rank=rank, process=process, **args)
+    return _record_format.step_record(site=site, step=step, rank=rank, process=process, **args)
 
 
 def _line(rec) -> bytes:
@@ -153,7 +153,7 @@ def test_writer_output_is_read_fast_and_identically(tmp_path, monkeypatch):
                     )
                 )
                 n += 1
-        _records.write_jsonl(d / _records.records_filename(p), recs)
+        _record_format.write_jsonl(d / _record_format.records_filename(p), recs)
     counter = _Counter(monkeypatch)
     got = load_records(d)
     assert counter.fast == n and counter.slow == 3  # every step line; the headers per line

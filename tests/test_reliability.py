@@ -32,6 +32,7 @@ import jaxpace as jp
 from jaxpace import _delay, _probe
 from jaxpace._native import available as native_available
 from jaxpace._runtime import consensus, hooks
+from jaxpace._testing import set_fault_hook
 from jaxpace.errors import ConfigError, TracedConfigChangeError, UnboundAxisError
 
 MESH = jax.make_mesh((8,), ("data",))
@@ -287,7 +288,7 @@ def test_raising_callback_body_gives_no_delay_and_same_bits(where, caplog, monke
         if where in (w, "both"):
             raise RuntimeError(f"injected fault in {w}")
 
-    pacer._fault_hook = hook
+    set_fault_hook(pacer, hook)
     slept = []  # every sleep the callbacks start, instead of a bound on the wall clock
     real_sleep = hooks.interruptible_sleep
     monkeypatch.setattr(
@@ -313,7 +314,7 @@ def test_base_exception_is_not_swallowed():
     def hook(*a):
         raise KeyboardInterrupt
 
-    pacer._fault_hook = hook
+    set_fault_hook(pacer, hook)
     with pytest.raises(KeyboardInterrupt):
         pacer.hooks.arrive(st_, 0)
 
@@ -405,7 +406,7 @@ def test_huge_skew_is_capped_and_backed_off_with_a_diagnostic(caplog):
         if where == "pre" and rank == 3:
             time.sleep(hold_s)  # rank 3 arrives a quarter second late, every step
 
-    pacer._fault_hook = hook
+    set_fault_hook(pacer, hook)
     with caplog.at_level(logging.WARNING, "jaxpace"):
         _paced_loop(pacer, 8)
     s = pacer.stats()["s"]
@@ -686,7 +687,7 @@ def test_no_cpu_backend_falls_back_consistently_with_a_diagnostic(monkeypatch, c
     assert not s.measured and "CPU backend" in s.unmeasured_reason
     assert any("no CPU backend" in r.getMessage() for r in caplog.records)
     # The fact is part of the settings every process must agree on.
-    assert '"host_callbacks": false' in consensus.fingerprint(pacer._agreed_settings())
+    assert '"host_callbacks": false' in consensus.fingerprint(pacer.agreed_settings())
 
 
 # --------------------------------------------------------------------- long runs
@@ -732,7 +733,7 @@ growth_ours = sum(
     d.size_diff for d in s2.filter_traces(ours).compare_to(s1.filter_traces(ours), "filename")
 )
 growth_all = sum(d.size_diff for d in s2.compare_to(s1, "filename"))
-site = pacer._sites["long"]
+site = pacer.sites["long"]
 site.flush()  # native probes: drain what the handlers finished
 st_ = site.ranks[0]
 print(json.dumps({

@@ -176,11 +176,11 @@ def fresh_default(monkeypatch):
 
 def test_configure_accepts_the_watchdog_settings(fresh_default, tmp_path):
     assert jp.configure(stall_after_s=12.5, on_stall="raise", run_dir=tmp_path) is fresh_default
-    cfg = fresh_default._watchdog.config
+    cfg = fresh_default.watchdog.config
     assert (cfg.stall_after_s, cfg.on_stall, cfg.directory()) == (12.5, "raise", str(tmp_path))
     jp.configure(stall_after_s=None)  # off, as in Pacer(stall_after_s=None)
-    assert fresh_default._watchdog.config.stall_after_s is None
-    assert fresh_default._watchdog.config.on_stall == "raise"  # others kept
+    assert fresh_default.watchdog.config.stall_after_s is None
+    assert fresh_default.watchdog.config.on_stall == "raise"  # others kept
 
 
 @pytest.mark.parametrize(
@@ -190,15 +190,15 @@ def test_configure_accepts_the_watchdog_settings(fresh_default, tmp_path):
 def test_configure_checks_the_watchdog_settings_as_pacer_does(fresh_default, field, value):
     with pytest.raises(ConfigError) as direct:
         jp.Pacer(**{field: value})
-    before = (fresh_default._watchdog.config, fresh_default.policy)
+    before = (fresh_default.watchdog.config, fresh_default.policy)
     with pytest.raises(ConfigError) as via_configure:
         jp.configure(policy=jp.fixed(0.001), **{field: value})
     assert str(via_configure.value) == str(direct.value) and f"`{field}`" in str(direct.value)
-    assert (fresh_default._watchdog.config, fresh_default.policy) == before
+    assert (fresh_default.watchdog.config, fresh_default.policy) == before
 
 
 def test_configure_watchdog_after_the_first_trace_is_refused(fresh_default):
     jax.vmap(lambda v: jp.psum(v, "i"), axis_name="i")(jnp.ones(2))
     with pytest.raises(jp.errors.TracedConfigChangeError):
         jp.configure(on_stall="exit")
-    assert fresh_default._watchdog.config.on_stall == "warn"
+    assert fresh_default.watchdog.config.on_stall == "warn"

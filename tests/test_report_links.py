@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import run_4x2
 
-from jaxpace import _records, _site_layout
+from jaxpace import _record_format, _site_layout
 from jaxpace.report.records import load_records
 from jaxpace.report.stages import links
 
@@ -25,7 +25,7 @@ def _run(late: bool, steps: int = 30, seed: int = 0):
     out = []
     for p in range(4):
         out.append(
-            _records.header_record(
+            _record_format.header_record(
                 run_id="r", process_index=p, process_count=4, host="h", pid=p,
                 granularity="process", jaxpace_version="0", policy="no_pacing()",
                 local_devices=[p], rank_groups=None, sites=SITES,
@@ -43,7 +43,7 @@ def _run(late: bool, steps: int = 30, seed: int = 0):
             for site, wait, off in (("ag", ag[r], 0), ("pp", pp[r], 60_000_000)):
                 a = t0 + off + int(rng.integers(0, 1000))
                 out.append(
-                    _records.step_record(
+                    _record_format.step_record(
                         site=site, step=k, rank=r, process=r, arrive_ns=a,
                         done_ns=a + int(wait * 1e9), delay_ns=0, engaged=False,
                     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxpace._records import header_record, step_record
+from jaxpace._record_format import header_record, step_record
 from jaxpace.errors import ConfigError, RecordsError
 from jaxpace.report import analyze, stages
 from jaxpace.report.html import render_report_html

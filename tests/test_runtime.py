@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
+from jaxpace._testing import set_fault_hook
 
 MESH = jax.make_mesh((8,), ("data",))
 
@@ -87,7 +88,7 @@ def test_capacity_bounds_records():
 
 def test_configure_default_pacer_rules():
     p = jp.default_pacer()
-    if not p._traced:
+    if not p.traced:
         jp.configure(policy=jp.no_pacing())
     jax.vmap(lambda v: jp.psum(v, "i"), axis_name="i")(jnp.ones(2))
     with pytest.raises(jp.errors.TracedConfigChangeError):
@@ -152,7 +153,7 @@ def test_rank_groups_reach_the_report_and_name_locality():
         done_ns=30_000_000,
     )
     pacer = jp.Pacer(granularity="device", rank_groups=groups, clock=clock)
-    pacer._fault_hook = clock.hook  # called just before each arrival is read
+    set_fault_hook(pacer, clock.hook)  # called just before each arrival is read
     _run(pacer, steps=30, site="loc")
     header = pacer.records()[0]
     assert header["topology"]["rank_groups"]["numa"]["5"] == "node1"

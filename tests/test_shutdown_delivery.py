@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import jaxpace as jp
+from jaxpace._testing import set_fault_hook
 
 prom_parser = pytest.importorskip("prometheus_client.parser")
 pytest.importorskip("tensorboardX")
@@ -191,7 +192,7 @@ def test_close_is_bounded_when_a_step_never_finishes_and_counts_it(caplog):
         if where == "post" and step == 1 and rank == 0:
             release.wait(60)
 
-    pacer._fault_hook = hang
+    set_fault_hook(pacer, hang)
     mesh = jax.make_mesh((RANKS,), ("data",))
     f = jax.jit(
         jax.shard_map(

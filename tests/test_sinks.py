@@ -8,7 +8,7 @@ import pytest
 
 import jaxpace as jp
 from jaxpace._probe import RateLimitedLog
-from jaxpace._runtime.sinks import SinkThread
+from jaxpace._runtime.sink_thread import SinkThread
 
 prom_parser = pytest.importorskip("prometheus_client.parser")
 pytest.importorskip("tensorboardX")

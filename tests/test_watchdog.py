@@ -23,6 +23,9 @@ import jaxpace as jp
 from jaxpace import _native as nat
 from jaxpace._runtime import hooks
 from jaxpace._runtime import watchdog as wd
+from jaxpace._runtime.bounded_kv import BoundedKV
+from jaxpace._runtime.config import RUN_DIR_ENV
+from jaxpace._testing import set_fault_hook
 from jaxpace.errors import ConfigError, StallError
 
 # ---------------------------------------------------------------------- settings
@@ -46,9 +49,9 @@ def test_run_dir_must_be_a_path():
 
 
 def test_run_dir_defaults_to_env_then_cwd(monkeypatch, tmp_path):
-    monkeypatch.delenv(wd.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     assert wd.WatchdogConfig().directory() == "."
-    monkeypatch.setenv(wd.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
     assert wd.WatchdogConfig().directory() == str(tmp_path)
     assert wd.WatchdogConfig(run_dir="/x").directory() == "/x"
 
@@ -92,25 +95,25 @@ def _stall_at(step_no, seconds):
 
 def test_thread_starts_at_first_trace_not_in_constructor_and_close_stops_it(tmp_path):
     pacer = jp.Pacer(stall_after_s=5.0, run_dir=tmp_path, clock=PY_CLOCK)
-    assert not pacer._watchdog.running
+    assert not pacer.watchdog.running
     f, x = _step_fn(pacer)
     f(x).block_until_ready()
-    assert pacer._watchdog.running
+    assert pacer.watchdog.running
     pacer.close(timeout_s=2.0)
-    assert not pacer._watchdog.running
+    assert not pacer.watchdog.running
 
 
 def test_off_when_stall_after_s_is_none():
     pacer = jp.Pacer(stall_after_s=None)
     f, x = _step_fn(pacer)
     f(x).block_until_ready()
-    assert not pacer._watchdog.running
+    assert not pacer.watchdog.running
     pacer.close()
 
 
 def test_a_stuck_collective_is_reported_recorded_and_turns_pacing_off(tmp_path, capfd):
     pacer = jp.Pacer(policy=jp.fixed(0.001), stall_after_s=0.3, run_dir=tmp_path, clock=PY_CLOCK)
-    pacer._fault_hook = _stall_at(3, 1.5)
+    set_fault_hook(pacer, _stall_at(3, 1.5))
     f, x = _step_fn(pacer)
     for _ in range(6):
         out = f(x).block_until_ready()
@@ -119,14 +122,14 @@ def test_a_stuck_collective_is_reported_recorded_and_turns_pacing_off(tmp_path, 
     err = capfd.readouterr().err
     assert re.search(r"jaxpace: stalled \d\.\d s at s step 3", err), err
     assert "single process" in err
-    [rec] = [r for r in pacer._watchdog.stalls if r["role"] == "stalled"]
+    [rec] = [r for r in pacer.watchdog.stalls if r["role"] == "stalled"]
     assert (rec["site"], rec["step"]) == ("s", 3)
     assert rec["stalled_s"] >= 0.3
     on_disk = json.loads((tmp_path / "stall-p0.json").read_text())
     assert on_disk["type"] == "stall" and on_disk["step"] == 3
     # faulthandler's dump of every thread: the callback thread sleeping in the hook.
     assert "in hook" in on_disk["stacks"] and "jaxpace-watchdog" not in on_disk["message"]
-    assert pacer._stop.is_set()  # pacing off: pending and later sleeps are zero
+    assert pacer.stop_event.is_set()  # pacing off: pending and later sleeps are zero
     after = [r for r in pacer.records() if r["type"] == "step" and r["step"] > 3]
     assert after and all(r["delay_ns"] == 0 for r in after)
 
@@ -140,10 +143,10 @@ def test_a_pacing_sleep_never_counts_as_a_stall(tmp_path, capfd, monkeypatch):
     def watched_sleep(delay_s, stop):
         # Handshake, not timing: the sleep lasts until the watchdog has ticked 5 times in it
         # (at most 30 s), so a loaded machine cannot make it end before anyone watched.
-        start, give_up = pacer._watchdog.ticks, time.monotonic() + 30
-        while delay_s > 0 and pacer._watchdog.ticks < start + 5 and time.monotonic() < give_up:
+        start, give_up = pacer.watchdog.ticks, time.monotonic() + 30
+        while delay_s > 0 and pacer.watchdog.ticks < start + 5 and time.monotonic() < give_up:
             stop.wait(0.01)
-        during.append(pacer._watchdog.ticks - start)
+        during.append(pacer.watchdog.ticks - start)
         return real_sleep(delay_s, stop)
 
     monkeypatch.setattr(hooks, "interruptible_sleep", watched_sleep)
@@ -154,14 +157,14 @@ def test_a_pacing_sleep_never_counts_as_a_stall(tmp_path, capfd, monkeypatch):
     pacer.close(timeout_s=2.0)
     assert ticks >= 5  # it was watching (tick 0.01 s) during the sleeps
     assert pacer.stats()["s"].total_delay_s >= 1.1
-    assert pacer._watchdog.stalls == []
+    assert pacer.watchdog.stalls == []
     assert "stalled" not in capfd.readouterr().err
     assert not (tmp_path / "stall-p0.json").exists()
 
 
 def test_on_stall_raise_delivers_stall_error_to_the_main_thread(tmp_path):
     pacer = jp.Pacer(stall_after_s=0.2, on_stall="raise", run_dir=tmp_path, clock=PY_CLOCK)
-    pacer._fault_hook = _stall_at(2, 1.0)
+    set_fault_hook(pacer, _stall_at(2, 1.0))
     f, x = _step_fn(pacer)
     steps = 0
     with pytest.raises(StallError, match=r"stalled [\d.]+ s at s step 2"):
@@ -234,8 +237,8 @@ def test_native_steady_clock_is_time_monotonic():
 def test_watchdog_reports_a_stall_at_a_native_site_from_the_library_marks(tmp_path, capfd):
     sid, site, arrive, done = _native_site("native.site")
     pacer = jp.Pacer(stall_after_s=0.5, run_dir=tmp_path)
-    pacer._sites["native.site"] = site  # the pacer's own sites carry the same fields
-    w = pacer._watchdog
+    pacer.add_site("native.site", site)  # the pacer's own sites carry the same fields
+    w = pacer.watchdog
     for _ in range(wd.WARMUP_STEPS):  # warm-up steps allow 60 s: leave them behind
         done(arrive(jnp.float32(0.0))).block_until_ready()
     now = time.monotonic()
@@ -266,12 +269,12 @@ def test_a_pacing_sleep_never_counts_as_a_stall_on_the_native_path(tmp_path, cap
         stats = pacer.stats()["s"]
         if stats.total_delay_s >= 1.1:
             break
-    ticks = pacer._watchdog.ticks
+    ticks = pacer.watchdog.ticks
     pacer.close(timeout_s=2.0)
     assert stats.probe.startswith("native"), stats.probe
     assert ticks >= 5
     assert stats.total_delay_s >= 1.1  # the native arrivals slept
-    assert pacer._watchdog.stalls == []
+    assert pacer.watchdog.stalls == []
     assert "stalled" not in capfd.readouterr().err
     assert "cannot see" not in caplog.text
     assert not (tmp_path / "stall-p0.json").exists()
@@ -322,7 +325,7 @@ class _HungClient:
 
 def test_bounded_kv_call_never_hangs_on_a_hung_coordinator():
     c = _HungClient()
-    kv = wd._BoundedKV(c, timeout_s=0.2)
+    kv = BoundedKV(c, timeout_s=0.2)
     ok, err = kv.call(lambda cl: cl.key_value_set("k", "v", True))
     assert not ok and isinstance(err, TimeoutError)
     reached = []  # the second call must not even reach the client (no wait, no queue)
@@ -334,9 +337,9 @@ def test_bounded_kv_call_never_hangs_on_a_hung_coordinator():
 
 def test_declare_with_a_hung_coordinator_says_so(tmp_path, capfd):
     pacer = jp.Pacer(stall_after_s=1.0, run_dir=tmp_path)
-    w = pacer._watchdog
+    w = pacer.watchdog
     c = _HungClient()
-    w._kv, w.me, w.nproc, w.prefix = wd._BoundedKV(c, timeout_s=0.2), 1, 4, "t"
+    w._kv, w.me, w.nproc, w.prefix = BoundedKV(c, timeout_s=0.2), 1, 4, "t"
     rec = w.declare("train.py:88:step", 20, 3.0, {"train.py:88:step": 21})
     c.release.set()
     assert rec["coordinator"].startswith("does not answer")
@@ -479,7 +482,7 @@ def test_report_shows_the_stall_records_first(tmp_path, capsys):
     from jaxpace import cli
 
     pacer = jp.Pacer(policy=jp.fixed(0.001), stall_after_s=0.3, run_dir=tmp_path, clock=PY_CLOCK)
-    pacer._fault_hook = _stall_at(3, 1.0)
+    set_fault_hook(pacer, _stall_at(3, 1.0))
     f, x = _step_fn(pacer)
     for _ in range(40):
         f(x).block_until_ready()

@@ -13,10 +13,10 @@ from jax import lax
 from jax.experimental import io_callback
 
 from jaxpace import _exchange, _invariant, _jax_compat, _kinds, _site_layout
-from jaxpace._measured_native import axis_rank, is_leader, native_or_none, tangent
+from jaxpace._measured_native import TracePlan, axis_rank, is_leader, native_or_none, tangent
 from jaxpace.errors import UnboundAxisError
 
-__all__ = ["Runtime", "collective"]
+__all__ = ["Runtime", "caller_site", "collective"]
 
 _LAX = _kinds.LAX  # the real jax.lax functions (captured before any test harness patch)
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -25,8 +25,8 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 class Runtime(Protocol):
     """What a measured collective needs from its runtime (`Pacer.hooks` implements it).
 
-    This is the whole contract between the collectives and the `Pacer`; the
-    collectives read nothing else of it.
+    This is the whole contract between the collectives (with the native probes'
+    drain thread) and the `Pacer`; they read nothing else of it.
 
     Attributes:
       config: the `PacerConfig` (`enabled`, `granularity`, `sample_every`, ...).
@@ -59,11 +59,36 @@ class Runtime(Protocol):
     def done(self, site: Any, rank: int, step_tag: int, reduced: Any, scale: float) -> None:
         """Post-collective body: closes the record and runs the policy."""
 
+    # The native probes (`jaxpace._measured_native`, the drain thread `jaxpace._native.driver`).
+
+    def native_blocker(self) -> str | None:
+        """Why this runtime needs the Python (io_callback) probes, or None."""
+
+    @property
+    def stop_event(self) -> Any:
+        """A `threading.Event` set when pacing stops: native pacing sleeps end too."""
+
+    def native_record(
+        self,
+        site: Any,
+        rank: int,
+        step: int,
+        arrive_ns: int,
+        done_ns: int,
+        delay_ns: int,
+        reduced: Any,
+        scale: float,
+    ) -> float:
+        """One record the native probes finished: `done`'s work; returns the next delay (s)."""
+
+    def native_wants_wake(self, site: Any) -> bool:
+        """Whether the drain thread should handle each record of `site` at once."""
+
 
 # ---------------------------------------------------------------------- trace-time decisions
 
 
-def _caller_site() -> str:
+def caller_site() -> str:
     """`file:line:function` of the first frame outside jaxpace and jax."""
     frame = inspect.currentframe()
     try:
@@ -290,7 +315,7 @@ def _collective(rt: Runtime, call, x, axis_name, axis_index_groups, site):
         return lax_fn(x, axis_name, axis_index_groups=axis_index_groups)
 
     if site is None:
-        site = _caller_site()
+        site = caller_site()
     elif not isinstance(site, str) or not site:
         raise TypeError(f"`site` must be a non-empty string, got {site!r}.")
     axes = _axes(axis_name)
@@ -351,8 +376,9 @@ def _collective(rt: Runtime, call, x, axis_name, axis_index_groups, site):
     if call.kind in ("psum", "pmean", "pmax", "pmin"):  # the skew would be hidden
         if _invariant.warn_if_invariant(call.kind, leaves, axes, site):
             rt.note_invariant(site, str(axes[0]))  # into the records: the report refuses a culprit
+    axis_name = axes if len(axes) > 1 else axes[0]
     return _measured(
-        rt, call, x, axes if len(axes) > 1 else axes[0], axis_index_groups, site, sizes, am, probe
+        rt, call, x, axis_name, axis_index_groups, site=site, sizes=sizes, am=am, probe=probe
     )
 
 
@@ -375,7 +401,7 @@ def _native_probe(rt: Runtime, am) -> tuple[str | None, str]:
     ok, why = _native.available()
     if not ok:
         return None, f"io_callback probes: {why}"
-    blocker = getattr(rt, "native_blocker", lambda: "this runtime has no native hooks")()
+    blocker = rt.native_blocker()
     if blocker:
         return None, f"io_callback probes: {blocker}"
     dev = getattr(am, "abstract_device", None)
@@ -394,7 +420,7 @@ def _native_probe(rt: Runtime, am) -> tuple[str | None, str]:
     return None, f"io_callback probes: no native handler for platform {platform!r}"
 
 
-def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, site, sizes, am, probe):
+def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, *, site, sizes, am, probe):
     axes = _axes(axis_name)
     granularity = rt.config.granularity
     group = _group_size(axes, sizes, axis_index_groups)
@@ -418,29 +444,36 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, site, sizes, a
     exchange = rt.policy.needs_exchange and _kinds.carries_exchange(call.kind)
     site_obj.measure_only = not _kinds.carries_exchange(call.kind)
     site_obj.pacing = _kinds.pacing_note(call.kind, rt.policy.needs_exchange, rt.policy.max_delay_s)
-    n_pay = _exchange.payload_size(num_slots) if exchange else 0
-    native = (call, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table)
-    done_native = native_or_none(rt, site_obj, probe, native, am, axes, sizes)
+    plan = TracePlan(
+        call=call,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+        granularity=granularity,
+        num_slots=num_slots,
+        n_pay=_exchange.payload_size(num_slots) if exchange else 0,
+        scale=scale,
+        table=table,
+        am=am,
+        axes=axes,
+        sizes=sizes,
+    )
+    done_native = native_or_none(rt, site_obj, probe, plan, x)
     if done_native is not None:
         return done_native[0]
 
-    return _measured_io_callback(
-        rt, call, x, axis_name, axis_index_groups, site_obj, native, am, axes, sizes
-    )
+    return _measured_io_callback(rt, site_obj, plan, x)
 
 
-def _measured_io_callback(
-    rt, call, x, axis_name, axis_index_groups, site_obj, args, am, axes, sizes
-):
+def _measured_io_callback(rt, site_obj, plan: TracePlan, x):
     """The measured collective through the io_callback probes (the fallback path)."""
-    _, _, _, _, granularity, _, n_pay, scale, table = args
+    granularity, n_pay, table, am = plan.granularity, plan.n_pay, plan.table, plan.am
     exchange = n_pay > 0
     pre = _io_pre(rt, site_obj, granularity, n_pay, table, am)
-    post = _io_post(rt, site_obj, granularity, exchange, scale)
-    reduce = _io_reduce(call, exchange, axis_name, axis_index_groups)
+    post = _io_post(rt, site_obj, granularity, exchange, plan.scale)
+    reduce = _io_reduce(plan.call, exchange, plan.axis_name, plan.axis_index_groups)
     leaves = jax.tree_util.tree_leaves(x)
     tok = _token(leaves)
-    rank = axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+    rank = axis_rank(plan.axes, plan.sizes) if granularity == "device" else jnp.int32(0)
     payload, step_tag = pre(tok, rank)
     out, red = reduce(x, payload, step_tag)
     post(lax.stop_gradient(red), step_tag, rank)

@@ -6,6 +6,9 @@ probes apply; `tangent` is lax's own JVP rule for every measured collective.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +16,38 @@ from jax import lax
 
 from jaxpace import _jax_compat, _kinds
 
-__all__ = ["axis_rank", "is_leader", "linear_shard_index", "native_or_none", "tangent"]
+__all__ = ["TracePlan", "axis_rank", "is_leader", "linear_shard_index", "native_or_none", "tangent"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TracePlan:
+    """What the traced program of one measured collective is built from (trace time).
+
+    Attributes:
+      call: the `_kinds.Call` (its lax function, kind and parameters).
+      axis_name: the axis name (or tuple of names) as lax takes it.
+      axis_index_groups: as lax takes it.
+      granularity: `"process"` or `"device"`.
+      num_slots: ranks of the site (processes, or the group's shards).
+      n_pay: the exchange payload's length (0: no exchange).
+      scale: the reduction's scale for the exchange (pmean), else 1.0.
+      table: which linear shard is its process's leader (`"process"`), or None.
+      am: the abstract mesh.
+      axes: the reduced axes, a tuple.
+      sizes: `{axis: size}` of the bound axes.
+    """
+
+    call: Any
+    axis_name: Any
+    axis_index_groups: Any
+    granularity: str
+    num_slots: int
+    n_pay: int
+    scale: float
+    table: np.ndarray | None
+    am: Any
+    axes: tuple
+    sizes: dict
 
 
 def linear_shard_index(am):
@@ -47,49 +81,41 @@ def axis_rank(axes: tuple, sizes: dict):
     return idx
 
 
-def native_or_none(rt, site_obj, probe, args, am, axes, sizes):
+def native_or_none(rt, site_obj, probe, plan: TracePlan, x):
     """`(result,)` of the collective through the native probes, or None for the fallback.
 
     Sets `site_obj.probe` either way (what `stats()` says about the path).
     """
-    call, x, axis_name, axis_index_groups, granularity, num_slots, n_pay, scale, table = args
     native_id, native_why = None, probe[1]
     if probe[0] is not None:
-        native_id, native_why = _attach_native(
-            rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
-        )
+        native_id, native_why = _attach_native(rt, site_obj, probe, plan)
     site_obj.probe = native_why
     if native_id is None:
         return None
-    out = _measured_native(
-        call, x, axis_name, axis_index_groups, native_id, n_pay, granularity, table, am, axes, sizes
-    )
-    return (out,)
+    return (_measured_native(plan, native_id, x),)
 
 
-def _attach_native(
-    rt, site_obj, probe, granularity, num_slots, n_pay, scale, table, am, axes, sizes
-):
+def _attach_native(rt, site_obj, probe, plan: TracePlan):
     """Registers the native site; returns `(native id or None, what stats() says)`."""
     from jaxpace._native import driver
 
     platform, why = probe
-    fixed_rank = jax.process_index() if granularity == "process" else -1
+    fixed_rank = jax.process_index() if plan.granularity == "process" else -1
     try:
         nid = driver.attach(
             rt,
             site_obj,
-            num_slots=num_slots,
+            num_slots=plan.num_slots,
             fixed_rank=fixed_rank,
             sample_every=rt.config.sample_every,
-            payload_len=n_pay,
-            scale=scale,
+            payload_len=plan.n_pay,
+            scale=plan.scale,
             capacity=rt.config.capacity * max(1, jax.local_device_count()),
             max_delay_s=0.0 if site_obj.measure_only else rt.policy.max_delay_s,
-            stop=getattr(rt, "stop_event", None),
+            stop=rt.stop_event,
         )
         if platform == "cuda":
-            why_dev = _cuda_device_table(rt, nid, granularity, table, am, axes, sizes)
+            why_dev = _cuda_device_table(rt, nid, plan)
             if why_dev is not None:
                 return None, f"io_callback probes: {why_dev}"
     except Exception as e:  # noqa: BLE001 - any failure here means "use the fallback"
@@ -97,11 +123,18 @@ def _attach_native(
     return nid, f"native: {why}"
 
 
-def _cuda_device_table(rt, nid, granularity, table, am, axes, sizes) -> str | None:
+def _cuda_device_table(rt, nid, plan: TracePlan) -> str | None:
     """GPU operands live on the device, so the handlers read each shard's rank from a host
     table keyed by local device ordinal, built from a concrete mesh. None when set."""
     from jaxpace import _native
 
+    granularity, table, am, axes, sizes = (
+        plan.granularity,
+        plan.table,
+        plan.am,
+        plan.axes,
+        plan.sizes,
+    )
     mesh = rt.mesh if rt.mesh is not None else _jax_compat.concrete_mesh()
     names, shape = tuple(am.axis_names), tuple(am.axis_sizes)
     if mesh is None or tuple(mesh.axis_names) != names or tuple(mesh.devices.shape) != shape:
@@ -128,9 +161,7 @@ def _cuda_device_table(rt, nid, granularity, table, am, axes, sizes) -> str | No
     return None
 
 
-def _measured_native(
-    call, x, axis_name, axis_index_groups, nid, n_pay, granularity, table, am, axes, sizes
-):
+def _measured_native(plan: TracePlan, nid: int, x):
     """The measured collective through the native probes: no JAX effect, no Python per step.
 
     Arrive and done are effect-free primitives lowered to side-effecting FFI calls
@@ -142,6 +173,9 @@ def _measured_native(
     """
     from jaxpace._native import primitive
 
+    call, axis_name, axis_index_groups = plan.call, plan.axis_name, plan.axis_index_groups
+    n_pay, granularity, table = plan.n_pay, plan.granularity, plan.table
+    am, axes, sizes = plan.am, plan.axes, plan.sizes
     lax_fn = call.fn
 
     def reduce(t):  # t is (x, payload) with exchange: one all-reduce for both

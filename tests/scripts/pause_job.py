@@ -80,4 +80,4 @@ for step in range(STEPS):
                 time.sleep(args.extra_s)  # this process's save is extra_s slower
 manager.close()
 pacer.close()
-print(f"DONE p{pid} stalls={len(pacer._watchdog.stalls)}", flush=True)
+print(f"DONE p{pid} stalls={len(pacer.watchdog.stalls)}", flush=True)

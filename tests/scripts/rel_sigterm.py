@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxpace as jp  # noqa: E402
+from jaxpace._testing import set_fault_hook  # noqa: E402
 
 got = []
 if "--handler" in sys.argv:
@@ -34,7 +35,7 @@ def hook(where, site, rank, step):
         print("SLEEPING", flush=True)
 
 
-pacer._fault_hook = hook
+set_fault_hook(pacer, hook)
 mesh = jax.make_mesh((2,), ("data",))
 f = jax.jit(
     jax.shard_map(

@@ -20,6 +20,9 @@ import threading
 
 import numpy as np
 
+from jaxpace import _loader
+from jaxpace._loader import load_once
+
 __all__ = [
     "ABI_VERSION",
     "MAX_SITES",
@@ -81,50 +84,8 @@ def library_path() -> str | None:
 
 
 def find_built(stem: str) -> str | None:
-    """The library `stem` built next to this file, or None.
-
-    One checkout can hold builds for several Pythons (`stem.cpython-311-...so`,
-    `...-312-...so`): this interpreter's comes first (each is built against its own jaxlib).
-    """
-    own = os.path.join(_HERE, stem + (sysconfig.get_config_var("EXT_SUFFIX") or ""))
-    if os.path.isfile(own):
-        return own
-    found = sorted(glob.glob(os.path.join(_HERE, stem + "*.so")))
-    return found[0] if found else None
-
-
-def load_once(state: dict, lock, *, env: str, path, missing: str, declare, abi_fn: str,
-              abi: int, what: str):  # fmt: skip
-    """Loads a ctypes library once into `state` (`lib`, `path`, or the `reason` it did not).
-
-    `env=0` switches it off; `path()` finds it (None: `missing` is the reason); `declare(lib)`
-    sets its signatures; `abi_fn()` must return `abi`. Returns the library or None.
-    """
-    with lock:
-        if state["lib"] is not None or state["reason"] is not None:
-            return state["lib"]
-        if os.environ.get(env, "1").strip().lower() in ("0", "false", "no", "off"):
-            state["reason"] = f"disabled by {env}=0"
-            return None
-        found = path()
-        if found is None:
-            state["reason"] = missing
-            return None
-        try:
-            lib = ctypes.CDLL(found)
-            declare(lib)
-            got = getattr(lib, abi_fn)()
-        except (OSError, AttributeError) as e:
-            state["reason"] = f"{what} {found} failed to load: {e}"
-            return None
-        if got != abi:
-            state["reason"] = (
-                f"{what} {found} has ABI {got}, this jaxpace expects {abi}; "
-                "rebuild it (pip install -e . or reinstall)"
-            )
-            return None
-        state["lib"], state["path"] = lib, found
-        return lib
+    """The library `stem` built next to this file, or None (see `jaxpace._loader.find_built`)."""
+    return _loader.find_built(_HERE, stem)
 
 
 def _load():

@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from jaxpace import _jax_compat, _records
+from jaxpace import _jax_compat, _record_format
 from jaxpace._runtime.consensus import KEY_GENERATIONS
 from jaxpace._runtime.inflight import settle
 from jaxpace.errors import ConfigError
@@ -43,7 +43,7 @@ def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list
     proc = jax.process_index()
     out: list[dict[str, Any]] = [{**header(pacer), **extra}]
     first_kept: dict[str, int] = {}  # site -> first step still in every rank's ring
-    for name, site in sorted(pacer._sites.items()):
+    for name, site in sorted(pacer.sites.items()):
         site.flush()  # native probes: drain what the handlers finished
         for r in sorted(site.ranks):
             st = site.ranks[r]
@@ -55,7 +55,7 @@ def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list
                 first_kept[name] = max(first_kept.get(name, 0), first)
             for row in rows:
                 out.append(
-                    _records.step_record(
+                    _record_format.step_record(
                         site=name,
                         step=int(row["step"]),
                         rank=int(r),
@@ -117,7 +117,7 @@ def header(pacer: Pacer) -> dict[str, Any]:
 
     from jaxpace import __version__
 
-    return _records.header_record(
+    return _record_format.header_record(
         run_id=pacer.run_id or "local",
         process_index=jax.process_index(),
         process_count=jax.process_count(),
@@ -156,8 +156,8 @@ def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
     site's layout (`collective`, its rank groups, ppermute's pairs; `_site_layout`).
     """
     out: dict[str, dict[str, Any]] = {}
-    invariant = dict(getattr(pacer.hooks, "invariant_sites", {}))
-    for name, site in sorted(pacer._sites.items()):
+    invariant = dict(pacer.hooks.invariant_sites)
+    for name, site in sorted(pacer.sites.items()):
         backed_off = ab_rejected = False
         for st in list(site.ranks.values()):
             with st.lock:
@@ -184,7 +184,7 @@ def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
     if pacer.config.granularity == "process":
         mine = {jax.process_index()}
     else:
-        mine = {r for site in pacer._sites.values() for r in site.ranks}
+        mine = {r for site in pacer.sites.values() for r in site.ranks}
     host = socket.gethostname()
     groups: dict[str, dict[str, str]] = {"host": {str(r): host for r in sorted(mine)}}
     for kind, mapping in (pacer.rank_groups or {}).items():
@@ -204,9 +204,9 @@ def export(
     if ends_in_sep or os.path.isdir(p):
         # An existing directory (or a symlink to one), or a new one ("run/"): the file goes
         # inside it.
-        _records.make_dirs(p)
-        p = os.path.join(p, _records.records_filename(jax.process_index()))
-    return _records.write_jsonl(p, records(pacer, header_extra))
+        _record_format.make_dirs(p)
+        p = os.path.join(p, _record_format.records_filename(jax.process_index()))
+    return _record_format.write_jsonl(p, records(pacer, header_extra))
 
 
 def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
@@ -248,7 +248,7 @@ def export_all(pacer: Pacer, directory: str | os.PathLike, timeout_s: float = 60
     if recs is None:
         return None
     d = os.fspath(directory)
-    _records.make_dirs(d)
+    _record_format.make_dirs(d)
     by_proc: dict[int, list[dict[str, Any]]] = {}
     current = None
     for r in recs:
@@ -256,5 +256,5 @@ def export_all(pacer: Pacer, directory: str | os.PathLike, timeout_s: float = 60
             current = int(r["process_index"])
         by_proc.setdefault(current, []).append(r)
     for proc, rows in by_proc.items():
-        _records.write_jsonl(os.path.join(d, _records.records_filename(proc)), rows)
+        _record_format.write_jsonl(os.path.join(d, _record_format.records_filename(proc)), rows)
     return d

@@ -1,8 +1,9 @@
 """The runtime side of a measured collective: trace-time hooks and the two callback bodies.
 
-`jaxpace._collectives` talks to the runtime only through `CollectiveHooks`
-(documented in `jaxpace._collectives.Runtime`); `Hooks` is the `Pacer`'s
-implementation. The callback bodies (`arrive`, `done`) never raise and never
+`jaxpace._collectives` talks to the runtime only through the `Runtime` protocol
+(`jaxpace._collectives.Runtime`); `Hooks` is the `Pacer`'s implementation, and
+reads the `Pacer` only through its internal interface (`Pacer.sites`, `lock`,
+...). The callback bodies (`arrive`, `done`) never raise and never
 wait for another rank: they use only the in-band vector already in hand.
 """
 
@@ -44,6 +45,10 @@ class Hooks:
 
     def __init__(self, pacer: Pacer) -> None:
         self._p = pacer
+        # The pacer's stop event and sink thread live as long as it does: held here, so
+        # the callbacks reach them without a property call.
+        self._stop = pacer.stop_event
+        self._sinks = pacer.sink_thread
         self._callbacks_ok: bool | None = None
         self.invariant_sites: dict[str, str] = {}  # site -> axis its operand was invariant over
         self._names = SiteNames()  # distinct calls sharing a site name get their own
@@ -66,7 +71,7 @@ class Hooks:
 
     def begin_trace(self) -> None:
         """Freezes settings and agrees on them across processes (once)."""
-        self._p._freeze_and_agree()
+        self._p.freeze_and_agree()
         if self._p.policy.max_delay_s > 0:
             ensure_sigterm_release()
 
@@ -82,29 +87,25 @@ class Hooks:
         return self._callbacks_ok
 
     def note_unmeasured(self, site: str, reason: str) -> None:
-        p = self._p
-        with p._lock:
-            if p._unmeasured.get(site) != reason:
-                log.info("jaxpace: collective at %s is not measured: %s", site, reason)
-            p._unmeasured[site] = reason
+        self._p.note_unmeasured(site, reason)
 
     def note_invariant(self, site: str, axis: str) -> None:
         """Trace time: the operand at `site` was already reduced over `axis` (docs/records.md)."""
-        with self._p._lock:
+        with self._p.lock:
             self.invariant_sites[site] = axis
 
     def open_site(self, name: str, num_slots: int, layout: str | None) -> Site:
-        from jaxpace._collectives import _caller_site
+        from jaxpace._collectives import caller_site
 
         p = self._p
-        with p._lock:
-            name, dup = self._names.resolve(name, _caller_site(), _jax_compat.current_trace())
+        with p.lock:
+            name, dup = self._names.resolve(name, caller_site(), _jax_compat.current_trace())
             if dup:
                 log.warning(dup)
-            s = p._sites.get(name)
+            s = p.sites.get(name)
             if s is None or s.num_slots != num_slots:
                 s = Site(name, num_slots, p.config.capacity, p.policy, layout)
-                p._sites[name] = s
+                p.add_site(name, s)
                 if num_slots == 1 and p.config.granularity == "process":
                     log.warning(
                         "jaxpace: %s has one rank (one process, granularity='process'): "
@@ -132,9 +133,6 @@ class Hooks:
         exchange = p.policy.needs_exchange and not site.measure_only
         payload = np.zeros(_exchange.payload_size(n) if exchange else 0, dtype=np.float32)
         try:
-            if p._fault_hook is not None:
-                # Before the clock: a hook that sleeps models a late arrival.
-                p._fault_hook("pre", site.name, rank, site.rank(rank).next_step)
             t = now_ns(p.clock)
             st = site.rank(rank)
             with st.lock:
@@ -150,7 +148,7 @@ class Hooks:
                         self._warn_overlap(site, rank)
                     st.open_step = step
             delay_s = clamp_delay(delay_s, p.policy.max_delay_s)
-            slept = interruptible_sleep(delay_s, p._stop)
+            slept = interruptible_sleep(delay_s, self._stop)
             if sampled:
                 with st.lock:
                     st.recorder.arrive(step, t, int(slept * 1e9))
@@ -158,13 +156,19 @@ class Hooks:
                     st.wd_in = step  # for the stall watchdog: after the pacing sleep
             return payload, np.int32((step + 1) if sampled else 0)
         except Exception as e:  # noqa: BLE001 - callbacks must never raise
-            self._count_error(site, "pre", e)
+            self.count_error(site, "pre", e)
             return np.zeros_like(payload), np.int32(0)
+
+    def no_arrival(self, site: Site) -> tuple[np.ndarray, np.int32]:
+        """What `arrive` returns when it fails: an all-zero payload, no step (no delay)."""
+        exchange = self._p.policy.needs_exchange and not site.measure_only
+        n = _exchange.payload_size(site.num_slots) if exchange else 0
+        return np.zeros(n, dtype=np.float32), np.int32(0)
 
     def _warn_overlap(self, site: Site, rank: int) -> None:
         # Two arrivals before one exit: two shards of this process measure this
         # collective, or one site name is traced twice.
-        self._p._errlog.warning(
+        self._p.errlog.warning(
             f"{site.name}:overlap",
             "jaxpace: two measured arrivals at %s overlap on %s; "
             "pass the mesh as `Pacer(mesh=...)` (or use `jax.set_mesh`).",
@@ -189,11 +193,9 @@ class Hooks:
                     st.pending_delay_s = 0.0
                 return
             step = int(step_tag) - 1
-            if p._fault_hook is not None:
-                p._fault_hook("post", site.name, rank, step)
             self._finish(site, st, rank, step, t, reduced, scale)
         except Exception as e:  # noqa: BLE001 - callbacks must never raise
-            self._count_error(site, "post", e)
+            self.count_error(site, "post", e)
 
     def _finish(
         self,
@@ -206,7 +208,6 @@ class Hooks:
         scale: float,
     ) -> None:
         """Closes `step` at `t` and runs the policy (both probe paths)."""
-        p = self._p
         early = None  # the exchanged earliness, for sinks
         step_time = math.nan  # the exchanged median step time, for sinks
         with st.lock:
@@ -224,8 +225,8 @@ class Hooks:
                     self._note_backoff(site, st, status)
                     site.observe(st, step, view)  # stats(): windows, arrived-last counts
                     early, step_time = view.earliness_s, view.step_time_s
-        if p._sink_thread.sinks:
-            p._sink_thread.emit(
+        if self._sinks.sinks:
+            self._sinks.emit(
                 {
                     "site": site.name,
                     "step": step,
@@ -243,8 +244,6 @@ class Hooks:
     def native_blocker(self) -> str | None:
         """Why this pacer needs the Python (io_callback) probes, or None."""
         p = self._p
-        if p._fault_hook is not None:
-            return "a fault hook is installed (it runs inside the Python probes)"
         if p.clock is not time.perf_counter_ns:
             return "a custom Pacer(clock=...) is set (the native probes use the steady clock)"
         return None
@@ -252,7 +251,7 @@ class Hooks:
     @property
     def stop_event(self):
         """Set when the pacer stops (close/release/SIGTERM): native sleeps end too."""
-        return self._p._stop
+        return self._stop
 
     def native_record(
         self,
@@ -281,7 +280,7 @@ class Hooks:
                 delay_s, st.pending_delay_s = st.pending_delay_s, 0.0
             return delay_s
         except Exception as e:  # noqa: BLE001 - the drain thread must never raise
-            self._count_error(site, "post", e)
+            self.count_error(site, "post", e)
             return 0.0
 
     @staticmethod
@@ -352,11 +351,12 @@ class Hooks:
             )
         st.backed_off = bool(status.backed_off)
 
-    def _count_error(self, site: Site, where: str, e: Exception) -> None:
+    def count_error(self, site: Site, where: str, e: Exception) -> None:
+        """Counts an error a callback body caught at `site` and logs it (rate-limited)."""
         try:
             with site.lock:
                 site.errors += 1
-            self._p._errlog.warning(
+            self._p.errlog.warning(
                 f"{site.name}:{where}",
                 "jaxpace: %s-collective callback at %s raised %r; using no delay "
                 "(the step and its result are unaffected).",

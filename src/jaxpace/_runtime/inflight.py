@@ -41,7 +41,7 @@ def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]
     probes); a step whose output was dropped and that has not started yet
     cannot be seen.
     """
-    if pacer._sites and timeout_s > 0:
+    if pacer.sites and timeout_s > 0:
         t = threading.Thread(target=_block_on_live_arrays, name="jaxpace-settle", daemon=True)
         try:
             t.start()
@@ -50,7 +50,7 @@ def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]
         else:
             t.join(timeout_s)
     in_flight: dict[str, int] = {}
-    for name, site in list(pacer._sites.items()):
+    for name, site in list(pacer.sites.items()):
         site.flush()
         for st in list(site.ranks.values()):
             with st.lock:

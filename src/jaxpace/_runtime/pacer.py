@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from jaxpace import _collectives
@@ -15,69 +16,25 @@ from jaxpace._delay import register_stop
 from jaxpace._probe import Clock, RateLimitedLog, Sink
 from jaxpace._runtime import consensus, shutdown
 from jaxpace._runtime import export as _export
-from jaxpace._runtime.config import Granularity, PacerConfig
+from jaxpace._runtime.config import (
+    Granularity,
+    PacerConfig,
+    Settings,
+    check_policy,
+    checked_settings,
+)
 from jaxpace._runtime.hooks import Hooks
 from jaxpace._runtime.inflight import DEFAULT_TIMEOUT_S, settle
-from jaxpace._runtime.sinks import SinkThread
+from jaxpace._runtime.sink_thread import SinkThread
 from jaxpace._runtime.sites import Site, SiteStats, site_stats
 from jaxpace._runtime.watchdog import Watchdog, WatchdogConfig
-from jaxpace._validate import check_callable, check_callables, check_rank_groups
-from jaxpace.errors import ConfigError, TracedConfigChangeError
+from jaxpace.errors import TracedConfigChangeError
 
 __all__ = ["CLOSE_TIMEOUT_S", "Pacer", "configure", "default_pacer"]
 
+log = logging.getLogger("jaxpace")
+
 CLOSE_TIMEOUT_S = 10.0  # Pacer.close(): the whole shutdown's bound, steps and sinks together
-
-
-def _check_policy(policy: Any) -> _policy.PacingPolicy:
-    if policy is None:
-        return _policy.no_pacing()
-    if not isinstance(policy, _policy.PacingPolicy):
-        raise ConfigError(
-            f"`policy` must be a jaxpace PacingPolicy (jp.no_pacing(), jp.fixed(...), "
-            f"jp.adaptive(...)), got {type(policy).__name__}."
-        )
-    return policy
-
-
-def _check_clock(clock: Any) -> None:
-    check_callable(
-        "clock",
-        clock,
-        allow_none=True,
-        fix="Pass a function returning monotonic nanoseconds, e.g. `time.perf_counter_ns`, "
-        "or None for that default.",
-    )
-
-
-def _check_sinks(sinks: Any) -> list[Sink]:
-    return check_callables(
-        "sinks",
-        sinks,
-        fix="Pass a list of functions, each taking one summary dict, e.g. `sinks=[print]`.",
-    )
-
-
-def _check_mesh(mesh: Any) -> None:
-    import jax
-
-    if mesh is None or isinstance(mesh, jax.sharding.Mesh):
-        return
-    # Mesh-like objects (what the runtime reads: `axis_names` and an array of `devices`
-    # with one dimension per axis) pass too; tests use them to fake a process layout.
-    names, devices = getattr(mesh, "axis_names", None), getattr(mesh, "devices", None)
-    if not (
-        isinstance(names, tuple)
-        and all(isinstance(n, str) for n in names)
-        and getattr(devices, "ndim", None) == len(names)
-    ):
-        shown = repr(mesh)
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise ConfigError(
-            f"`mesh` must be a jax.sharding.Mesh or None, got {shown} of type "
-            f"{type(mesh).__name__}. Pass the concrete mesh your shard_map uses "
-            "(e.g. `jax.make_mesh(...)`), or leave it out."
-        )
 
 
 class Pacer:
@@ -139,37 +96,46 @@ class Pacer:
         on_stall: str = "warn",
         run_dir: str | os.PathLike | None = None,
     ) -> None:
-        watchdog = WatchdogConfig(stall_after_s=stall_after_s, on_stall=on_stall, run_dir=run_dir)
-        self._policy = _check_policy(policy)
-        _check_clock(clock)
-        _check_mesh(mesh)
-        sinks = _check_sinks(sinks)
-        rank_groups = check_rank_groups("rank_groups", rank_groups)
-        self._config = PacerConfig(
-            enabled=enabled,
-            granularity=granularity,
-            sample_every=sample_every,
-            capacity=capacity,
-            consensus_timeout_s=consensus_timeout_s,
-        )
-        self.clock: Clock = clock if clock is not None else time.perf_counter_ns
-        self.mesh = mesh
-        self.rank_groups = rank_groups
+        self._policy = _policy.no_pacing()
+        self._config = PacerConfig()
+        self.clock: Clock = time.perf_counter_ns
+        self.mesh: Any = None
+        self.rank_groups: dict[str, dict[int, str]] | None = None
         self._sites: dict[str, Site] = {}
         self._unmeasured: dict[str, str] = {}
         self._traced = False
         self._consensus_done = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        register_stop(self._stop)
         self._errlog = RateLimitedLog()
-        self._sink_thread = SinkThread(sinks, self._errlog)
+        self._sink_thread = SinkThread([], self._errlog)
+        self._watchdog = Watchdog(self, WatchdogConfig())  # thread starts at the first trace
         self.run_id: str | None = None
-        self._fault_hook = None  # tests: called inside callbacks to inject faults
-        self.hooks = Hooks(self)
-        self._watchdog = Watchdog(self, watchdog)  # thread starts at the first trace
+        self.hooks: Hooks = Hooks(self)
         self._closed = False
         self.in_flight_at_close = 0
+        # The one configuration path (also `configure` and `jaxpace.configure`).
+        self._apply(
+            checked_settings(
+                self._settings(),
+                check_policy(policy),
+                {
+                    "enabled": enabled,
+                    "granularity": granularity,
+                    "sample_every": sample_every,
+                    "capacity": capacity,
+                    "consensus_timeout_s": consensus_timeout_s,
+                    "clock": clock,
+                    "sinks": sinks,
+                    "mesh": mesh,
+                    "rank_groups": rank_groups,
+                    "stall_after_s": stall_after_s,
+                    "on_stall": on_stall,
+                    "run_dir": run_dir,
+                },
+            )
+        )
+        register_stop(self._stop)
 
     # ------------------------------------------------------------------ config
 
@@ -194,24 +160,41 @@ class Pacer:
     def configure(self, *, policy: _policy.PacingPolicy | None = None, **changes: Any) -> None:
         """Changes settings; only allowed before the first traced call.
 
+        Args:
+          policy: a `PacingPolicy`, or None to keep the current one.
+          **changes: `PacerConfig` fields (`enabled`, `granularity`, ...) or
+            `clock`, `sinks`, `mesh`, `rank_groups`, `stall_after_s`, `on_stall`,
+            `run_dir`, checked as by `Pacer(...)`.
+
         Raises:
           TracedConfigChangeError: a collective of this pacer was already traced.
-          ConfigError: a value is invalid.
+          ConfigError: a value is invalid (nothing is changed then).
         """
         self._refuse_if_traced()
-        if policy is not None and not isinstance(policy, _policy.PacingPolicy):
-            raise ConfigError(f"`policy` must be a PacingPolicy, got {type(policy).__name__}.")
-        config = self._config
-        if changes:
-            fields = {f.name for f in dataclasses.fields(PacerConfig)}
-            bad = sorted(set(changes) - fields)
-            if bad:
-                raise ConfigError(f"unknown setting(s) {bad}; valid: {sorted(fields)}.")
-            config = dataclasses.replace(self._config, **changes)
-        # Only now, with every value checked, change anything.
-        self._config = config
         if policy is not None:
-            self._policy = policy
+            policy = check_policy(policy)
+        self._apply(checked_settings(self._settings(), policy, changes))
+
+    def _settings(self) -> Settings:
+        return Settings(
+            policy=self._policy,
+            config=self._config,
+            watchdog=self._watchdog.config,
+            clock=self.clock,
+            mesh=self.mesh,
+            rank_groups=self.rank_groups,
+            sinks=list(self._sink_thread.sinks),
+        )
+
+    def _apply(self, s: Settings) -> None:
+        """Sets every setting at once, after `config.checked_settings` checked them all."""
+        self._policy = s.policy
+        self._config = s.config
+        self._watchdog.config = s.watchdog
+        self.clock = s.clock
+        self.mesh = s.mesh
+        self.rank_groups = s.rank_groups
+        self._sink_thread.sinks = s.sinks
 
     def _refuse_if_traced(self) -> None:
         if self._traced:
@@ -221,7 +204,13 @@ class Pacer:
                 "Configure before the first call, or create a new `jaxpace.Pacer`."
             )
 
-    def _freeze_and_agree(self) -> None:
+    # ------------------------------------------------- the runtime's internal interface
+    #
+    # What the hooks, export, in-flight settling, the watchdog and the native driver
+    # (`jaxpace._runtime.*`, `jaxpace._native.driver`) read or change of a Pacer; the
+    # rest of its state is its own. Package-internal: not part of the public API.
+
+    def freeze_and_agree(self) -> None:
         """Freezes settings and agrees on them across processes (once, at first trace)."""
         self._traced = True
         if self._sink_thread.sinks:  # SIGTERM delivers their summaries (main thread only)
@@ -231,14 +220,60 @@ class Pacer:
         with self._lock:
             if self._consensus_done:
                 return
-            mine = consensus.fingerprint(self._agreed_settings())
+            mine = consensus.fingerprint(self.agreed_settings())
             self.run_id = consensus.agree(mine, self._config.consensus_timeout_s)
             self._consensus_done = True
             shutdown.register(self)  # closed at interpreter exit (after jax.distributed's init)
             if self._config.enabled:
                 self._watchdog.start(self.run_id)
 
-    def _agreed_settings(self) -> dict[str, Any]:
+    @property
+    def traced(self) -> bool:
+        """Whether a collective of this pacer was traced (its settings are frozen)."""
+        return self._traced
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Guards the site table and the consensus step; held briefly, never while waiting."""
+        return self._lock
+
+    @property
+    def sites(self) -> Mapping[str, Site]:
+        """The measured sites by name (read-only; `add_site` adds one, lock held)."""
+        return MappingProxyType(self._sites)
+
+    def add_site(self, name: str, site: Site) -> None:
+        """Adds or replaces the measured site `name` (call with `lock` held)."""
+        self._sites[name] = site
+
+    def note_unmeasured(self, site: str, reason: str) -> None:
+        """Records that `site` passes straight to `jax.lax`, and why (logged when new)."""
+        with self._lock:
+            if self._unmeasured.get(site) != reason:
+                log.info("jaxpace: collective at %s is not measured: %s", site, reason)
+            self._unmeasured[site] = reason
+
+    @property
+    def stop_event(self) -> threading.Event:
+        """Set by `release`, `close` and SIGTERM: pending and later pacing sleeps end at once."""
+        return self._stop
+
+    @property
+    def errlog(self) -> RateLimitedLog:
+        """The rate-limited log for errors inside callbacks and threads."""
+        return self._errlog
+
+    @property
+    def sink_thread(self) -> SinkThread:
+        """The thread delivering per-step summaries to the sinks (`sinks`, `emit`)."""
+        return self._sink_thread
+
+    @property
+    def watchdog(self) -> Watchdog:
+        """The stall watchdog (its `config`, `running`, `stalls`)."""
+        return self._watchdog
+
+    def agreed_settings(self) -> dict[str, Any]:
         """The settings every process must share (they shape the traced program)."""
         c = self._config
         return {
@@ -486,30 +521,5 @@ def configure(policy: _policy.PacingPolicy | None = None, **settings: Any) -> Pa
       ConfigError: a value is invalid (nothing is changed then).
     """
     p = default_pacer()
-    # Validate everything (as `Pacer(...)` does) before changing anything.
-    extra: dict[str, Any] = {}
-    if "clock" in settings:
-        _check_clock(settings["clock"])
-        extra["clock"] = settings.pop("clock")
-    if "mesh" in settings:
-        _check_mesh(settings["mesh"])
-        extra["mesh"] = settings.pop("mesh")
-    if "rank_groups" in settings:
-        extra["rank_groups"] = check_rank_groups("rank_groups", settings.pop("rank_groups"))
-    if "sinks" in settings:
-        extra["sinks"] = _check_sinks(settings.pop("sinks"))
-    names = ("stall_after_s", "on_stall", "run_dir")
-    watchdog = {k: settings.pop(k) for k in names if k in settings}
-    if watchdog:  # checked by WatchdogConfig, as in `Pacer(...)`
-        extra["watchdog"] = dataclasses.replace(p._watchdog.config, **watchdog)
-    if extra:
-        p._refuse_if_traced()
     p.configure(policy=policy, **settings)
-    if "watchdog" in extra:
-        p._watchdog.config = extra["watchdog"]
-    for attr in ("clock", "mesh", "rank_groups"):
-        if attr in extra:
-            setattr(p, attr, extra[attr])
-    if "sinks" in extra:
-        p._sink_thread.sinks = extra["sinks"]
     return p

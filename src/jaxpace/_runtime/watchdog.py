@@ -26,15 +26,11 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import dataclasses
-import faulthandler
 import json
 import logging
 import os
-import queue
 import socket
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -44,118 +40,25 @@ import numpy as np
 
 from jaxpace import _jax_compat
 from jaxpace import _native as nat
-from jaxpace._runtime import pauses
+from jaxpace._runtime import pauses, stall_record
+from jaxpace._runtime.bounded_kv import KV_TIMEOUT_S, BoundedKV
+from jaxpace._runtime.config import ON_STALL, WatchdogConfig
 from jaxpace._runtime.stall_peers import PeerAges, classify, secs
+from jaxpace._runtime.stall_record import stall_filename
 from jaxpace._text import ranges
-from jaxpace._validate import check_choice, check_number
-from jaxpace.errors import ConfigError, StallError
+from jaxpace.errors import StallError
 
 __all__ = ["ON_STALL", "STALL_EXIT_CODE", "Watchdog", "WatchdogConfig", "stall_filename"]
 
 log = logging.getLogger("jaxpace")
 
 STALL_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; `jaxpace launch` names it a stall
-ON_STALL = ("warn", "raise", "exit")
-RUN_DIR_ENV = "JAXPACE_RUN_DIR"
 PUBLISH_EVERY_S = 1.0  # at most one `last/p{i}` write per second per process
-KV_TIMEOUT_S = 5.0  # a store call that takes longer means the coordinator does not answer
 ANSWER_WAIT_S = 1.5  # how long a declarer waits for peers to refresh their entries
 EXIT_GRACE_S = 5.0
 # The first steps of a site include the other processes' compile and connection set-up.
 WARMUP_STEPS = 2
 WARMUP_STALL_S = 60.0  # on_stall="exit": wait at most this for peers at the same collective
-
-
-def stall_filename(process_index: int) -> str:
-    return f"stall-p{process_index}.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class WatchdogConfig:
-    """Watchdog settings (`Pacer(stall_after_s=..., on_stall=..., run_dir=...)`).
-
-    Attributes:
-      stall_after_s: seconds this process may sit inside one measured
-        collective (after any pacing sleep) before it declares a stall; None
-        turns the watchdog off.
-      on_stall: `"warn"` (print and keep waiting), `"raise"` (raise
-        `StallError` in the main thread) or `"exit"` (exit with code 75).
-      run_dir: where `stall-p{i}.json` goes; default `$JAXPACE_RUN_DIR`, else
-        the current directory.
-    """
-
-    stall_after_s: float | None = 300.0
-    on_stall: str = "warn"
-    run_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.stall_after_s is not None:
-            check_number("stall_after_s", self.stall_after_s, lo=0.0, hi=7 * 86400.0, lo_open=True)
-        check_choice("on_stall", self.on_stall, ON_STALL)
-        if self.run_dir is not None and not isinstance(self.run_dir, (str, os.PathLike)):
-            raise ConfigError(
-                f"`run_dir` must be a directory path (str or os.PathLike) or None, got "
-                f"{self.run_dir!r} of type {type(self.run_dir).__name__}. Pass where stall "
-                f"records go, or leave it out (then ${RUN_DIR_ENV}, else the current directory)."
-            )
-
-    def directory(self) -> str:
-        d = self.run_dir if self.run_dir is not None else os.environ.get(RUN_DIR_ENV) or "."
-        return os.fspath(d)
-
-
-class _BoundedKV:
-    """Runs key-value store calls on one helper thread; each caller waits at most `timeout_s`.
-
-    A call still pending (a hung coordinator) makes the next ones fail at once.
-    """
-
-    def __init__(self, client: Any, timeout_s: float = KV_TIMEOUT_S) -> None:
-        self.client = client
-        self.timeout_s = timeout_s
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _run(self) -> None:
-        while True:
-            fn, box, done = self._q.get()
-            if fn is None:
-                return
-            try:
-                box.append((True, fn(self.client)))
-            except Exception as e:  # noqa: BLE001 - reported to the caller
-                box.append((False, e))
-            self._pending.clear()
-            done.set()
-
-    def call(self, fn, wait_s: float | None = None) -> tuple[bool, Any]:
-        """`(True, result)`, or `(False, exception)` on an error or no answer in time.
-
-        Waits at most `wait_s` (default `timeout_s`).
-        """
-        wait_s = self.timeout_s if wait_s is None else min(wait_s, self.timeout_s)
-        if self._pending.is_set():
-            return False, TimeoutError("an earlier key-value store call never returned")
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="jaxpace-watchdog-kv", daemon=True
-            )
-            self._thread.start()
-        box: list = []
-        done = threading.Event()
-        self._pending.set()
-        self._q.put((fn, box, done))
-        if not done.wait(wait_s):
-            return False, TimeoutError(f"no answer within {wait_s:g} s")
-        return box[0]
-
-    def close(self, join_s: float = 0.0) -> None:
-        """Ends the helper thread; with `join_s`, waits that long for a call in flight."""
-        if self._thread is not None and not self._pending.is_set():
-            self._q.put((None, None, None))
-        if join_s > 0 and self._thread is not None:
-            self._thread.join(join_s)
 
 
 # Watchdogs with a running thread. At interpreter exit their key-value calls must be
@@ -208,7 +111,7 @@ class Watchdog:
         self._ages = PeerAges()  # when this process left each recent step, for peers' ages
         self._exit_published = False
         self.ticks = 0
-        self._kv: _BoundedKV | None = None
+        self._kv: BoundedKV | None = None
         self.me, self.nproc, self.host = 0, 1, socket.gethostname()
         self.prefix = ""
         self._pauses = pauses.Tracker()  # peers' announced pauses and host phases
@@ -235,7 +138,7 @@ class Watchdog:
             except Exception:  # noqa: BLE001
                 self.me, self.nproc = 0, 1
             client = _jax_compat.distributed_client() if self.nproc > 1 else None
-            self._kv = _BoundedKV(client) if client is not None else None
+            self._kv = BoundedKV(client) if client is not None else None
             self.prefix = f"jaxpace/watchdog/{run_id or 'run'}"
             self._thread = threading.Thread(target=self._loop, name="jaxpace-watchdog", daemon=True)
             self._thread.start()
@@ -331,7 +234,7 @@ class Watchdog:
 
     def _scan(self, p: Any, now: float) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for name, site in list(p._sites.items()):
+        for name, site in list(p.sites.items()):
             for rank, a, age, d, arrivals in self._marks_of(site):
                 counts[name] = max(counts.get(name, 0), arrivals)
                 key = (name, rank)
@@ -425,7 +328,7 @@ class Watchdog:
 
     def _still_in(self, site: str, step: int) -> bool:
         p = self._pacer()
-        s = p._sites.get(site) if p is not None else None
+        s = p.sites.get(site) if p is not None else None
         if s is None:
             return False
         return any(a == step and a > d for _r, a, _age, d, _n in self._marks_of(s))
@@ -581,7 +484,7 @@ class Watchdog:
     def _pacing_off(self) -> None:
         p = self._pacer()
         if p is not None:
-            p._stop.set()  # pending and future pacing sleeps become zero
+            p.release()  # pending and future pacing sleeps become zero
 
     def _say(self, message: str) -> None:
         try:
@@ -602,19 +505,13 @@ class Watchdog:
             "on_stall": self.config.on_stall,
             "stall_after_s": self.config.stall_after_s,
             **fields,
-            "stacks": _stacks(),
+            "stacks": stall_record.stacks(),
         }
         del p
         self.stalls.append(rec)
         d = self.config.directory()
         try:
-            os.makedirs(d, exist_ok=True)
-            path = os.path.join(d, stall_filename(self.me))
-            fd, tmp = tempfile.mkstemp(prefix=".stall-", dir=d)
-            with os.fdopen(fd, "w") as f:
-                json.dump(rec, f, indent=1)
-            os.replace(tmp, path)
-            rec["path"] = path
+            rec["path"] = stall_record.write(d, self.me, rec)
         except OSError as e:
             self._say(f"jaxpace: could not write the stall record in {d!r}: {e}")
         if rec.get("role") == "stalled" and self._kv is not None:
@@ -647,18 +544,6 @@ class Watchdog:
             if all(f"p{p}" in done for p in here):
                 return
             time.sleep(0.1)
-
-
-def _stacks() -> str:
-    """Every thread's Python stack in this process (faulthandler's text)."""
-    try:
-        with tempfile.TemporaryFile(mode="w+") as f:
-            faulthandler.dump_traceback(file=f, all_threads=True)
-            f.flush()
-            f.seek(0)
-            return f.read()
-    except Exception as e:  # noqa: BLE001
-        return f"(stack dump failed: {e!r})"
 
 
 def _raise_in_main_thread(message: str) -> bool:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxpace._records import RECORDS_GLOB
+from jaxpace._record_format import RECORDS_GLOB
 from jaxpace.errors import RecordsError
 from jaxpace.report.analyze import analyze
 from jaxpace.report.html import write_html

@@ -86,7 +86,7 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return out
 
 
-def _axes(x0: float, x1: float, y0: float, y1: float, xt, yt, width=W, height=H, xfmt=_fmt):
+def _axes(x0: float, x1: float, y0: float, y1: float, xt, yt, *, width=W, height=H, xfmt=_fmt):
     """Axis lines and ticks; x/y maps from data to pixels."""
     pw, ph = width - ML - MR, height - MT - MB
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace._records import INT_STEP_FIELDS, step_record
+from jaxpace._record_format import INT_STEP_FIELDS, step_record
 from jaxpace.errors import RecordsError
 from jaxpace.report.safe_io import open_regular
 
@@ -127,7 +127,7 @@ def _read_per_line(builder: _Builder, path: Path, f: Any, *, until_header: bool)
 # After its header, a file is read in chunks of `_CHUNK_BYTES`, and the complete
 # lines of each chunk are checked and parsed at once with NumPy (no Python loop
 # per line). A line is taken as parsed when it is, byte for byte, the layout the
-# runtime's writer produces (`jaxpace._records.write_jsonl` of a `step_record`:
+# runtime's writer produces (`jaxpace._record_format.write_jsonl` of a `step_record`:
 # its keys in its order, no spaces):
 #
 #   {"type":"step","site":"S","step":I,"rank":I,"process":I,"device":I|null,

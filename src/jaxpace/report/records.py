@@ -1,7 +1,7 @@
 """Reading timing records (docs/records.md) into columns, and writing them back.
 
 The format itself (version, file names, the header and step dicts) is defined
-once in `jaxpace._records`; this module only parses and validates it.
+once in `jaxpace._record_format`; this module only parses and validates it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace._records import (
+from jaxpace._record_format import (
     FORMAT_VERSION,
     INT_STEP_FIELDS,
     RECORDS_GLOB,
@@ -22,7 +22,7 @@ from jaxpace._records import (
     records_filename,
     step_record,
 )
-from jaxpace._records import (
+from jaxpace._record_format import (
     write_jsonl as _write_jsonl_file,
 )
 from jaxpace.errors import RecordsError

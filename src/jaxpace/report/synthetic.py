@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace._exchange import earliness
-from jaxpace._records import header_record
+from jaxpace._record_format import header_record
 from jaxpace.report.records import Records
 
 __all__ = ["SyntheticSpec", "synthetic_records", "synthetic_run"]
@@ -134,7 +134,7 @@ def _records(
     delay: np.ndarray,
     engaged: np.ndarray,
 ) -> Records:
-    """Columnar `Records` with one header per process (`jaxpace._records.header_record`)."""
+    """Columnar `Records` with one header per process (`jaxpace._record_format.header_record`)."""
     S, R = arrive.shape
     rpp = spec.ranks_per_process
     steps = np.repeat(np.arange(S), R)

@@ -1,15 +1,15 @@
 """Simulated multi-node training cluster that drives jaxpace's pacing policies unchanged.
 
 Modules, in data-flow order: `_scenario` (what is simulated: `Scenario` and
-its parts, presets), `_collectives` (alpha-beta collective costs, ECMP
-contention), `_engine` (`simulate`, `compare`), `_records` (a simulated run as runtime
+its parts, presets), `_collective_cost` (alpha-beta collective costs, ECMP
+contention), `_engine` (`simulate`, `compare`), `_record_writer` (a simulated run as runtime
 records with its ground truth: `simulate_records`, `write_records`), and `cli` (`jaxpace
 simulate`: table, JSON, HTML page). Only `cli` imports the engine for
 output; nothing inside the package imports this `__init__`. The CLI names
 load on first use, so `import jaxpace.sim` does not pull in rich.
 """
 
-from jaxpace.sim._collectives import (
+from jaxpace.sim._collective_cost import (
     allreduce_lower_bound_s,
     busbw_gbyte_s,
     ecmp_max_load,
@@ -29,7 +29,7 @@ from jaxpace.sim._engine import (
     resolve_policy,
     simulate,
 )
-from jaxpace.sim._records import (
+from jaxpace.sim._record_writer import (
     Faults,
     GroundTruth,
     SimRecords,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-import jaxpace.sim._collectives as coll
+import jaxpace.sim._collective_cost as coll
 from jaxpace._exchange import earliness
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, ScenarioError

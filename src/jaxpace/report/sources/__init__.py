@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace._records import RECORDS_GLOB
+from jaxpace._record_format import RECORDS_GLOB
 from jaxpace.errors import RecordsError
 from jaxpace.report.model import SiteData
 from jaxpace.report.records import Records, find_runs

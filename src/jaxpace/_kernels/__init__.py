@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from jaxpace._native import find_built, load_once
+from jaxpace._loader import find_built, load_once
 
 __all__ = [
     "ABI_VERSION",
@@ -48,12 +48,13 @@ CONSTANTS = {
     "window_step_scratch_per_rank": 4,  # bytes
     "coupled_scratch_per_gpu": 2,  # doubles
 }
+_HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
 _state: dict = {"lib": None, "reason": None, "path": None}
 
 
 def _path() -> str | None:
-    return os.environ.get("JAXPACE_KERNELS_LIBRARY") or find_built("_jaxpace_kernels")
+    return os.environ.get("JAXPACE_KERNELS_LIBRARY") or find_built(_HERE, "_jaxpace_kernels")
 
 
 def constants_mismatch(constant) -> str | None:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-import jaxpace.sim._collectives as coll
-from jaxpace._records import header_record, make_dirs, records_filename
+import jaxpace.sim._collective_cost as coll
+from jaxpace._record_format import header_record, make_dirs, records_filename
 from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
 from jaxpace.report.records import Records

@@ -1,6 +1,6 @@
 // jaxpace's compiled kernels for the simulator's step loop and `adaptive`'s kept-order window.
 //
-// A plain C ABI loaded with ctypes (jaxpace/_native/kernels.py); no JAX, no Python headers.
+// A plain C ABI loaded with ctypes (jaxpace/_kernels/__init__.py); no JAX, no Python headers.
 // Each function does exactly the float64 arithmetic of the NumPy code it replaces, operation
 // for operation and in the same order (built with -ffp-contract=off: no fused multiply-add),
 // so a run gives the same bits with or without this library. tests/test_kernels.py checks
@@ -33,7 +33,7 @@
 namespace {
 
 // Numbers Python must agree with: `jaxpace_kernels_constant` returns them, and
-// jaxpace/_native/kernels.py (`CONSTANTS`) refuses a library whose values differ.
+// jaxpace/_kernels/__init__.py (`CONSTANTS`) refuses a library whose values differ.
 constexpr int kAbiVersion = 5;
 constexpr int64_t kOrderMaxWindow = 127;          // the int8 order's largest window
 constexpr int64_t kInsertScratchPerRank = 4;      // bytes of `jaxpace_order_insert_i8` scratch
@@ -347,7 +347,7 @@ extern "C" {
 
 int jaxpace_kernels_abi_version() { return kAbiVersion; }
 
-// The constants above by name (see `CONSTANTS` in kernels.py); -1 for a name it does not know.
+// The constants above by name (see `CONSTANTS` in jaxpace/_kernels/__init__.py); -1 for a name it does not know.
 int64_t jaxpace_kernels_constant(const char* name) {
   struct Entry {
     const char* name;
