@@ -225,22 +225,14 @@ def update_sites(
     delays, delay_hist, slept, paced = _delays_all(
         c, delay_hist, slept, expected, e, pacing_now, at, owned
     )
-    new = type(st)(
-        step=step,
+    new = st.advanced(  # step + 1, as above
         history=history,
         delays=delay_hist,
         filled=filled,
-        engaged=gate.engaged,
-        above=gate.above,
-        below=gate.below,
-        giveup=gate.giveup,
-        backed_off=gate.backed_off,
+        gate=gate,
         spread_s=spread,
-        ab_arm=ab.arm,
-        ab_sum_s=ab.sum_s,
-        ab_count=ab.count,
-        ab_rejected=ab.rejected,
-        steps_paced=st.steps_paced + paced,
+        ab=ab,
+        paced=paced,
     )
     if not every:  # sites still in warm-up only count the step (their rings were not written)
         new = _keep_warming_up(st, new, ~active, step)

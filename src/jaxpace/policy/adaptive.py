@@ -155,6 +155,30 @@ class AdaptiveState(NamedTuple):
     ab_rejected: bool
     steps_paced: int
 
+    def advanced(self, *, history, delays, filled, gate, spread_s, ab, paced: int):
+        """The state after one observation: `gate` (`_Gate`) and `ab` (`AB`) give their fields.
+
+        The reference and the fast path both build their next state here, so a field
+        added to the state is set in one place.
+        """
+        return type(self)(
+            step=self.step + 1,
+            history=history,
+            delays=delays,
+            filled=filled,
+            engaged=gate.engaged,
+            above=gate.above,
+            below=gate.below,
+            giveup=gate.giveup,
+            backed_off=gate.backed_off,
+            spread_s=spread_s,
+            ab_arm=ab.arm,
+            ab_sum_s=ab.sum_s,
+            ab_count=ab.count,
+            ab_rejected=ab.rejected,
+            steps_paced=self.steps_paced + paced,
+        )
+
 
 def adaptive(config: AdaptiveConfig | None = None, **kwargs: Any) -> PacingPolicy:
     """Paces early ranks by a bounded share of their persistent earliness.
@@ -290,22 +314,14 @@ def reference_update(
     delays = budgeted_delays(c, state.delays, row, expected, e) if pacing else np.zeros(n)
     ring = state.delays.copy()
     ring[row] = delays
-    return delays, AdaptiveState(
-        step=step,
+    return delays, state.advanced(
         history=history,
         delays=ring,
         filled=filled,
-        engaged=gate.engaged,
-        above=gate.above,
-        below=gate.below,
-        giveup=gate.giveup,
-        backed_off=gate.backed_off,
+        gate=gate,
         spread_s=spread,
-        ab_arm=ab.arm,
-        ab_sum_s=ab.sum_s,
-        ab_count=ab.count,
-        ab_rejected=ab.rejected,
-        steps_paced=state.steps_paced + int(delays.max() > 0),
+        ab=ab,
+        paced=int(delays.max() > 0),
     )
 
 
