@@ -14,6 +14,8 @@ from jax.experimental import io_callback
 
 from jaxpace import _exchange, _invariant, _jax_compat, _kinds, _site_layout
 from jaxpace._measured_native import TracePlan, axis_rank, is_leader, native_or_none, tangent
+from jaxpace._tie import reduction_typed as _reduction_typed
+from jaxpace._tie import tie
 from jaxpace.errors import UnboundAxisError
 
 __all__ = ["Runtime", "caller_site", "collective"]
@@ -216,12 +218,6 @@ def _process_map(rt: Runtime, am) -> tuple[np.ndarray, str]:
     return procs, "assumed process-contiguous blocks (as jax.make_mesh and pmap lay out)"
 
 
-def _reduction_typed(leaf) -> bool:
-    """Whether `leaf`'s type is `unreduced`/`reduced` over some mesh axis (explicit sharding)."""
-    unreduced, reduced = _jax_compat.reduction_axes(leaf)
-    return bool(unreduced or reduced)
-
-
 def _token(leaves) -> jax.Array:
     """A float32 scalar that depends on every leaf (one element each), gradient-free.
 
@@ -244,24 +240,6 @@ def _token(leaves) -> jax.Array:
     if typed:
         _, tok = lax.optimization_barrier((typed, tok))
     return lax.stop_gradient(tok)
-
-
-def _tie_first_element(leaf, never):
-    """`leaf` with element 0 replaced by `select(never, 0, element 0)`: the same bits.
-
-    For an `unreduced`/`reduced` leaf (no arithmetic with other types), an
-    optimization barrier with `never` instead: the leaf itself, ordered after it.
-    """
-    if _reduction_typed(leaf):
-        out, _ = lax.optimization_barrier((leaf, never))
-        return out
-    ndim = jnp.ndim(leaf)
-    one = (1,) * ndim
-    first = lax.slice(leaf, (0,) * ndim, one) if ndim else leaf
-    upd = lax.select(jnp.broadcast_to(never, jnp.shape(first)), jnp.zeros_like(first), first)
-    if not ndim:
-        return upd
-    return lax.dynamic_update_slice(leaf, upd, (0,) * ndim)
 
 
 def _group_size(axes: tuple, sizes: dict, axis_index_groups) -> int:
@@ -567,8 +545,7 @@ def _io_reduce(call, exchange, axis_name, axis_index_groups):
         leaves, tdef = jax.tree_util.tree_flatten(x)
         never = step_tag < 0
         leaves = [
-            _tie_first_element(leaf, never) if int(np.prod(jnp.shape(leaf))) > 0 else leaf
-            for leaf in leaves
+            tie(leaf, never) if int(np.prod(jnp.shape(leaf))) > 0 else leaf for leaf in leaves
         ]
         tied = jax.tree_util.tree_unflatten(tdef, leaves)
         if exchange:
@@ -576,7 +553,7 @@ def _io_reduce(call, exchange, axis_name, axis_index_groups):
             # The post-callback reads the payload; XLA may split the all-reduce per operand,
             # so tie one element of every output leaf into it (never true: the same bits).
             tok = _token(jax.tree_util.tree_leaves(out))
-            return out, _tie_first_element(red, never & (tok == tok))
+            return out, tie(red, never & (tok == tok))
         out = lax_fn(tied, axis_name, axis_index_groups=axis_index_groups)
         # The post-callback reads one element of every output leaf: it runs after all.
         return out, _token(jax.tree_util.tree_leaves(out)).reshape((1,))

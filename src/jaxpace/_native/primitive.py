@@ -29,6 +29,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import PartitionSpec
 
+from jaxpace._tie import tie
+
 __all__ = ["arrive", "arrive_p", "done", "done_p", "native_collective", "register_targets"]
 
 _TARGETS = {
@@ -302,14 +304,6 @@ def _first_scalar(leaf):
     return lax.stop_gradient(v).astype(jnp.float32)
 
 
-def _tie(leaf, never):
-    """`leaf` with element 0 rewritten as `select(never, 0, element 0)`: the same bits."""
-    ndim = jnp.ndim(leaf)
-    first = lax.slice(leaf, (0,) * ndim, (1,) * ndim) if ndim else leaf
-    upd = lax.select(jnp.broadcast_to(never, jnp.shape(first)), jnp.zeros_like(first), first)
-    return lax.dynamic_update_slice(leaf, upd, (0,) * ndim) if ndim else upd
-
-
 def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """`reduce` timed by the native probes: arrive -> reduce -> done, bitwise `reduce(x)`.
 
@@ -337,7 +331,7 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     step_tag, payload = arrive(lax.stop_gradient(tok), site_id, rank, payload_size)
     step_tag = lax.stop_gradient(step_tag)
     never = step_tag < 0  # step_tag >= 0 always: each tie keeps the leaf's bits
-    tied = [_tie(leaf, never) if s > 0 else leaf for leaf, s in zip(leaves, sizes, strict=True)]
+    tied = [tie(leaf, never) if s > 0 else leaf for leaf, s in zip(leaves, sizes, strict=True)]
     tied_x = jax.tree_util.tree_unflatten(tdef, tied)
     feed = []
     if payload_size > 0:
@@ -361,5 +355,5 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
         key=lambda i: int(np.prod(jnp.shape(out_leaves[i]))),
     )
     out_leaves = list(out_leaves)
-    out_leaves[dep] = _tie(out_leaves[dep], one < 0)  # done returns 1.0: the same bits
+    out_leaves[dep] = tie(out_leaves[dep], one < 0)  # done returns 1.0: the same bits
     return jax.tree_util.tree_unflatten(out_def, out_leaves), red
