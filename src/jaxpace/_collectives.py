@@ -402,26 +402,44 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, *, site, sizes
     axes = _axes(axis_name)
     granularity = rt.config.granularity
     group = _group_size(axes, sizes, axis_index_groups)
+    names, shape = tuple(am.axis_names), tuple(am.axis_sizes)
+    total = int(np.prod(shape)) if shape else 1
+    rank_axes, rank_sizes = axes, sizes
+    groups = 1
     if granularity == "process":
         num_slots = jax.process_count()
         table, source, procs = _leader_table(rt, am)
+        layout_procs = procs
+    elif total == group:  # one group: a device's rank is its index over the reduced axes
+        num_slots, table, layout_procs = group, None, None
+        source = "every shard (granularity='device')"
     else:
-        num_slots = group
-        table, source, procs = None, "every shard (granularity='device')", None
+        # Several groups (the mesh's other axes, or `axis_index_groups`): a device's rank is
+        # its index over the whole mesh, so devices of different groups never share a rank
+        # (and a record); the header lists each group's ranks.
+        groups = total // max(group, 1)
+        num_slots, table, layout_procs = total, None, np.arange(total)
+        rank_axes, rank_sizes = names, dict(zip(names, shape, strict=True))
+        source = f"every shard (granularity='device'), {groups} groups numbered over the mesh"
     site_obj = rt.open_site(site, num_slots, source)
     site_obj.layout_info = _site_layout.describe(
         call.kind,
-        tuple(am.axis_names),
-        tuple(am.axis_sizes),
+        names,
+        shape,
         axes,
-        procs,
+        layout_procs,
         axis_index_groups,
         call.params.get("perm") if call.kind == "ppermute" else None,
     )
     scale = _exchange.reduction_scale(call.kind, group) if call.kind in ("psum", "pmean") else 1.0
-    exchange = rt.policy.needs_exchange and _kinds.carries_exchange(call.kind)
-    site_obj.measure_only = not _kinds.carries_exchange(call.kind)
-    site_obj.pacing = _kinds.pacing_note(call.kind, rt.policy.needs_exchange, rt.policy.max_delay_s)
+    paceable = _kinds.carries_exchange(call.kind) and groups == 1
+    exchange = rt.policy.needs_exchange and paceable
+    site_obj.measure_only = not paceable
+    site_obj.pacing = (
+        _kinds.pacing_note(call.kind, rt.policy.needs_exchange, rt.policy.max_delay_s)
+        if groups == 1
+        else _kinds.device_groups_note(groups)
+    )
     plan = TracePlan(
         call=call,
         axis_name=axis_name,
@@ -432,8 +450,8 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, *, site, sizes
         scale=scale,
         table=table,
         am=am,
-        axes=axes,
-        sizes=sizes,
+        axes=rank_axes,
+        sizes=rank_sizes,
     )
     done_native = native_or_none(rt, site_obj, probe, plan, x)
     if done_native is not None:

@@ -33,8 +33,9 @@ class TracePlan:
       scale: the reduction's scale for the exchange (pmean), else 1.0.
       table: which linear shard is its process's leader (`"process"`), or None.
       am: the abstract mesh.
-      axes: the reduced axes, a tuple.
-      sizes: `{axis: size}` of the bound axes.
+      axes: the axes a device's rank is numbered over (`granularity="device"`): the
+        reduced axes when the site is one group, every mesh axis when it is several.
+      sizes: `{axis: size}` of those axes.
     """
 
     call: Any

@@ -1,0 +1,128 @@
+"""`granularity="device"` at a site that runs as several groups: one rank per device.
+
+A collective over some mesh axes runs as one group per position on the other axes (an
+all-gather over `data` on a 2 x 4 (`data`, `model`) mesh is 4 groups of 2). A device's rank
+used to be its index over the reduced axes only, the same numbering in every group, so the
+4 devices with `data` index 0 shared rank 0: their arrivals overlapped in one record slot
+("two measured arrivals ... overlap") and the step counter advanced once per group. Now a
+device of a several-group site is numbered over the whole mesh, the header lists each
+group's ranks, and the site is measure only (pacing per device group is not built).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxpace as jp
+from jaxpace import _native
+
+NATIVE_OK, NATIVE_WHY = _native.available()
+STEPS = 5
+
+
+@pytest.fixture(params=["native", "io_callback"])
+def probe(request, monkeypatch):
+    if request.param == "native":
+        if not NATIVE_OK:
+            pytest.skip(f"native probes unavailable: {NATIVE_WHY}")
+    else:
+        monkeypatch.setattr(_native, "available", lambda: (False, "hidden by the test"))
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:8])
+
+
+def _run(pacer, mesh, fn, out_spec):
+    f = jax.jit(
+        jax.shard_map(
+            fn, mesh=mesh, in_specs=P("data", "model"), out_specs=out_spec, check_vma=False
+        )
+    )
+    x = jax.device_put(
+        jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8), NamedSharding(mesh, P("data", "model"))
+    )
+    outs = [jax.block_until_ready(f(x)) for _ in range(STEPS)]
+    pacer.flush()
+    return outs, x
+
+
+def _steps(pacer, site):
+    recs = pacer.records()
+    header = next(r for r in recs if r.get("type") == "header")
+    steps = [r for r in recs if r.get("type") == "step" and r["site"] == site]
+    return header, steps
+
+
+@pytest.mark.timeout(240)
+def test_several_groups_give_one_rank_per_device(probe, mesh):
+    pacer = jp.Pacer(granularity="device", mesh=mesh)
+    try:
+        outs, x = _run(
+            pacer,
+            mesh,
+            lambda v: pacer.all_gather(v, "data", axis=0, tiled=True, site="ag"),
+            P(None, "model"),
+        )
+        ref = jax.jit(
+            jax.shard_map(
+                lambda v: jax.lax.all_gather(v, "data", axis=0, tiled=True),
+                mesh=mesh,
+                in_specs=P("data", "model"),
+                out_specs=P(None, "model"),
+                check_vma=False,
+            )
+        )(x)
+        assert np.asarray(outs[-1]).tobytes() == np.asarray(ref).tobytes()
+        header, steps = _steps(pacer, "ag")
+        # Linear index over (data, model): the group at model position m is {m, 4 + m}.
+        assert header["sites"]["ag"]["groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+        by_rank = {}
+        for r in steps:
+            by_rank.setdefault(r["rank"], []).append(r["step"])
+        assert sorted(by_rank) == list(range(8))
+        assert all(sorted(s) == list(range(STEPS)) for s in by_rank.values()), by_rank
+        st = pacer.stats()["ag"]
+        assert st.steps == STEPS and st.errors == 0
+        assert "4 groups" in st.layout
+        assert st.pacing.startswith("measure only") and "4 groups" in st.pacing
+    finally:
+        pacer.close()
+
+
+@pytest.mark.timeout(240)
+def test_several_groups_psum_is_measure_only_and_unpaced(probe, mesh):
+    """A psum over `model` (2 groups of 4) with a pacing policy: measured, never delayed."""
+    pacer = jp.Pacer(jp.adaptive(), granularity="device", mesh=mesh)
+    try:
+        _run(pacer, mesh, lambda v: pacer.psum(v, "model", site="tp"), P("data", None))
+        header, steps = _steps(pacer, "tp")
+        assert header["sites"]["tp"]["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert sorted({r["rank"] for r in steps}) == list(range(8))
+        assert all(r["delay_ns"] == 0 for r in steps)
+        assert pacer.stats()["tp"].pacing.startswith("measure only")
+    finally:
+        pacer.close()
+
+
+@pytest.mark.timeout(240)
+def test_one_group_keeps_its_numbering_and_pacing(probe, mesh):
+    """A psum over both axes is one group: ranks over the reduced axes, paceable as before."""
+    pacer = jp.Pacer(jp.adaptive(), granularity="device", mesh=mesh)
+    try:
+        _run(pacer, mesh, lambda v: pacer.psum(v, ("data", "model"), site="all"), P())
+        header, steps = _steps(pacer, "all")
+        assert header["sites"]["all"]["groups"] == [list(range(8))]
+        assert sorted({r["rank"] for r in steps}) == list(range(8))
+        st = pacer.stats()["all"]
+        assert st.pacing.startswith("paced"), st.pacing
+        assert "groups" not in st.layout
+    finally:
+        pacer.close()
