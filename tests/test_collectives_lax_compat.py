@@ -228,11 +228,15 @@ def test_stats_say_measure_only(mesh):
         x = _operand(jnp.float32, mesh)
         with jax.set_mesh(mesh):
             _smap(lambda v: pacer.all_gather(v, "b", site="ag"), mesh)(x).block_until_ready()
-            _smap(lambda v: pacer.psum(v, "b", site="ps"), mesh)(x).block_until_ready()
+            _smap(lambda v: pacer.psum(v, AX, site="ps"), mesh)(x).block_until_ready()
+            _smap(lambda v: pacer.psum(v, "b", site="ps-b"), mesh)(x).block_until_ready()
         st = pacer.stats()
         assert st["ag"].measured and st["ag"].steps > 0
         assert st["ag"].pacing.startswith("measure only")
         assert st["ps"].pacing.startswith("paced")
+        # Over "b" alone the psum runs as 2 groups: at device granularity, measure only.
+        assert st["ps-b"].measured and st["ps-b"].pacing.startswith("measure only")
+        assert "2 groups" in st["ps-b"].pacing
     finally:
         pacer.close()
 

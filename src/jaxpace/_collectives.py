@@ -15,7 +15,7 @@ from jax.experimental import io_callback
 from jaxpace import _exchange, _invariant, _jax_compat, _kinds, _site_layout
 from jaxpace._measured_native import TracePlan, axis_rank, is_leader, native_or_none, tangent
 from jaxpace._tie import reduction_typed as _reduction_typed
-from jaxpace._tie import tie
+from jaxpace._tie import tie, token
 from jaxpace.errors import UnboundAxisError
 
 __all__ = ["Runtime", "caller_site", "collective"]
@@ -216,30 +216,6 @@ def _process_map(rt: Runtime, am) -> tuple[np.ndarray, str]:
     block = max(total // max(nproc, 1), 1)
     procs = np.minimum(np.arange(total) // block, max(nproc - 1, 0))
     return procs, "assumed process-contiguous blocks (as jax.make_mesh and pmap lay out)"
-
-
-def _token(leaves) -> jax.Array:
-    """A float32 scalar that depends on every leaf (one element each), gradient-free.
-
-    `unreduced`/`reduced` leaves cannot meet other types in arithmetic (JAX
-    raises `ShardingTypeError`), so the token is ordered after them by an
-    optimization barrier instead: a data dependency that computes nothing.
-    """
-    tok = jnp.float32(0)
-    typed = []
-    for leaf in leaves:
-        if not hasattr(leaf, "shape") or np.prod(leaf.shape) == 0:
-            continue
-        if _reduction_typed(leaf):
-            typed.append(lax.stop_gradient(leaf))
-            continue
-        v = jnp.ravel(leaf)[0]
-        if jnp.issubdtype(v.dtype, jnp.complexfloating):
-            v = jnp.real(v)
-        tok = tok + lax.stop_gradient(v).astype(jnp.float32)
-    if typed:
-        _, tok = lax.optimization_barrier((typed, tok))
-    return lax.stop_gradient(tok)
 
 
 def _group_size(axes: tuple, sizes: dict, axis_index_groups) -> int:
@@ -468,7 +444,7 @@ def _measured_io_callback(rt, site_obj, plan: TracePlan, x):
     post = _io_post(rt, site_obj, granularity, exchange, plan.scale)
     reduce = _io_reduce(plan.call, exchange, plan.axis_name, plan.axis_index_groups)
     leaves = jax.tree_util.tree_leaves(x)
-    tok = _token(leaves)
+    tok = token(leaves)
     rank = axis_rank(plan.axes, plan.sizes) if granularity == "device" else jnp.int32(0)
     payload, step_tag = pre(tok, rank)
     out, red = reduce(x, payload, step_tag)
@@ -570,11 +546,11 @@ def _io_reduce(call, exchange, axis_name, axis_index_groups):
             out, red = lax_fn((tied, payload), axis_name, axis_index_groups=axis_index_groups)
             # The post-callback reads the payload; XLA may split the all-reduce per operand,
             # so tie one element of every output leaf into it (never true: the same bits).
-            tok = _token(jax.tree_util.tree_leaves(out))
+            tok = token(jax.tree_util.tree_leaves(out))
             return out, tie(red, never & (tok == tok))
         out = lax_fn(tied, axis_name, axis_index_groups=axis_index_groups)
         # The post-callback reads one element of every output leaf: it runs after all.
-        return out, _token(jax.tree_util.tree_leaves(out)).reshape((1,))
+        return out, token(jax.tree_util.tree_leaves(out)).reshape((1,))
 
     @reduce.defjvp
     def reduce_jvp(primals, tangents):

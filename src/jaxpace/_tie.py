@@ -30,7 +30,7 @@ from jax import lax
 
 from jaxpace import _jax_compat
 
-__all__ = ["WHOLE_LEAF_BYTES", "reduction_typed", "tie"]
+__all__ = ["WHOLE_LEAF_BYTES", "first_scalar", "reduction_typed", "tie", "token"]
 
 WHOLE_LEAF_BYTES = 64 * 1024
 
@@ -61,3 +61,32 @@ def tie(leaf, never):
     first = lax.slice(leaf, (0,) * ndim, (1,) * ndim)
     upd = lax.select(jnp.broadcast_to(never, first.shape), jnp.zeros_like(first), first)
     return lax.dynamic_update_slice(leaf, upd, (0,) * ndim)
+
+
+def first_scalar(leaf):
+    """Element 0 of `leaf` as a gradient-free float32 scalar (the real part, if complex)."""
+    v = jnp.ravel(leaf)[0]
+    if jnp.issubdtype(v.dtype, jnp.complexfloating):
+        v = jnp.real(v)
+    return lax.stop_gradient(v).astype(jnp.float32)
+
+
+def token(leaves):
+    """A float32 scalar that depends on every non-empty leaf (one element each), gradient-free:
+    what the arrive probe reads, so it runs once every operand is ready.
+
+    `unreduced`/`reduced` leaves cannot meet other types in arithmetic, so the token is
+    ordered after them by an optimization barrier instead (io_callback path only).
+    """
+    tok = jnp.float32(0)
+    typed = []
+    for leaf in leaves:
+        if not hasattr(leaf, "shape") or np.prod(leaf.shape) == 0:
+            continue
+        if reduction_typed(leaf):
+            typed.append(lax.stop_gradient(leaf))
+            continue
+        tok = tok + first_scalar(leaf)
+    if typed:
+        _, tok = lax.optimization_barrier((typed, tok))
+    return lax.stop_gradient(tok)

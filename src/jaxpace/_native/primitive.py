@@ -29,7 +29,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import PartitionSpec
 
-from jaxpace._tie import tie
+from jaxpace._tie import first_scalar, tie, token
 
 __all__ = ["arrive", "arrive_p", "done", "done_p", "native_collective", "register_targets"]
 
@@ -297,13 +297,6 @@ def done(reduced, step_tag, site_id: int, rank):
     return done_p.bind(red, fr, site=int(site_id))
 
 
-def _first_scalar(leaf):
-    v = jnp.ravel(leaf)[0]
-    if jnp.issubdtype(v.dtype, jnp.complexfloating):
-        v = jnp.real(v)
-    return lax.stop_gradient(v).astype(jnp.float32)
-
-
 def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """`reduce` timed by the native probes: arrive -> reduce -> done, bitwise `reduce(x)`.
 
@@ -324,11 +317,7 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """
     leaves, tdef = jax.tree_util.tree_flatten(x)
     sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
-    tok = jnp.float32(0)
-    for leaf, s in zip(leaves, sizes, strict=True):
-        if s > 0:
-            tok = tok + _first_scalar(leaf)
-    step_tag, payload = arrive(lax.stop_gradient(tok), site_id, rank, payload_size)
+    step_tag, payload = arrive(token(leaves), site_id, rank, payload_size)
     step_tag = lax.stop_gradient(step_tag)
     never = step_tag < 0  # step_tag >= 0 always: each tie keeps the leaf's bits
     tied = [tie(leaf, never) if s > 0 else leaf for leaf, s in zip(leaves, sizes, strict=True)]
@@ -343,7 +332,7 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
         red = None
     out_leaves = jax.tree_util.tree_leaves(out)
     feed += [
-        _first_scalar(leaf).reshape((1,)) for leaf in out_leaves if int(np.prod(jnp.shape(leaf)))
+        first_scalar(leaf).reshape((1,)) for leaf in out_leaves if int(np.prod(jnp.shape(leaf)))
     ]
     reduced_for_done = jnp.concatenate(feed) if feed else jnp.zeros((1,), jnp.float32)
     one = lax.stop_gradient(done(reduced_for_done, step_tag, site_id, rank))
