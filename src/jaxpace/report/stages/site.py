@@ -195,14 +195,13 @@ def site_groups(records: Records, site: str, ranks: np.ndarray) -> np.ndarray | 
     )
     if listed is None:
         return None
-    codes = np.full(ranks.size, -1, np.int64)
-    for k, members in enumerate(listed):
-        m = np.asarray([int(r) for r in members], np.int64)
-        idx = np.searchsorted(ranks, m).clip(0, max(ranks.size - 1, 0))
-        idx = idx[(ranks.size > 0) & (ranks[idx] == m)]
-        idx = idx[codes[idx] < 0]
-        codes[idx] = k
-    codes[codes < 0] = len(listed)
+    flat = np.fromiter((int(r) for g in listed for r in g), np.int64)
+    gid = np.repeat(np.arange(len(listed)), [len(g) for g in listed])
+    idx = np.searchsorted(ranks, flat).clip(0, max(ranks.size - 1, 0))
+    ok = (ranks[idx] == flat) if ranks.size else np.zeros(flat.size, bool)
+    idx, first = np.unique(idx[ok], return_index=True)  # a rank's first listing
+    codes = np.full(ranks.size, len(listed), np.int64)
+    codes[idx] = gid[ok][first]
     _, codes = np.unique(codes, return_inverse=True)  # the groups with ranks, 0..G-1
     return codes.reshape(-1) if codes.max(initial=0) > 0 else None
 
