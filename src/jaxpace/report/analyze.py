@@ -25,6 +25,7 @@ lognormal fitted to it (numerical integration of its quantile function).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -36,7 +37,7 @@ import jaxpace.report.sources as sources
 import jaxpace.report.stages as stages
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, RecordsError
-from jaxpace.report.model import Report
+from jaxpace.report.model import DEFAULT_WARMUP_STEPS, Report
 from jaxpace.report.records import Records
 
 __all__ = ["analyze", "load_step_records"]
@@ -112,12 +113,7 @@ def analyze(
     if not loaded.timed:
         data, untimed_note = sources.untimed(data)
         site_notes.append(untimed_note)
-    notes = [*recs.notes, *site_notes]
-    if len(recs.sites) > 1:
-        notes.append(
-            f"analyzed site `{site}`; the records also hold "
-            f"{', '.join(f'`{s}`' for s in recs.sites if s != site)} (use `site=`)."
-        )
+    notes = [*recs.notes, *site_notes, *_other_sites_note(recs, site)]
     sel = stages.select_steps(data, warmup_steps)
     notes += sel.notes
     iteration = stages.iteration_stats(sel.iter_all[sel.rows])
@@ -171,5 +167,27 @@ def analyze(
         + stages.decisions(culprits, failure_modes, primary, costs, sel.periodic, ctx.hours_unit),
         fleet=culprits.fleet,
         context=ctx,
+        sites_table=_sites_table(loaded, warmup_steps),
         data=data,
     )
+
+
+def _other_sites_note(recs: Records, site: str) -> list[str]:
+    if len(recs.sites) < 2:
+        return []
+    others = ", ".join(f"`{s}`" for s in recs.sites if s != site)
+    return [f"analyzed site `{site}`; the records also hold {others} (use `site=`)."]
+
+
+def _sites_table(
+    loaded: sources.Loaded, warmup_steps: int | None
+) -> tuple[stages.links.SiteRow, ...]:
+    """Every site in step order (`stages.links.site_table`), with 2 or more sites; else ().
+    A source without arrival times has no step order: `order_s` is NaN, in the records' order."""
+    if len(loaded.records.sites) < 2:
+        return ()
+    warmup = DEFAULT_WARMUP_STEPS if warmup_steps is None else warmup_steps
+    rows = stages.site_table(loaded.records, warmup)
+    if not loaded.timed:
+        rows = [dataclasses.replace(r, order_s=math.nan) for r in rows]
+    return tuple(rows)

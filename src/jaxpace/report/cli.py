@@ -80,7 +80,7 @@ def cli_main(args: argparse.Namespace) -> int:
             ),
         )
         print_summary(report, verbose=bool(getattr(args, "verbose", False)))
-        _print_sites(args.run_dir, report.sites, args.warmup)
+        _print_sites(report)
         html = write_html(report, outputs["html"])
         trace = write_trace(report, outputs["trace"])
         written = [html, trace]
@@ -130,17 +130,13 @@ def _output_paths(args: argparse.Namespace) -> dict[str, Path]:
     return paths
 
 
-def _print_sites(run_dir: str, sites, warmup: int | None) -> None:
-    """Every site in step order, with who is late within each group (several sites only)."""
-    if len(sites) < 2:
-        return
-    from jaxpace.report.records import load_records
-    from jaxpace.report.stages import links
+def _print_sites(report) -> None:
+    """Every site in step order, with who is late within each group (several sites only):
+    the rows `analyze` computed (`Report.sites_table`)."""
+    if report.sites_table:
+        from jaxpace.report.stages.links import format_site_table
 
-    rows = links.site_table(
-        load_records(run_dir), DEFAULT_WARMUP_STEPS if warmup is None else warmup
-    )
-    print("\n" + links.format_site_table(rows))
+        print("\n" + format_site_table(list(report.sites_table)))
 
 
 def _one_run(run_dir: str) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 
 import jaxpace.report.fleet_view as fleet_view
 import jaxpace.report.tables as tables
+from jaxpace.report.stages.links import site_table_notes
 from jaxpace.report.text import format_ms
 
 if TYPE_CHECKING:
@@ -337,7 +338,9 @@ def _forecast(report: Report) -> str:
 
 
 # Columns of prose or names: left-aligned (numbers stay right-aligned).
-TEXT_COLUMNS = ("evidence", "detected", "host", "mode", "what to do next")
+TEXT_COLUMNS = (
+    "evidence", "detected", "host", "mode", "what to do next", "collective", "latest in group"
+)  # fmt: skip
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -415,6 +418,7 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
     )
     for title, rows in fleet_view.fleet_sections(report):  # spread, slowest, arrived last
         parts.append(f"<h2>{escape(title)}</h2>" + _table(rows))
+    parts += _sites_section(report)
     if report.pacing is not None:
         parts.append("<h2>Pacing effect</h2>" + _table(tables.pacing_table(report.pacing)))
         if report.pacing.caveat:
@@ -425,6 +429,24 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
         )
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _sites_section(report: Report) -> list[str]:
+    """Every site in step order (records of 2 or more sites), with who is late in a group."""
+    rows = tables.site_rows(report)
+    if not rows:
+        return []
+    culprit = "none" if report.culprit is None else f"rank {report.culprit}"
+    notes = site_table_notes(list(report.sites_table)) + [
+        "A rank named here arrived last in its group at that site more often than chance "
+        "allows: evidence of where lateness enters the step, not a verdict. The culprit is "
+        f"the summary's, decided by the culprit test at `{report.site}`: {culprit}."
+    ]
+    return [
+        "<h2>Sites in step order (waits: median over steps of the mean over ranks)</h2>"
+        + _table(rows)
+        + "".join(f"<p>{escape(n)}</p>" for n in notes)
+    ]
 
 
 def write_html(

@@ -11,9 +11,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jaxpace.report.stages.links import SiteRow
 
 __all__ = [
     "DEFAULT_WARMUP_STEPS",
@@ -445,6 +448,10 @@ class Report:
       fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
       context: what the headers say about the run (platform, policy, an
         invariant operand, sampling): `RunContext`.
+      sites_table: with 2 or more sites, one `SiteRow` per site in step order
+        (`stages.links.site_table`: its wait, share, the latest rank within each
+        group and ppermute's slow pair); else empty. Evidence per site, not the
+        culprit decision. `to_dict` adds each row's `num_groups`.
     """
 
     run_id: str | None
@@ -478,6 +485,7 @@ class Report:
     source: str = "jaxpace records"
     fleet: FleetSpread | None = None
     context: RunContext = dataclasses.field(default_factory=RunContext)
+    sites_table: tuple[SiteRow, ...] = ()
     data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def mode(self, name: str) -> FailureMode:
@@ -504,6 +512,8 @@ class Report:
             out[f.name] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
             if isinstance(v, tuple) and v and dataclasses.is_dataclass(v[0]):
                 out[f.name] = [dataclasses.asdict(x) for x in v]
+        for row in out["sites_table"]:
+            row["num_groups"] = len(row["groups"])
         return _jsonable(out)
 
     def to_json(self, indent: int | None = 2) -> str:

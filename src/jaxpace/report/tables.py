@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from jaxpace.report.fleet_view import fleet_line
 from jaxpace.report.reach import SAMPLES_PER_RANK, forecast_support
+from jaxpace.report.stages.links import late_text
 from jaxpace.report.text import format_ms
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ __all__ = [
     "host_rows",
     "pacing_table",
     "ranking_rows",
+    "site_rows",
     "summary_rows",
 ]
 
@@ -200,4 +202,18 @@ def host_rows(report: Report, max_hosts: int = 16) -> list[list[str]]:
         )
     if len(stats) > max_hosts:
         rows.append([f"... {len(stats) - max_hosts} more hosts", "", "", "", ""])
+    return rows
+
+
+def site_rows(report: Report) -> list[list[str]]:
+    """`report.sites_table` (2 or more sites): the terminal's columns, one row per site in
+    step order; no rows for one site."""
+    if not report.sites_table:
+        return []
+    rows = [["site", "collective", "groups", "wait", "share", "latest in group"]]
+    for r in report.sites_table:
+        share = f"{r.share:.0%}" if r.share == r.share else "n/a"
+        rows.append(
+            [r.site, r.kind or "?", str(len(r.groups)), format_ms(r.wait_s), share, late_text(r)]
+        )
     return rows

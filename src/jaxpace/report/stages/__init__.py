@@ -6,7 +6,8 @@
    `context`: what the headers say (platform, policy, an invariant operand: no culprit);
 4. `modes`: score each failure mode, pick the primary one;
 5. `outlook`: what-if, waiting costs, the amplification forecast, the pacing effect;
-6. `decide`: one line per decision with its evidence and confidence.
+6. `decide`: one line per decision with its evidence and confidence;
+7. `links` (2 or more sites): every site in step order, the latest rank within each group.
 """
 
 from jaxpace.report.stages.context import context_notes, refuse_invariant, run_context
@@ -18,6 +19,7 @@ from jaxpace.report.stages.culprit import (
     rank_culprits,
 )
 from jaxpace.report.stages.decide import decisions
+from jaxpace.report.stages.links import format_site_table, site_table
 from jaxpace.report.stages.modes import (
     amplification_mode,
     assess_modes,
@@ -58,6 +60,7 @@ __all__ = [
     "decisions",
     "empirical_max_ratio",
     "forecast",
+    "format_site_table",
     "iteration_stats",
     "late_groups",
     "locality_mode",
@@ -73,6 +76,7 @@ __all__ = [
     "run_context",
     "select_steps",
     "site_data",
+    "site_table",
     "straggler_mode",
     "waiting_costs",
     "what_if",

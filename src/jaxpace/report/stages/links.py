@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,15 @@ import numpy as np
 from jaxpace.report.records import Records
 from jaxpace.report.text import format_ms
 
-__all__ = ["GroupLate", "LinkWait", "SiteRow", "format_site_table", "site_table"]
+__all__ = [
+    "GroupLate",
+    "LinkWait",
+    "SiteRow",
+    "format_site_table",
+    "late_text",
+    "site_table",
+    "site_table_notes",
+]
 
 ALPHA = 1e-3  # per site and group, as `stages.culprit`'s culprit test
 MIN_LEAD_S = 1e-3
@@ -87,9 +95,9 @@ def _site_info(recs: Records) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _grid(recs: Records, k: int, skip: int) -> tuple[np.ndarray, ...]:
+def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
     """`(steps, ranks, wait[S, R], arrive_ns[S, R], process[S, R])` of site `k`: its
-    complete steps after the first `skip`."""
+    complete steps after the first `warmup_steps` (at most a quarter of them)."""
     c = recs.columns
     sel = c["site"] == k
     steps, ranks = np.unique(c["step"][sel]), np.unique(c["rank"][sel])
@@ -101,39 +109,91 @@ def _grid(recs: Records, k: int, skip: int) -> tuple[np.ndarray, ...]:
     arrive[si, ri] = c["arrive_ns"][sel]
     proc[si, ri] = c["process"][sel]
     keep = ~np.isnan(wait).any(axis=1)
-    keep[: min(skip, keep.size)] = False
+    keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
     return steps[keep], ranks, wait[keep], arrive[keep], proc[keep]
 
 
-def _group_late(wait: np.ndarray, ranks: np.ndarray, group: Iterable[int]) -> GroupLate | None:
-    cols = [int(np.flatnonzero(ranks == r)[0]) for r in group if r in ranks]
-    if len(cols) < 2 or wait.shape[0] == 0:
-        return None
-    w = wait[:, cols]
-    latest = np.argmin(w, axis=1)  # least time inside: arrived last
-    counts = np.bincount(latest, minlength=len(cols))
-    j = int(np.argmax(counts))
-    others = np.delete(w, j, axis=1)
-    lead = np.median(others, axis=1) - w[:, j]
-    med = float(np.median(lead))
-    n, k = w.shape[0], int(counts[j])
-    p = _binomial_tail(n, k, 1.0 / len(cols))
-    if p >= ALPHA or med <= MIN_LEAD_S:
-        return None
-    return GroupLate(int(ranks[cols[j]]), tuple(int(ranks[c]) for c in cols), med, k / n, p)
+def _columns(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(columns of the `wanted` ranks that have records, which of `wanted` those are)."""
+    if ranks.size == 0:
+        return np.zeros(0, np.intp), np.zeros(wanted.size, bool)
+    idx = np.searchsorted(ranks, wanted).clip(0, ranks.size - 1)
+    ok = ranks[idx] == wanted
+    return idx[ok], ok
+
+
+def _late_in_groups(
+    wait: np.ndarray, ranks: np.ndarray, groups: tuple[tuple[int, ...], ...]
+) -> tuple[GroupLate, ...]:
+    """The named latest rank of each group (`_late_of_size`), in the groups' order."""
+    flat = np.fromiter((r for g in groups for r in g), np.int64)
+    gid = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    cols, ok = _columns(ranks, flat)
+    gid = gid[ok]
+    sizes = np.bincount(gid, minlength=len(groups))
+    found: list[tuple[int, GroupLate]] = []
+    if wait.shape[0] == 0:
+        return ()
+    for m in np.unique(sizes[sizes >= 2]).tolist():
+        which = np.flatnonzero(sizes == m)
+        members = cols[np.isin(gid, which)].reshape(which.size, m)  # gid is sorted
+        found += zip(which.tolist(), _late_of_size(wait, ranks, members), strict=True)
+    return tuple(x for _, x in sorted(found, key=lambda t: t[0]) if x is not None)
+
+
+def _late_of_size(wait: np.ndarray, ranks: np.ndarray, members: np.ndarray) -> list:
+    """Per group (one row of `members`: G groups x m columns), its `GroupLate` or None.
+
+    The rank latest in most steps (least time inside: arrived last); its lead is the median
+    over the group's other ranks of their wait minus its wait, its median over steps must
+    exceed `MIN_LEAD_S` and its count of latest steps be unlikely by chance (`ALPHA`).
+    """
+    G, m = members.shape
+    n = wait.shape[0]
+    w = wait[:, members]  # (n, G, m)
+    latest = np.argmin(w, axis=2)
+    counts = (latest[:, :, None] == np.arange(m)).sum(axis=0)  # (G, m)
+    j = np.argmax(counts, axis=1)
+    g = np.arange(G)
+    wj = w[:, g, j]
+    others = w.copy()
+    others[:, g, j] = np.inf
+    others.sort(axis=2)  # the m - 1 others first
+    lo, hi = (m - 2) // 2, (m - 1) // 2
+    lead = (others[:, :, lo] + others[:, :, hi]) / 2 - wj
+    med = np.median(lead, axis=0)
+    out: list[GroupLate | None] = [None] * G
+    for i in np.flatnonzero(med > MIN_LEAD_S).tolist():
+        k = int(counts[i, j[i]])
+        p = _binomial_tail(n, k, 1.0 / m)
+        if p < ALPHA:
+            group = tuple(int(r) for r in ranks[members[i]])
+            out[i] = GroupLate(group[j[i]], group, float(med[i]), k / n, p)
+    return out
 
 
 def _binomial_tail(n: int, k: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(n, p): how often a rank is the latest by chance."""
-    return float(sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1)))
+    try:
+        return float(sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1)))
+    except OverflowError:  # n beyond about a thousand: the same sum in logarithms
+        lc = math.lgamma(n + 1)
+        terms = (
+            lc - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p)
+            + (n - i) * math.log1p(-p)
+            for i in range(k, n + 1)
+        )  # fmt: skip
+        return float(sum(math.exp(t) for t in terms))
 
 
 def _links(wait: np.ndarray, ranks: np.ndarray, pairs) -> tuple[list[LinkWait], LinkWait | None]:
-    out = []
-    for s, d in pairs or ():
-        if d in ranks:
-            col = int(np.flatnonzero(ranks == d)[0])
-            out.append(LinkWait(int(s), int(d), float(np.median(wait[:, col]))))
+    pairs = np.asarray(pairs or [], np.int64).reshape(-1, 2)
+    cols, ok = _columns(ranks, pairs[:, 1])
+    med = np.median(wait[:, cols], axis=0) if wait.shape[0] else np.full(cols.size, np.nan)
+    out = [
+        LinkWait(int(s), int(d), float(w))
+        for (s, d), w in zip(pairs[ok].tolist(), med.tolist(), strict=True)
+    ]
     if len(out) < 2:
         return out, None
     worst = max(out, key=lambda lw: lw.wait_s)
@@ -142,8 +202,31 @@ def _links(wait: np.ndarray, ranks: np.ndarray, pairs) -> tuple[list[LinkWait], 
     return out, slow
 
 
+def _step_order(grids: list[tuple[np.ndarray, ...]]) -> list[float]:
+    """Per site, the median (seconds) over its ranks and steps of its arrival after its
+    process's first arrival of that step at any site (keyed by process: one clock; ranks of
+    different sites may be different devices)."""
+    steps = [np.broadcast_to(g[0][:, None], g[4].shape).ravel() for g in grids]
+    procs = [g[4].ravel() for g in grids]
+    arrive = np.concatenate([g[3].ravel() for g in grids])
+    sizes = [p.size for p in procs]
+    if arrive.size == 0:
+        return [math.nan] * len(grids)
+    _, s_idx = np.unique(np.concatenate(steps), return_inverse=True)
+    p_all = np.concatenate(procs)
+    key = s_idx.reshape(-1) * (int(p_all.max()) + 1) + p_all
+    _, inv = np.unique(key, return_inverse=True)
+    first = np.full(int(inv.max()) + 1, np.inf)
+    np.minimum.at(first, inv, arrive)
+    offs = np.split(arrive - first[inv], np.cumsum(sizes)[:-1])
+    return [float(np.median(o)) / 1e9 if o.size else math.nan for o in offs]
+
+
 def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
     """One `SiteRow` per site of `recs`, in step order (see the module docstring).
+
+    Vectorized over steps, ranks and groups (a few array passes per site), so it scales
+    with the records, not with a Python loop over them.
 
     Args:
       recs: the run's records (`jaxpace.report.load_records`).
@@ -153,30 +236,15 @@ def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
       The rows, earliest site in the step first.
     """
     info = _site_info(recs)
-    rows, first = [], {}
-    grids = {}
-    for k, name in enumerate(recs.sites):
-        n = int(np.unique(recs.columns["step"][recs.columns["site"] == k]).size)
-        grids[name] = _grid(recs, k, min(warmup_steps, n // 4))
-        steps, _, _, arrive, proc = grids[name]
-        # Keyed by process: one clock (ranks of different sites may be different devices).
-        for i, st in enumerate(steps.tolist()):
-            for j, p in enumerate(proc[i].tolist()):
-                key = (st, p)
-                first[key] = min(first.get(key, math.inf), arrive[i, j])
-    means = {
-        n: float(np.median(g[2].mean(axis=1))) if g[2].size else math.nan for n, g in grids.items()
-    }
-    total = float(np.nansum(list(means.values())))
-    for name, (steps, ranks, wait, arrive, proc) in grids.items():
+    grids = [_grid(recs, k, warmup_steps) for k in range(len(recs.sites))]
+    means = [float(np.median(g[2].mean(axis=1))) if g[2].size else math.nan for g in grids]
+    total = float(np.nansum(means))
+    rows = []
+    for name, (steps, ranks, wait, _, _), mean, order in zip(
+        recs.sites, grids, means, _step_order(grids), strict=True
+    ):
         meta = info.get(name, {})
         groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])
-        offs = [
-            arrive[i, j] - first[(st, p)]
-            for i, st in enumerate(steps.tolist())
-            for j, p in enumerate(proc[i].tolist())
-        ]
-        late = tuple(x for x in (_group_late(wait, ranks, g) for g in groups) if x is not None)
         links, slow = _links(wait, ranks, meta.get("pairs"))
         rows.append(
             SiteRow(
@@ -184,10 +252,10 @@ def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
                 kind=meta.get("kind"),
                 groups=groups,
                 steps=int(steps.size),
-                wait_s=means[name],
-                share=means[name] / total if total > 0 else math.nan,
-                order_s=float(np.median(offs)) / 1e9 if offs else math.nan,
-                late=late,
+                wait_s=mean,
+                share=mean / total if total > 0 else math.nan,
+                order_s=order,
+                late=_late_in_groups(wait, ranks, groups),
                 links=tuple(links),
                 slow_link=slow,
             )
@@ -195,25 +263,22 @@ def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
     return sorted(rows, key=lambda r: (math.isnan(r.order_s), r.order_s))
 
 
-def format_site_table(rows: list[SiteRow]) -> str:
-    """The rows as plain text: one line per site, then who is late where."""
-    lines = [
-        "Sites, in step order (waits: median over steps of the mean over ranks)",
-        f"{'site':<16} {'collective':<13} {'groups':>6} {'wait':>9} {'share':>6}  latest in group",
-    ]
-    for r in rows:
-        late = ", ".join(
-            f"rank {g.rank} by {format_ms(g.lead_s)} in {list(g.group)}" for g in r.late
+def late_text(row: SiteRow) -> str:
+    """Who is late at `row`'s site: the latest rank of each group, then ppermute's slow pair."""
+    late = ", ".join(f"rank {g.rank} by {format_ms(g.lead_s)} in {list(g.group)}" for g in row.late)
+    if row.slow_link is not None:
+        lw = row.slow_link
+        late = (late + "; " if late else "") + (
+            f"slow pair {lw.source}->{lw.destination}: waits {format_ms(lw.wait_s)}"
         )
-        if r.slow_link is not None:
-            lw = r.slow_link
-            late = (late + "; " if late else "") + (
-                f"slow pair {lw.source}->{lw.destination}: waits {format_ms(lw.wait_s)}"
-            )
-        lines.append(
-            f"{r.site:<16} {r.kind or '?':<13} {len(r.groups):>6} "
-            f"{format_ms(r.wait_s):>9} {r.share:>6.0%}  {late or '-'}"
-        )
+    return late or "-"
+
+
+def site_table_notes(rows: list[SiteRow]) -> list[str]:
+    """The lines under the table: groups are compared within, and the first late site."""
+    lines = []
+    if rows and all(math.isnan(r.order_s) for r in rows):
+        lines.append("No arrival times in these records: the sites are in the records' order.")
     if any(len(r.groups) > 1 for r in rows):
         lines.append(
             "Ranks of different groups never wait for each other: a ranking over all ranks "
@@ -230,4 +295,18 @@ def format_site_table(rows: list[SiteRow]) -> str:
             f"First late in the step: {who} at `{first.site}` ({first.kind}); sites after it "
             "can inherit that lateness through the collectives between them."
         )
-    return "\n".join(lines)
+    return lines
+
+
+def format_site_table(rows: list[SiteRow]) -> str:
+    """The rows as plain text: one line per site, then who is late where."""
+    lines = [
+        "Sites, in step order (waits: median over steps of the mean over ranks)",
+        f"{'site':<16} {'collective':<13} {'groups':>6} {'wait':>9} {'share':>6}  latest in group",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.site:<16} {r.kind or '?':<13} {len(r.groups):>6} "
+            f"{format_ms(r.wait_s):>9} {r.share:>6.0%}  {late_text(r)}"
+        )
+    return "\n".join(lines + site_table_notes(rows))

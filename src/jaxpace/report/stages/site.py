@@ -12,7 +12,7 @@ from jaxpace.report.model import SiteData
 from jaxpace.report.records import Records
 from jaxpace.report.text import ranges
 
-__all__ = ["pick_site", "site_data"]
+__all__ = ["pick_site", "site_data", "site_groups"]
 
 
 def pick_site(recs: Records, site: str | None) -> str:
@@ -148,6 +148,13 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
     # Time in the collective before it could finish; its minimum is the transfer,
     # and each rank's earliness beyond that minimum is its sync wait.
     entered = np.maximum(wait - delay, 0.0)
+    codes = site_groups(records, site, g.ranks)
+    if codes is None:
+        lateness = wait.max(axis=1, keepdims=True) - wait
+        transfer, sync_wait = entered.min(axis=1), earliness(entered, axis=-1)
+    else:
+        lateness, transfer, sync_wait = _within_groups(wait, entered, codes)
+        notes.append(_groups_note(site, codes))
     # Every rank reported every complete step: the first one names its process.
     processes = _dense(records, g, "process")[0]
     host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in records.headers}
@@ -163,8 +170,66 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
         engaged=engaged,
         compute=compute,
         step_time=step_time,
-        transfer=entered.min(axis=1),
-        sync_wait=earliness(entered, axis=-1),
-        lateness=wait.max(axis=1, keepdims=True) - wait,
+        transfer=transfer,
+        sync_wait=sync_wait,
+        lateness=lateness,
     )
     return data, notes, partial
+
+
+def site_groups(records: Records, site: str, ranks: np.ndarray) -> np.ndarray | None:
+    """Each of `ranks`' group at `site` (R,) from the headers' `sites[site]["groups"]`,
+    or None when the site runs as one group (no groups in the headers, or one).
+
+    A listed rank without records is ignored; ranks in no group form one more group
+    together (as all ranks do without groups); a rank listed twice counts in its first.
+    """
+    listed = next(
+        (
+            info["groups"]
+            for h in records.headers
+            for name, info in (h.get("sites") or {}).items()
+            if name == site and isinstance(info, dict) and info.get("groups")
+        ),
+        None,
+    )
+    if listed is None:
+        return None
+    flat = np.fromiter((int(r) for g in listed for r in g), np.int64)
+    gid = np.repeat(np.arange(len(listed)), [len(g) for g in listed])
+    idx = np.searchsorted(ranks, flat).clip(0, max(ranks.size - 1, 0))
+    ok = (ranks[idx] == flat) if ranks.size else np.zeros(flat.size, bool)
+    idx, first = np.unique(idx[ok], return_index=True)  # a rank's first listing
+    codes = np.full(ranks.size, len(listed), np.int64)
+    codes[idx] = gid[ok][first]
+    _, codes = np.unique(codes, return_inverse=True)  # the groups with ranks, 0..G-1
+    return codes.reshape(-1) if codes.max(initial=0) > 0 else None
+
+
+def _within_groups(
+    wait: np.ndarray, entered: np.ndarray, codes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lateness (S, R), transfer (S,), sync wait (S, R)), each rank against its own group.
+
+    Lateness is ``max_j wait_j - wait_i`` over i's group, and the sync wait the rank's time
+    in the collective beyond its group's least; a step's transfer is the median over groups
+    of each group's least time in the collective (the typical group's collective: the
+    groups run the same collective on different data, at the same time).
+    """
+    order = np.argsort(codes, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(codes[order]) != 0])
+    gmax = np.maximum.reduceat(wait[:, order], starts, axis=1)
+    gmin = np.minimum.reduceat(entered[:, order], starts, axis=1)
+    lateness = gmax[:, codes] - wait
+    return lateness, np.median(gmin, axis=1), entered - gmin[:, codes]
+
+
+def _groups_note(site: str, codes: np.ndarray) -> str:
+    sizes = np.bincount(codes)
+    n = str(int(sizes[0])) if (sizes == sizes[0]).all() else f"{sizes.min()} to {sizes.max()}"
+    return (
+        f"`{site}` runs as {sizes.size} groups (the records' header): ranks of different "
+        f"groups never wait for each other; lateness is measured within each group of {n} "
+        "ranks (and the sync wait against the group's last rank in), and a step's transfer "
+        "is the median over groups of each group's least time in the collective."
+    )
