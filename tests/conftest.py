@@ -54,3 +54,18 @@ def run_4x2(script, *script_args, timeout_s=280, job_timeout_s=240, env=None):
 @pytest.fixture
 def launch():
     return run_launch
+
+
+@pytest.fixture(params=["native", "io_callback"])
+def probe(request, monkeypatch):
+    """Which probes time the measured calls (a test that takes `probe` runs on both paths);
+    the io_callback fallback is forced by hiding the native library."""
+    from jaxpace import _native
+
+    if request.param == "native":
+        ok, why = _native.available()
+        if not ok:
+            pytest.skip(f"native probes unavailable: {why}")
+    else:
+        monkeypatch.setattr(_native, "available", lambda: (False, "hidden by the test"))
+    return request.param

@@ -19,20 +19,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _native
 
-NATIVE_OK, NATIVE_WHY = _native.available()
 STEPS = 5
-
-
-@pytest.fixture(params=["native", "io_callback"])
-def probe(request, monkeypatch):
-    if request.param == "native":
-        if not NATIVE_OK:
-            pytest.skip(f"native probes unavailable: {NATIVE_WHY}")
-    else:
-        monkeypatch.setattr(_native, "available", lambda: (False, "hidden by the test"))
-    return request.param
 
 
 @pytest.fixture(scope="module")

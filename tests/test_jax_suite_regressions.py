@@ -23,17 +23,6 @@ from jaxpace import _jax_compat, _native
 NATIVE_OK, NATIVE_WHY = _native.available()
 
 
-@pytest.fixture(params=["native", "io_callback"])
-def probe(request, monkeypatch):
-    """Which probes time the measured calls; the fallback is forced by hiding the library."""
-    if request.param == "native":
-        if not NATIVE_OK:
-            pytest.skip(f"native probes unavailable: {NATIVE_WHY}")
-    else:
-        monkeypatch.setattr(_native, "available", lambda: (False, "hidden by the test"))
-    return request.param
-
-
 def same_bytes(a, b):
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         assert u.dtype == v.dtype and u.shape == v.shape
