@@ -1,9 +1,10 @@
 """`python -m benchmarks fsdp`: the FSDP example's step with jaxpace (measure only) vs `jax.lax`.
 
 One process, 8 CPU devices, the 2 x 4 (`data`, `model`) mesh of `examples/fsdp.py`: the same
-step built twice, every collective a `jaxpace` drop-in (the default pacer: measure only)
-or the `jax.lax` call, timed interleaved (each once per round, shuffled order). The figure
-is the median over rounds of the paired ratio jaxpace / lax, and the ratio of medians.
+step built with every collective a `jaxpace` drop-in (the default pacer: measure only; and a
+`Pacer(sample_every=10)`) or the `jax.lax` call. Each jaxpace variant is timed against lax in
+its own interleaved pair (each once per round, shuffled order), `--repeats` times; the figures
+are the ratio of medians and the median over rounds of the paired ratio jaxpace / lax.
 Writes `benchmarks/results/fsdp.json` and the section of docs/benchmarks.md between the
 `fsdp` markers (below the generated block).
 """
@@ -30,12 +31,32 @@ def _example():
     return mod
 
 
-def run(reps: int, batch_per_replica: int) -> dict:
+def _pair(base, other, args, reps: int) -> dict:
+    """One interleaved run of `base` ("lax") and `other` alone: two programs, nothing else."""
+    from benchmarks.__main__ import _interleaved, _paired_pct
+
+    res = _interleaved({"lax": base, "other": other}, args, reps)
+    return {
+        "lax_ms": res["lax"]["median_s"] * 1e3,
+        "other_ms": res["other"]["median_s"] * 1e3,
+        "lax_iqr_ms": [res["lax"]["p25_s"] * 1e3, res["lax"]["p75_s"] * 1e3],
+        "other_iqr_ms": [res["other"]["p25_s"] * 1e3, res["other"]["p75_s"] * 1e3],
+        "ratio_of_medians_pct": (res["other"]["median_s"] / res["lax"]["median_s"] - 1) * 100,
+        "paired_pct": _paired_pct(res, "other", "lax"),
+    }
+
+
+def run(reps: int, batch_per_replica: int, repeats: int) -> dict:
+    """`repeats` interleaved pairs per variant: (lax, jaxpace) and (lax, sample_every=10).
+
+    Each comparison interleaves two programs only: a third one in the same rounds (another
+    pacer's program, its drain) moved both jaxpace variants by several percent here.
+    """
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
 
-    from benchmarks.__main__ import _interleaved, _paired_pct, machine
+    from benchmarks.__main__ import machine
 
     ex = _example()
     mesh = jax.make_mesh((2, 4), ("data", "model"))
@@ -46,29 +67,36 @@ def run(reps: int, batch_per_replica: int) -> dict:
     import jaxpace
 
     sampled = jaxpace.Pacer(sample_every=10, mesh=mesh)
-    steps = {c: ex.make_step(mesh, c, 0.05, donate=False) for c in ("lax", "jaxpace")}
-    steps["sample_every=10"] = ex.make_step(mesh, sampled, 0.05, donate=False)
-    res = _interleaved(steps, (params, x, y), reps)
+    lax_step = ex.make_step(mesh, "lax", 0.05, donate=False)
+    variants = {
+        "jaxpace": ex.make_step(mesh, "jaxpace", 0.05, donate=False),
+        "sample_every=10": ex.make_step(mesh, sampled, 0.05, donate=False),
+    }
+    runs = {
+        name: [_pair(lax_step, step, (params, x, y), reps) for _ in range(repeats)]
+        for name, step in variants.items()
+    }
     sampled.close()
     out = {
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         "reps": reps,
+        "repeats": repeats,
         "batch_per_replica": batch_per_replica,
-        "median_ms": {k: v["median_s"] * 1e3 for k, v in res.items()},
-        "iqr_ms": {k: [v["p25_s"] * 1e3, v["p75_s"] * 1e3] for k, v in res.items()},
-        "paired_pct": _paired_pct(res, "jaxpace", "lax"),
-        "ratio_of_medians_pct": (res["jaxpace"]["median_s"] / res["lax"]["median_s"] - 1) * 100,
-        "sampled_ratio_of_medians_pct": (
-            res["sample_every=10"]["median_s"] / res["lax"]["median_s"] - 1
-        )
-        * 100,
+        "runs": runs,
     }
-
     st = jaxpace.default_pacer().stats()
     out["sites_measured"] = sum(1 for s in st.values() if s.measured and s.steps > 0)
     out["steps_per_site"] = int(np.median([s.steps for s in st.values() if s.measured]))
     return out
+
+
+def _spread(runs: list[dict], key: str) -> str:
+    """`median [min, max]` over the repeats of `key` (a percent)."""
+    import numpy as np
+
+    v = np.array([r[key] for r in runs])
+    return f"{np.median(v):+.1f}% [{v.min():+.1f}, {v.max():+.1f}]"
 
 
 def markdown(results: list[dict]) -> str:
@@ -80,22 +108,24 @@ def markdown(results: list[dict]) -> str:
         "The step of `examples/fsdp.py` (two jitted halves: all-gathers, forward and "
         "backward with the tensor-parallel sums; reduce-scatters and the update) on one "
         "process with 8 CPU devices as a 2 x 4 (`data`, `model`) mesh, every collective a "
-        "jaxpace drop-in (default pacer: measure only) vs the same step with `jax.lax`, "
-        f"interleaved, {r0['reps']} rounds per batch size; {r0['sites_measured']} sites "
+        "jaxpace drop-in (default pacer: measure only) vs the same step with `jax.lax`. "
+        f"Each comparison interleaves the two programs alone, {r0['reps']} rounds, repeated "
+        f"{r0['repeats']} times (median over repeats [min, max]); {r0['sites_measured']} sites "
         "measured. The weights are the example's (2 layers, width 64); a larger batch per "
         "`data` replica makes the step longer without changing its collectives.",
         "",
-        "| batch per replica | `jax.lax` median (IQR) | jaxpace median (IQR) | ratio of medians | "
+        "| batch per replica | `jax.lax` median | jaxpace median | ratio of medians | "
         "median per-round ratio | `sample_every=10`, ratio of medians |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        lax, jp = r["median_ms"]["lax"], r["median_ms"]["jaxpace"]
-        ql, qj = r["iqr_ms"]["lax"], r["iqr_ms"]["jaxpace"]
+        jp_runs, sm_runs = r["runs"]["jaxpace"], r["runs"]["sample_every=10"]
+        lax = sorted(x["lax_ms"] for x in jp_runs)[len(jp_runs) // 2]
+        jp = sorted(x["other_ms"] for x in jp_runs)[len(jp_runs) // 2]
         lines.append(
-            f"| {r['batch_per_replica']} | {lax:.2f} ms ({ql[0]:.2f}–{ql[1]:.2f}) | "
-            f"{jp:.2f} ms ({qj[0]:.2f}–{qj[1]:.2f}) | {r['ratio_of_medians_pct']:+.1f}% | "
-            f"{r['paired_pct']:+.1f}% | {r['sampled_ratio_of_medians_pct']:+.1f}% |"
+            f"| {r['batch_per_replica']} | {lax:.2f} ms | {jp:.2f} ms | "
+            f"{_spread(jp_runs, 'ratio_of_medians_pct')} | {_spread(jp_runs, 'paired_pct')} | "
+            f"{_spread(sm_runs, 'ratio_of_medians_pct')} |"
         )
     lines += ["", f"Machine: {r0['machine']}. Date: {r0['date']}.", END]
     return "\n".join(lines)
@@ -117,7 +147,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks fsdp", description=__doc__.splitlines()[0]
     )
-    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--reps", type=int, default=600)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-per-replica", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
@@ -126,7 +157,7 @@ def main(argv=None) -> int:
 
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", 8)
-    results = [run(args.reps, b) for b in args.batch_per_replica]
+    results = [run(args.reps, b, args.repeats) for b in args.batch_per_replica]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fsdp.json").write_text(json.dumps(results, indent=1, sort_keys=True))

@@ -281,8 +281,8 @@ def site_table_notes(rows: list[SiteRow]) -> list[str]:
         lines.append("No arrival times in these records: the sites are in the records' order.")
     if any(len(r.groups) > 1 for r in rows):
         lines.append(
-            "Ranks of different groups never wait for each other: a ranking over all ranks "
-            "mixes them; this table compares arrivals within each group."
+            "Ranks of different groups never wait for each other: this table, and the "
+            "culprit ranking of a site with groups, compare arrivals within each group."
         )
     first = next((r for r in rows if r.late or r.slow_link), None)
     if first is not None:
