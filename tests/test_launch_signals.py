@@ -108,6 +108,27 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_helper(sig):
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launcher_killed_by_sigkill_takes_its_ranks_with_it():
+    """SIGKILL (the OOM killer, a scheduler's hard kill) gives the launcher no chance to
+    forward anything: each rank gets SIGTERM from the kernel when its launcher dies. (A
+    helper a rank started itself is outside that: it is the rank's to end.)"""
+    proc = _start(["-n", "3", "--timeout", "600", "--", PY, "-c", RANK, "sleep"])
+    pids: list[int] = []
+    try:
+        pids = _read_pids(proc, 3)
+        ranks = pids[0::2]  # each line: the rank's PID, then its helper's
+        assert all(_alive(p) for p in ranks)
+        proc.kill()
+        proc.wait(timeout=60)
+        left = _wait_dead(ranks)
+        assert left == [], f"ranks still running after their launcher was SIGKILLed: {left}"
+    finally:
+        _end(proc)
+        _cleanup(pids)
+
+
+@pytest.mark.timeout(200)
 def test_helpers_of_finished_ranks_are_ended_and_do_not_delay_success():
     """Issue #32 item 2: helpers left by ranks that exited 0 outlived the launcher (41 s, rc 0)."""
     proc = _start(["-n", "3", "--timeout", "120", "--", PY, "-c", RANK, "exit"])

@@ -192,6 +192,31 @@ _TAIL_BYTES = 1 << 20
 _MAX_TIMEOUT_S = 366 * 24 * 3600.0
 
 
+def _parent_death_signal():
+    """A `preexec_fn` that makes the rank receive SIGTERM when the launcher dies, even by
+    SIGKILL (Linux `prctl(PR_SET_PDEATHSIG)`), or None where that is not available.
+
+    Resolved in the launcher, so the child only makes the call. If the launcher died
+    between the fork and the call, the child sends itself the signal.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -375,6 +400,7 @@ def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
     error propagates.
     """
     procs: list[subprocess.Popen] = []
+    arm = _parent_death_signal()
     try:
         for rank in range(num_processes):
             e = dict(base)
@@ -389,6 +415,7 @@ def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
                     stderr=subprocess.PIPE,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
+                    preexec_fn=arm,  # one prctl call (and getppid) in the child
                     bufsize=0,
                 )
             )
