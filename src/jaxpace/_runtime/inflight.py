@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,6 +32,26 @@ def _block_on_live_arrays() -> None:
             pass
 
 
+def _poll_live_arrays(timeout_s: float) -> None:
+    """Waits until every live array is ready or `timeout_s` passed, on this thread, by polling
+    `is_ready()` (never blocking in a wait that could outlast the bound)."""
+    import jax
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(jax.live_arrays())
+    while pending and time.monotonic() < deadline:
+        left = []
+        for a in pending:
+            try:
+                if not a.is_ready():
+                    left.append(a)
+            except Exception:  # noqa: BLE001 - deleted/donated meanwhile: nothing to wait for
+                pass
+        pending = left
+        if pending:
+            time.sleep(0.001)
+
+
 def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
     """Waits up to `timeout_s` for dispatched steps, drains every site: `{site: steps in flight}`.
 
@@ -45,8 +66,10 @@ def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]
         t = threading.Thread(target=_block_on_live_arrays, name="jaxpace-settle", daemon=True)
         try:
             t.start()
-        except RuntimeError:  # interpreter shutdown (Python 3.12+): no new thread; the
-            pass  # dispatched steps of a finished program have run; drain what finished
+        except RuntimeError:  # interpreter shutdown (Python 3.12+) starts no new thread:
+            # the last step may still run (a loop that ended by an exception right after
+            # dispatching it), so wait for it here, polling, within the same bound.
+            _poll_live_arrays(timeout_s)
         else:
             t.join(timeout_s)
     in_flight: dict[str, int] = {}
