@@ -128,6 +128,35 @@ def test_a_launcher_killed_by_sigkill_takes_its_ranks_with_it():
         _cleanup(pids)
 
 
+def test_a_missing_command_is_one_line_and_exit_2():
+    proc = subprocess.run(
+        [PY, "-m", "jaxpace", "launch", "-n", "2", "--", "no_such_command_for_jaxpace"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "jaxpace launch: cannot open or run 'no_such_command_for_jaxpace': "
+        "No such file or directory"
+    ]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the rank wrapper is Linux's")
+def test_the_rank_wrapper_does_not_start_a_rank_whose_launcher_is_gone(tmp_path):
+    """`_rank_exec` checks its parent after the prctl: a launcher that died in between (its
+    SIGTERM would never come) means the rank is not started at all."""
+    from jaxpace import _rank_exec
+
+    marker = tmp_path / "started"
+    rank = [PY, "-c", f"open({str(marker)!r}, 'w')"]
+    wrapper = [PY, "-I", "-S", _rank_exec.__file__]
+    gone = subprocess.run([*wrapper, str(os.getpid() + 999_999), *rank], timeout=60)
+    assert gone.returncode == 128 + signal.SIGTERM and not marker.exists()
+    alive = subprocess.run([*wrapper, str(os.getpid()), *rank], timeout=60)  # the control
+    assert alive.returncode == 0 and marker.exists()
+
+
 @pytest.mark.timeout(200)
 def test_helpers_of_finished_ranks_are_ended_and_do_not_delay_success():
     """Issue #32 item 2: helpers left by ranks that exited 0 outlived the launcher (41 s, rc 0)."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -192,29 +194,22 @@ _TAIL_BYTES = 1 << 20
 _MAX_TIMEOUT_S = 366 * 24 * 3600.0
 
 
-def _parent_death_signal():
-    """A `preexec_fn` that makes the rank receive SIGTERM when the launcher dies, even by
-    SIGKILL (Linux `prctl(PR_SET_PDEATHSIG)`), or None where that is not available.
+def _rank_argv(cmd: Sequence[str]) -> list[str]:
+    """The argv that starts one rank: on Linux through `_rank_exec.py`, so the rank gets
+    SIGTERM when the launcher dies, even by SIGKILL; elsewhere the command itself.
 
-    Resolved in the launcher, so the child only makes the call. If the launcher died
-    between the fork and the call, the child sends itself the signal.
+    Raises:
+      FileNotFoundError: the command is not found (as `subprocess.Popen` would raise).
     """
+    cmd = list(cmd)
     if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
+        return cmd
+    exe = cmd[0]
+    found = shutil.which(exe) if os.sep not in exe else (exe if os.access(exe, os.X_OK) else None)
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), exe)
+    wrapper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_rank_exec.py")
+    return [sys.executable, "-I", "-S", wrapper, str(os.getpid()), *cmd]
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -400,7 +395,7 @@ def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
     error propagates.
     """
     procs: list[subprocess.Popen] = []
-    arm = _parent_death_signal()
+    argv = _rank_argv(cmd)
     try:
         for rank in range(num_processes):
             e = dict(base)
@@ -409,13 +404,12 @@ def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
                 e.update(per_rank_env[rank])
             procs.append(
                 subprocess.Popen(
-                    list(cmd),
+                    argv,
                     env=e,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
-                    preexec_fn=arm,  # one prctl call (and getppid) in the child
                     bufsize=0,
                 )
             )
