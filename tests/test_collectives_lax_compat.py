@@ -234,9 +234,9 @@ def test_stats_say_measure_only(mesh):
         assert st["ag"].measured and st["ag"].steps > 0
         assert st["ag"].pacing.startswith("measure only")
         assert st["ps"].pacing.startswith("paced")
-        # Over "b" alone the psum runs as 2 groups: at device granularity, measure only.
-        assert st["ps-b"].measured and st["ps-b"].pacing.startswith("measure only")
-        assert "2 groups" in st["ps-b"].pacing
+        # Over "b" alone the psum runs as 2 groups: paced within each group.
+        assert st["ps-b"].measured and st["ps-b"].pacing.startswith("paced")
+        assert "2 groups" in st["ps-b"].layout
     finally:
         pacer.close()
 

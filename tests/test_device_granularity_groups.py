@@ -6,7 +6,8 @@ used to be its index over the reduced axes only, the same numbering in every gro
 4 devices with `data` index 0 shared rank 0: their arrivals overlapped in one record slot
 ("two measured arrivals ... overlap") and the step counter advanced once per group. Now a
 device of a several-group site is numbered over the whole mesh, the header lists each
-group's ranks, and the site is measure only (pacing per device group is not built).
+group's ranks, and a psum is paced within each group (the exchange's payload has a slot per
+device and is reduced within the group).
 """
 
 from __future__ import annotations
@@ -80,22 +81,60 @@ def test_several_groups_give_one_rank_per_device(probe, mesh):
         st = pacer.stats()["ag"]
         assert st.steps == STEPS and st.errors == 0
         assert "4 groups" in st.layout
-        assert st.pacing.startswith("measure only") and "4 groups" in st.pacing
+        assert st.pacing.startswith("measure only")  # an all-gather carries no exchange
     finally:
         pacer.close()
 
 
+LATE_DEVICE = 5  # linear index over (data, model): in the group {4, 5, 6, 7} of data = 1
+
+
 @pytest.mark.timeout(240)
-def test_several_groups_psum_is_measure_only_and_unpaced(probe, mesh):
-    """A psum over `model` (2 groups of 4) with a pacing policy: measured, never delayed."""
-    pacer = jp.Pacer(jp.adaptive(), granularity="device", mesh=mesh)
+def test_several_groups_psum_is_paced_within_each_group(probe, mesh):
+    """A psum over `model` runs as 2 groups of 4. One device of group {4..7} is 20 ms late
+    every step: the adaptive policy delays the other three of its group (the exchange is
+    reduced within the group), never the late device, and never group {0..3}."""
+    import time
+
+    from jax import lax
+
+    policy = jp.adaptive(threshold_s=0.005, max_delay_s=0.05, warmup_steps=0, engage_steps=2)
+    pacer = jp.Pacer(policy, granularity="device", mesh=mesh)
+
+    def sleepy(x, idx):
+        if int(np.asarray(idx).reshape(-1)[0]) == LATE_DEVICE:
+            time.sleep(0.02)
+        return x
+
+    def body(v):
+        idx = (lax.axis_index("data") * 4 + lax.axis_index("model")).reshape(1)
+        v = jax.pure_callback(sleepy, jax.ShapeDtypeStruct(v.shape, v.dtype), v, idx)
+        return pacer.psum(v, "model", site="tp")
+
     try:
-        _run(pacer, mesh, lambda v: pacer.psum(v, "model", site="tp"), P("data", None))
+        steps_run = 40
+        f = jax.jit(
+            jax.shard_map(
+                body, mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", None),
+                check_vma=False,
+            )
+        )  # fmt: skip
+        x = jax.device_put(jnp.ones((8, 8), jnp.float32), NamedSharding(mesh, P("data", "model")))
+        for _ in range(steps_run):
+            jax.block_until_ready(f(x))
         header, steps = _steps(pacer, "tp")
         assert header["sites"]["tp"]["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
         assert sorted({r["rank"] for r in steps}) == list(range(8))
-        assert all(r["delay_ns"] == 0 for r in steps)
-        assert pacer.stats()["tp"].pacing.startswith("measure only")
+        late_half = [r for r in steps if r["step"] >= steps_run // 2]
+        delay = {
+            k: np.median([r["delay_ns"] for r in late_half if r["rank"] == k]) / 1e9
+            for k in range(8)
+        }
+        assert all(delay[k] > 0.005 for k in (4, 6, 7)), delay  # the early ranks of its group
+        assert delay[LATE_DEVICE] == 0.0, delay  # the last arriver is never delayed
+        assert all(delay[k] == 0.0 for k in (0, 1, 2, 3)), delay  # the other group: balanced
+        st = pacer.stats()["tp"]
+        assert st.pacing.startswith("paced") and "2 groups" in st.layout
     finally:
         pacer.close()
 

@@ -392,7 +392,9 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, *, site, sizes
     else:
         # Several groups (the mesh's other axes, or `axis_index_groups`): a device's rank is
         # its index over the whole mesh, so devices of different groups never share a rank
-        # (and a record); the header lists each group's ranks.
+        # (and a record); the header lists each group's ranks. The exchange's payload has a
+        # slot per device and is reduced within each group, so each device sees its own
+        # group's ranks present and the others absent: the policy paces within the group.
         groups = total // max(group, 1)
         num_slots, table, layout_procs = total, None, np.arange(total)
         rank_axes, rank_sizes = names, dict(zip(names, shape, strict=True))
@@ -408,14 +410,10 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, *, site, sizes
         call.params.get("perm") if call.kind == "ppermute" else None,
     )
     scale = _exchange.reduction_scale(call.kind, group) if call.kind in ("psum", "pmean") else 1.0
-    paceable = _kinds.carries_exchange(call.kind) and groups == 1
+    paceable = _kinds.carries_exchange(call.kind)
     exchange = rt.policy.needs_exchange and paceable
     site_obj.measure_only = not paceable
-    site_obj.pacing = (
-        _kinds.pacing_note(call.kind, rt.policy.needs_exchange, rt.policy.max_delay_s)
-        if groups == 1
-        else _kinds.device_groups_note(groups)
-    )
+    site_obj.pacing = _kinds.pacing_note(call.kind, rt.policy.needs_exchange, rt.policy.max_delay_s)
     plan = TracePlan(
         call=call,
         axis_name=axis_name,

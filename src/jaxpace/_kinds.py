@@ -21,7 +21,6 @@ __all__ = [
     "LINEAR_KINDS",
     "carries_exchange",
     "lax_fn",
-    "device_groups_note",
     "pacing_note",
 ]
 
@@ -71,14 +70,6 @@ def pacing_note(kind: str, exchange_wanted: bool, max_delay_s: float = 1.0) -> s
         "what XLA runs, and jaxpace adds no collective of its own"
     )
     return f"{why} ({how})" if how else why
-
-
-def device_groups_note(groups: int) -> str:
-    """The `pacing` field of a `granularity="device"` site that runs as several groups."""
-    return (
-        f"measure only: with granularity='device' this site runs as {groups} groups that never "
-        "wait for each other; pacing per device group is not built"
-    )
 
 
 def lax_fn(kind: str, params: dict[str, Any] | None = None):
