@@ -24,6 +24,7 @@ def grouped_records(
     steps: int = 60,
     late_rank: int | None = None,
     late_s: float = 0.0,
+    late_every: int = 1,
     group_transfer_s: float = 0.005,
     seed: int = 0,
 ) -> list[dict]:
@@ -44,7 +45,7 @@ def grouped_records(
     for k in range(steps):
         for n, (name, info) in enumerate(sites.items()):
             compute = 0.010 + 0.0003 * rng.standard_normal(num_ranks)
-            if n == 0 and late_rank is not None:
+            if n == 0 and late_rank is not None and k % late_every == 0:
                 compute[late_rank] += late_s
             arrive = prev + np.round(compute * 1e9).astype(np.int64)
             done = np.empty_like(arrive)
@@ -129,3 +130,17 @@ def test_unlisted_and_absent_ranks():
     # 3 and 7 (group "the rest", transfer of the default group 0) balanced among themselves.
     assert float(lat[:, [3, 7]].mean()) < 0.002
     assert any("groups" in n and "within each group" in n for n in rep.notes)
+
+
+def test_periodic_slow_steps_name_the_rank_latest_in_its_group():
+    """Rank 5 does 60 ms of extra work every 10th step. In those steps it is the last of its
+    group {1, 5}, but it waits its group's transfer (6 ms), longer than group {0, 4} waits
+    (1 ms): the rank that waited least over all ranks is in the other group."""
+    recs = grouped_records(
+        {"ag": {"kind": "all_gather", "groups": GROUPS_4X2}},
+        steps=100, late_rank=5, late_s=0.06, late_every=10,
+    )  # fmt: skip
+    rep = analyze(recs, warmup_steps=0)
+    assert rep.periodic is not None and rep.periodic.period == 10
+    assert rep.periodic.dominant_rank == 5
+    assert rep.periodic.dominant_fraction == 1.0

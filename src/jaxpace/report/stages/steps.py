@@ -69,7 +69,7 @@ def select_steps(data: SiteData, warmup_steps: int | None) -> StepSelection:
     iter_all = np.median(data.step_time, axis=1)
     rows_w = np.flatnonzero(after_warmup)
     periodic = periodic_outliers(
-        data.steps[rows_w], iter_all[rows_w], data.wait[rows_w], data.ranks
+        data.steps[rows_w], iter_all[rows_w], data.lateness[rows_w], data.ranks
     )
     use = after_warmup.copy()
     if periodic is not None:
@@ -96,9 +96,13 @@ def select_steps(data: SiteData, warmup_steps: int | None) -> StepSelection:
 
 
 def periodic_outliers(
-    steps: np.ndarray, iter_s: np.ndarray, wait: np.ndarray, ranks: np.ndarray
+    steps: np.ndarray, iter_s: np.ndarray, lateness: np.ndarray, ranks: np.ndarray
 ) -> PeriodicOutliers | None:
-    """Slow steps (above median + max(6 MAD, 10%)) that recur with one period, or None."""
+    """Slow steps (above median + max(6 MAD, 10%)) that recur with one period, or None.
+
+    The dominant rank is the one latest most often in those steps: the largest `lateness`
+    (measured within each rank's group at a site with groups; with one group, the rank
+    that waited least)."""
     ok = np.isfinite(iter_s)
     if ok.sum() < 12:
         return None
@@ -118,7 +122,7 @@ def periodic_outliers(
         if n_hit >= 3 and n_hit >= 0.8 * n_phase and n_hit >= 0.6 * out_steps.size:
             hit = out_steps[out_steps % d == phase]
             rows = np.flatnonzero(ok)[out_mask][out_steps % d == phase]
-            last = np.argmin(wait[rows], axis=1)
+            last = np.argmax(lateness[rows], axis=1)
             cnt = np.bincount(last, minlength=ranks.size)
             dom = int(np.argmax(cnt))
             return PeriodicOutliers(
