@@ -8,7 +8,6 @@ may not have run yet; `Pacer.stats()` / `records()` / `export()` first wait
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -22,19 +21,11 @@ DEFAULT_TIMEOUT_S = 10.0
 log = logging.getLogger("jaxpace")
 
 
-def _block_on_live_arrays() -> None:
-    import jax
-
-    for a in jax.live_arrays():
-        try:
-            a.block_until_ready()
-        except Exception:  # noqa: BLE001 - deleted/donated meanwhile: nothing to wait for
-            pass
-
-
-def _poll_live_arrays(timeout_s: float) -> None:
-    """Waits until every live array is ready or `timeout_s` passed, on this thread, by polling
-    `is_ready()` (never blocking in a wait that could outlast the bound)."""
+def _wait_live_arrays(timeout_s: float) -> None:
+    """Waits until every live array is ready or `timeout_s` passed, on the calling thread, by
+    polling `is_ready()`: never a wait that could outlast the bound, and no helper thread (none
+    left blocked on a step that never ends, and none needed at interpreter exit, where Python
+    3.12 starts no new thread)."""
     import jax
 
     deadline = time.monotonic() + timeout_s
@@ -56,22 +47,14 @@ def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]
     """Waits up to `timeout_s` for dispatched steps, drains every site: `{site: steps in flight}`.
 
     Waits on this process's live arrays (the outputs of every dispatched step the
-    program still holds) on a helper thread, so a peer that never arrives costs
-    at most `timeout_s`. Never call it from a JAX callback. The count returned is
+    program still holds), polling, so a peer that never arrives costs at most
+    `timeout_s`. Never call it from a JAX callback. The count returned is
     the measured collectives that arrived but have not finished (io_callback
     probes); a step whose output was dropped and that has not started yet
     cannot be seen.
     """
     if pacer.sites and timeout_s > 0:
-        t = threading.Thread(target=_block_on_live_arrays, name="jaxpace-settle", daemon=True)
-        try:
-            t.start()
-        except RuntimeError:  # interpreter shutdown (Python 3.12+) starts no new thread:
-            # the last step may still run (a loop that ended by an exception right after
-            # dispatching it), so wait for it here, polling, within the same bound.
-            _poll_live_arrays(timeout_s)
-        else:
-            t.join(timeout_s)
+        _wait_live_arrays(timeout_s)
     in_flight: dict[str, int] = {}
     for name, site in list(pacer.sites.items()):
         site.flush()
