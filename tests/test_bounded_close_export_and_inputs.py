@@ -220,7 +220,11 @@ def test_every_pacer_argument_is_validated_at_construction(field, value, expecte
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("field,value,expected", BAD_PACER_ARGS[:9], ids=lambda v: repr(v)[:30])
-def test_configure_validates_the_same_way_and_changes_nothing(field, value, expected):
+def test_configure_validates_the_same_way_and_changes_nothing(field, value, expected, monkeypatch):
+    from jaxpace._runtime import pacer as pacer_module
+
+    # A fresh default pacer: one another test traced refuses every change before validating.
+    monkeypatch.setattr(pacer_module, "_DEFAULT", None)
     p = jp.default_pacer()
     before = (p.clock, p.mesh, p.rank_groups, list(p.sink_thread.sinks), p.policy)
     with pytest.raises(ConfigError, match=expected):
