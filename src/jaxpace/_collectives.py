@@ -381,7 +381,6 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, *, site, sizes
     names, shape = tuple(am.axis_names), tuple(am.axis_sizes)
     total = int(np.prod(shape)) if shape else 1
     rank_axes, rank_sizes = axes, sizes
-    groups = 1
     if granularity == "process":
         num_slots = jax.process_count()
         table, source, procs = _leader_table(rt, am)
@@ -395,10 +394,12 @@ def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, *, site, sizes
         # (and a record); the header lists each group's ranks. The exchange's payload has a
         # slot per device and is reduced within each group, so each device sees its own
         # group's ranks present and the others absent: the policy paces within the group.
-        groups = total // max(group, 1)
         num_slots, table, layout_procs = total, None, np.arange(total)
         rank_axes, rank_sizes = names, dict(zip(names, shape, strict=True))
-        source = f"every shard (granularity='device'), {groups} groups numbered over the mesh"
+        source = (
+            f"every shard (granularity='device'), {total // max(group, 1)} groups numbered "
+            "over the mesh"
+        )
     site_obj = rt.open_site(site, num_slots, source)
     site_obj.layout_info = _site_layout.describe(
         call.kind,

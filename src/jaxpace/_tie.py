@@ -11,9 +11,8 @@ How the select is spread over the leaf decides what it costs:
 - a small leaf (up to `WHOLE_LEAF_BYTES`) is selected whole: XLA fuses the select into the
   leaf's producer (no kernel at all), or it is one pass over a few KiB. Rewriting only its
   first element would cost a copy of the leaf whenever XLA cannot write it in place (a
-  `jit` argument that is not donated, a value used again later) plus one more kernel:
-  on the FSDP example's step (33 small leaves, 8 CPU devices on 2 cores) that was about
-  +2 to +6% over `jax.lax`, the whole-leaf select about +0.5 to +1.8% (docs/benchmarks.md);
+  `jit` argument that is not donated, a value used again later) plus one more kernel per
+  leaf per device (the FSDP example's step has 33 small leaves; docs/benchmarks.md);
 - a larger leaf gets only its first element rewritten, in place (`dynamic_update_slice`):
   a large gradient straight out of a matmul is not read and written again, which a
   whole-leaf select not fused into the matmul would do.
