@@ -2,14 +2,9 @@
 
 import math
 
-import jax
-import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from psum_step import run_psum
 
 import jaxpace as jp
-
-MESH = jax.make_mesh((8,), ("data",))
 
 
 def test_stats_has_the_decision_and_arrived_last_counts_from_the_exchange():
@@ -19,14 +14,7 @@ def test_stats_has_the_decision_and_arrived_last_counts_from_the_exchange():
         policy=jp.adaptive(warmup_steps=1000),  # exchanges waits, never paces here
         sinks=[got.append],
     )
-    f = jax.jit(
-        jax.shard_map(
-            lambda v: pacer.psum(v, "data", site="s"), mesh=MESH, in_specs=P("data"), out_specs=P()
-        )
-    )
-    x = jax.device_put(jnp.ones((8, 4)), NamedSharding(MESH, P("data")))
-    for _ in range(12):
-        f(x).block_until_ready()
+    run_psum(pacer, "s", 12)
     pacer.flush()
     s = pacer.stats()["s"]
     assert len(s.arrived_last) == len(s.arrived_last_top1pct) == 8
@@ -43,14 +31,7 @@ def test_stats_has_the_decision_and_arrived_last_counts_from_the_exchange():
 
 def test_stats_without_an_exchange_decide_nothing():
     pacer = jp.Pacer(granularity="device")  # measure only: no waits exchanged
-    f = jax.jit(
-        jax.shard_map(
-            lambda v: pacer.psum(v, "data", site="m"), mesh=MESH, in_specs=P("data"), out_specs=P()
-        )
-    )
-    x = jax.device_put(jnp.ones((8, 4)), NamedSharding(MESH, P("data")))
-    for _ in range(4):
-        f(x).block_until_ready()
+    run_psum(pacer, "m", 4)
     s = pacer.stats()["m"]
     assert s.culprits == [] and s.culprit_window_steps == 0 and s.arrived_last == []
     pacer.close()

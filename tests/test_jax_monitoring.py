@@ -1,9 +1,8 @@
 """jaxpace's `jax.monitoring` events reach listeners registered the way JAX and Orbax users do."""
 
 import jax
-import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
+from psum_step import run_psum
 
 import jaxpace as jp
 from jaxpace._runtime import monitoring as names
@@ -38,18 +37,7 @@ def listeners():
 def test_every_measured_collective_records_its_wait_and_delay(listeners):
     steps, ranks = 12, 8
     pacer = jp.Pacer(granularity="device", sinks=[jp.sinks.jax_monitoring()])
-    mesh = jax.make_mesh((ranks,), ("data",))
-    f = jax.jit(
-        jax.shard_map(
-            lambda x: pacer.psum(x, "data", site="grads"),
-            mesh=mesh,
-            in_specs=P("data"),
-            out_specs=P(),
-        )
-    )
-    x = jax.device_put(np.ones((ranks, 4), np.float32), jax.NamedSharding(mesh, P("data")))
-    for _ in range(steps):
-        jax.block_until_ready(f(x))
+    run_psum(pacer, "grads", steps, ranks=ranks)
     pacer.close()
     waits = [d for d in listeners["durations"] if d[0] == names.WAIT_DURATION]
     delays = [d for d in listeners["durations"] if d[0] == names.DELAY_DURATION]
@@ -81,17 +69,6 @@ def test_a_culprit_change_is_one_event(listeners):
 def test_without_the_sink_nothing_is_recorded(listeners):
     """Off by default: a pacer without the sink records no /jaxpace/ event."""
     pacer = jp.Pacer(granularity="device")
-    mesh = jax.make_mesh((8,), ("data",))
-    f = jax.jit(
-        jax.shard_map(
-            lambda x: pacer.psum(x, "data", site="quiet"),
-            mesh=mesh,
-            in_specs=P("data"),
-            out_specs=P(),
-        )
-    )
-    x = jax.device_put(np.ones((8, 4), np.float32), jax.NamedSharding(mesh, P("data")))
-    for _ in range(3):
-        jax.block_until_ready(f(x))
+    run_psum(pacer, "quiet", 3)
     pacer.close()
     assert listeners == {"durations": [], "events": [], "scalars": []}

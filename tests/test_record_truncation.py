@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
-import jax
-import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
+from psum_step import run_psum
 
 import jaxpace as jp
 from jaxpace.errors import RecordsError
@@ -17,18 +15,7 @@ from jaxpace.report.synthetic import synthetic_records
 
 
 def _run(pacer: jp.Pacer, steps: int) -> None:
-    mesh = jax.make_mesh((8,), ("data",))
-    f = jax.jit(
-        jax.shard_map(
-            lambda x: pacer.psum(x, "data", site="grads"),
-            mesh=mesh,
-            in_specs=P("data"),
-            out_specs=P(),
-        )
-    )
-    x = jax.device_put(np.ones((8, 2), np.float32), jax.NamedSharding(mesh, P("data")))
-    for _ in range(steps):
-        jax.block_until_ready(f(x))
+    run_psum(pacer, "grads", steps, width=2)
 
 
 @pytest.mark.timeout(300)

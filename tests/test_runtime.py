@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from psum_step import run_psum
 
 import jaxpace as jp
 from jaxpace._testing import set_fault_hook
@@ -15,14 +16,7 @@ MESH = jax.make_mesh((8,), ("data",))
 
 
 def _run(pacer, steps=4, site="s"):
-    f = jax.jit(
-        jax.shard_map(
-            lambda v: pacer.psum(v, "data", site=site), mesh=MESH, in_specs=P("data"), out_specs=P()
-        )
-    )
-    x = jax.device_put(jnp.ones((8, 4)), NamedSharding(MESH, P("data")))
-    for _ in range(steps):
-        f(x).block_until_ready()
+    run_psum(pacer, site, steps)
 
 
 def test_sink_receives_one_summary_per_rank_step_off_the_callback_thread():

@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from psum_step import psum_step
 
 import jaxpace as jp
 from jaxpace._testing import set_fault_hook
@@ -69,7 +69,6 @@ def _run(out, mode, timeout_s=240):
 @pytest.mark.timeout(300)
 def test_close_delivers_every_step_to_every_sink_and_the_records(tmp_path):
     import jax
-    from jax.sharding import PartitionSpec as P
 
     got = []
 
@@ -85,16 +84,7 @@ def test_close_delivers_every_step_to_every_sink_and_the_records(tmp_path):
     prom = jp.sinks.prometheus_textfile(tmp_path / "m.prom", write_every_s=3600)
     tb = jp.sinks.tensorboard(tmp_path / "tb", flush_secs=3600)
     pacer = jp.Pacer(granularity="device", sinks=[Counting(), prom, tb])
-    mesh = jax.make_mesh((RANKS,), ("data",))
-    f = jax.jit(
-        jax.shard_map(
-            lambda x: pacer.psum(x, "data", site="grads"),
-            mesh=mesh,
-            in_specs=P("data"),
-            out_specs=P(),
-        )
-    )
-    x = jax.device_put(np.ones((RANKS, 4), np.float32), jax.NamedSharding(mesh, P("data")))
+    f, x = psum_step(pacer, "grads", ranks=RANKS)
     for _ in range(STEPS - 1):  # one at a time (see tests/scripts/shutdown_job.py)
         jax.block_until_ready(f(x))
     y = f(x)  # dispatched, not waited for
@@ -183,7 +173,6 @@ def test_close_is_bounded_when_a_step_never_finishes_and_counts_it(caplog):
     import logging
 
     import jax
-    from jax.sharding import PartitionSpec as P
 
     release = threading.Event()
     pacer = jp.Pacer(granularity="device", sinks=[lambda s: None], stall_after_s=None)
@@ -193,13 +182,7 @@ def test_close_is_bounded_when_a_step_never_finishes_and_counts_it(caplog):
             release.wait(60)
 
     set_fault_hook(pacer, hang)
-    mesh = jax.make_mesh((RANKS,), ("data",))
-    f = jax.jit(
-        jax.shard_map(
-            lambda x: pacer.psum(x, "data", site="g"), mesh=mesh, in_specs=P("data"), out_specs=P()
-        )
-    )
-    x = jax.device_put(np.ones((RANKS, 4), np.float32), jax.NamedSharding(mesh, P("data")))
+    f, x = psum_step(pacer, "g", ranks=RANKS)
     jax.block_until_ready(f(x))
     y = f(x)  # step 1: rank 0's post-callback blocks
     try:

@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import pytest
+from psum_step import run_psum
 
 import jaxpace as jp
 from jaxpace._probe import RateLimitedLog
@@ -101,20 +102,10 @@ def _scalars(logdir):
 
 def test_tensorboard_single_process_pacer(tmp_path):
     """A real measured psum on 8 CPU devices; the event file is read back by tensorboard."""
-    import jax
-    from jax.sharding import PartitionSpec as P
 
     tb = jp.sinks.tensorboard(tmp_path / "tb")
-    mesh = jax.make_mesh((8,), ("data",))
     pacer = jp.Pacer(policy=jp.adaptive(max_delay_s=0.001), granularity="device", sinks=[tb])
-    f = jax.jit(
-        jax.shard_map(
-            lambda x: pacer.psum(x, "data", site="s"), mesh=mesh, in_specs=P("data"), out_specs=P()
-        )  # fmt: skip
-    )
-    x = jax.device_put(np.ones((8, 2), np.float32), jax.NamedSharding(mesh, P("data")))
-    for _ in range(6):
-        jax.block_until_ready(f(x))
+    run_psum(pacer, "s", 6, width=2)
     pacer.flush()
     pacer.close(timeout_s=10)
     got = _scalars(tmp_path / "tb")
