@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from jaxpace._stats import holm, t_sf
 from jaxpace.cli import main as jaxpace_main
 from jaxpace.report import analyze
-from jaxpace.report.stages.stats import holm, t_sf
 from jaxpace.report.synthetic import synthetic_run
 from jaxpace.sim import Faults, load_scenario, simulate_records, write_records
 

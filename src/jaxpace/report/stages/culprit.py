@@ -32,15 +32,7 @@ from jaxpace._culprit import (
     fleet_test,
     noise_floor,
 )
-from jaxpace.report.model import (
-    FleetSpread,
-    GroupFinding,
-    IterationStats,
-    RankStats,
-    SiteData,
-    SlowRank,
-)
-from jaxpace.report.stages.stats import (
+from jaxpace._stats import (
     batch_means_se,
     col_mean,
     holm,
@@ -50,6 +42,14 @@ from jaxpace.report.stages.stats import (
     robust_std,
     t95,
     t_sf,
+)
+from jaxpace.report.model import (
+    FleetSpread,
+    GroupFinding,
+    IterationStats,
+    RankStats,
+    SiteData,
+    SlowRank,
 )
 from jaxpace.report.stages.steps import StepSelection
 from jaxpace.report.text import format_ms, ranges

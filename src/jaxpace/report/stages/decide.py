@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from jaxpace._stats import num_text, p_text
 from jaxpace.report.model import FailureMode, PeriodicOutliers, WaitingCost
 from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, rank_evidence
-from jaxpace.report.stages.stats import num_text, p_text
 from jaxpace.report.text import format_ms, ranges
 
 __all__ = ["decisions"]

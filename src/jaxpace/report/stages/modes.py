@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxpace._stats import num_text, p_text, robust_std
 from jaxpace.report.model import (
     FAILURE_MODES,
     FailureMode,
@@ -18,7 +19,6 @@ from jaxpace.report.model import (
 )
 from jaxpace.report.records import Records
 from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, late_groups, rank_evidence
-from jaxpace.report.stages.stats import num_text, p_text, robust_std
 from jaxpace.report.stages.steps import StepSelection, iteration_stats
 from jaxpace.report.text import format_ms, ranges
 

@@ -8,6 +8,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from jaxpace._stats import mean_finite
 from jaxpace.report.model import (
     FORECAST_RANKS,
     Forecast,
@@ -19,7 +20,6 @@ from jaxpace.report.model import (
 )
 from jaxpace.report.reach import SAMPLES_PER_RANK
 from jaxpace.report.stages.culprit import CulpritRanking
-from jaxpace.report.stages.stats import mean_finite
 from jaxpace.report.stages.steps import StepSelection
 
 __all__ = [

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
+from jaxpace._stats import robust_std
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, IterationStats, PeriodicOutliers, SiteData
-from jaxpace.report.stages.stats import robust_std
 from jaxpace.report.text import format_ms
 
 __all__ = [
