@@ -38,7 +38,10 @@ __all__ = [
     "LinkWait",
     "SiteRow",
     "format_site_table",
+    "group_columns",
     "late_text",
+    "rank_columns",
+    "site_info",
     "site_table",
     "site_table_notes",
 ]
@@ -86,13 +89,34 @@ class SiteRow:
     slow_link: LinkWait | None
 
 
-def _site_info(recs: Records) -> dict[str, dict[str, Any]]:
+def site_info(records: Records) -> dict[str, dict[str, Any]]:
+    """`{site: what the headers say of it}` (`kind`, `groups`, `pairs`, ...): the first
+    header that names the site."""
     out: dict[str, dict[str, Any]] = {}
-    for h in recs.headers:
+    for h in records.headers:
         for name, info in (h.get("sites") or {}).items():
             if isinstance(info, Mapping):
                 out.setdefault(str(name), dict(info))
     return out
+
+
+def rank_columns(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(columns of the `wanted` ranks that have records, which of `wanted` those are);
+    `ranks` is sorted (the records' rank columns)."""
+    if ranks.size == 0:
+        return np.zeros(0, np.intp), np.zeros(wanted.size, bool)
+    idx = np.searchsorted(ranks, wanted).clip(0, ranks.size - 1)
+    ok = ranks[idx] == wanted
+    return idx[ok], ok
+
+
+def group_columns(groups, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(cols, gid)`: the columns of the ranks `groups` lists that have records, in the
+    groups' order, and the index of each one's group."""
+    flat = np.fromiter((int(r) for g in groups for r in g), np.int64)
+    gid = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    cols, ok = rank_columns(ranks, flat)
+    return cols, gid[ok]
 
 
 def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
@@ -113,23 +137,11 @@ def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
     return steps[keep], ranks, wait[keep], arrive[keep], proc[keep]
 
 
-def _columns(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(columns of the `wanted` ranks that have records, which of `wanted` those are)."""
-    if ranks.size == 0:
-        return np.zeros(0, np.intp), np.zeros(wanted.size, bool)
-    idx = np.searchsorted(ranks, wanted).clip(0, ranks.size - 1)
-    ok = ranks[idx] == wanted
-    return idx[ok], ok
-
-
 def _late_in_groups(
     wait: np.ndarray, ranks: np.ndarray, groups: tuple[tuple[int, ...], ...]
 ) -> tuple[GroupLate, ...]:
     """The named latest rank of each group (`_late_of_size`), in the groups' order."""
-    flat = np.fromiter((r for g in groups for r in g), np.int64)
-    gid = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-    cols, ok = _columns(ranks, flat)
-    gid = gid[ok]
+    cols, gid = group_columns(groups, ranks)
     sizes = np.bincount(gid, minlength=len(groups))
     found: list[tuple[int, GroupLate]] = []
     if wait.shape[0] == 0:
@@ -188,7 +200,7 @@ def _binomial_tail(n: int, k: int, p: float) -> float:
 
 def _links(wait: np.ndarray, ranks: np.ndarray, pairs) -> tuple[list[LinkWait], LinkWait | None]:
     pairs = np.asarray(pairs or [], np.int64).reshape(-1, 2)
-    cols, ok = _columns(ranks, pairs[:, 1])
+    cols, ok = rank_columns(ranks, pairs[:, 1])
     med = np.median(wait[:, cols], axis=0) if wait.shape[0] else np.full(cols.size, np.nan)
     out = [
         LinkWait(int(s), int(d), float(w))
@@ -235,7 +247,7 @@ def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
     Returns:
       The rows, earliest site in the step first.
     """
-    info = _site_info(recs)
+    info = site_info(recs)
     grids = [_grid(recs, k, warmup_steps) for k in range(len(recs.sites))]
     means = [float(np.median(g[2].mean(axis=1))) if g[2].size else math.nan for g in grids]
     total = float(np.nansum(means))

@@ -10,6 +10,7 @@ from jaxpace._exchange import earliness
 from jaxpace.errors import RecordsError
 from jaxpace.report.model import SiteData
 from jaxpace.report.records import Records
+from jaxpace.report.stages.links import group_columns, site_info
 from jaxpace.report.text import ranges
 
 __all__ = ["pick_site", "site_data", "site_groups"]
@@ -184,24 +185,13 @@ def site_groups(records: Records, site: str, ranks: np.ndarray) -> np.ndarray | 
     A listed rank without records is ignored; ranks in no group form one more group
     together (as all ranks do without groups); a rank listed twice counts in its first.
     """
-    listed = next(
-        (
-            info["groups"]
-            for h in records.headers
-            for name, info in (h.get("sites") or {}).items()
-            if name == site and isinstance(info, dict) and info.get("groups")
-        ),
-        None,
-    )
-    if listed is None:
+    listed = site_info(records).get(site, {}).get("groups")
+    if not listed:
         return None
-    flat = np.fromiter((int(r) for g in listed for r in g), np.int64)
-    gid = np.repeat(np.arange(len(listed)), [len(g) for g in listed])
-    idx = np.searchsorted(ranks, flat).clip(0, max(ranks.size - 1, 0))
-    ok = (ranks[idx] == flat) if ranks.size else np.zeros(flat.size, bool)
-    idx, first = np.unique(idx[ok], return_index=True)  # a rank's first listing
+    cols, gid = group_columns(listed, ranks)
+    idx, first = np.unique(cols, return_index=True)  # a rank's first listing
     codes = np.full(ranks.size, len(listed), np.int64)
-    codes[idx] = gid[ok][first]
+    codes[idx] = gid[first]
     _, codes = np.unique(codes, return_inverse=True)  # the groups with ranks, 0..G-1
     return codes.reshape(-1) if codes.max(initial=0) > 0 else None
 
