@@ -37,6 +37,18 @@ def run_launch(args, *, timeout_s=240, env=None):
     )
 
 
+def run_report(*args, timeout_s=120, env=None, cwd=None):
+    """Runs `python -m jaxpace report ARGS` and returns the CompletedProcess (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "jaxpace", "report", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        cwd=cwd,
+    )
+
+
 def run_4x2(script, *script_args, timeout_s=280, job_timeout_s=240, env=None):
     """`jaxpace launch -n 4 --local-devices 2` of `tests/scripts/SCRIPT ARGS`; asserts success.
 

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, run_launch
+from conftest import REPO, run_launch, run_report
 
 pytestmark = pytest.mark.multiprocess
 
@@ -70,14 +70,7 @@ def test_demo_end_to_end(tmp_path):
         with open(out / run / "records-p0.jsonl") as f:
             assert json.loads(f.readline()).get("interleaved_phases") == phases, run
     # `jaxpace report` on the demo's folder lists its runs with the command for each.
-    rep = subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    rep = run_report(str(out), env=env, cwd=REPO)
     assert rep.returncode == 0 and "Traceback" not in rep.stderr, rep.stderr[-2000:]
     for run in ("diagnose/off", "ab/off", "ab/exchange", "ab/on"):
         assert f"jaxpace report {out / run}" in rep.stdout

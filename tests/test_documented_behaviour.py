@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import prometheus_client.parser as prom_parser  # the dev extra installs it
-from conftest import REPO
+from conftest import REPO, run_report
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -65,13 +64,7 @@ def test_report_on_a_folder_of_runs_lists_them_and_exits_0(tmp_path):
     for sub in ("diagnose/off", "ab/off", "ab/on"):
         synthetic_run(2, 12, seed=0).write_jsonl(tmp_path / sub)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    proc = run_report(str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stderr
     assert "error" not in proc.stdout + proc.stderr
     assert "holds 3 runs" in proc.stdout

@@ -17,7 +17,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, run_launch
+from conftest import REPO, run_launch, run_report
 from hlo_graph import check_bracketed, count_collectives
 
 from jaxpace import _native
@@ -109,13 +109,7 @@ def test_fsdp_4x2_report_names_the_late_process_at_gathers_and_scatters(tmp_path
         assert rows[s].late[0].lead_s > 0.1
     text = links.format_site_table(list(rows.values()))
     assert "rank 1 by" in text
-    report = subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    report = run_report(str(out), timeout_s=300, cwd=REPO)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "First late in the step: rank 1" in report.stdout
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_report
 from rich.console import Console
 
 from jaxpace.report import analyze, load_records
@@ -30,12 +30,7 @@ def _run(tmp_path: Path, site: str, host: str) -> Path:
 
 
 def _report(run: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", str(run), *extra],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    return run_report(str(run), *extra, timeout_s=240)
 
 
 @pytest.mark.timeout(300)

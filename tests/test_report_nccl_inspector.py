@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_report
 
 from jaxpace.errors import RecordsError
 from jaxpace.report import analyze
@@ -145,12 +146,7 @@ def test_cli_reports_inspector_logs_of_one_folder_per_node(tmp_path):
         for f in (tmp_path / f"node{node}").iterdir():
             if not f.name.startswith(f"node-{node}-"):
                 f.unlink()
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", str(tmp_path), "--json", tmp_path / "r.json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_report(str(tmp_path), "--json", tmp_path / "r.json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "NCCL Inspector logs: 16 files" in proc.stdout
     rep = json.loads((tmp_path / "r.json").read_text())
@@ -167,12 +163,7 @@ def test_unusable_logs_give_one_line_and_rc_2(tmp_path):
     write_inspector_logs(one, 2, 10, comms=[Comm("0x1", "solo", (0,))])
     with pytest.raises(RecordsError, match="reported by two ranks"):
         analyze(one)
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_report(str(tmp_path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "n1-pid7.log:1" in proc.stderr
 

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, SCRIPTS, run_4x2
+from conftest import REPO, SCRIPTS, run_4x2, run_report
 
 from jaxpace.errors import RecordsError
 from jaxpace.report import analyze
@@ -99,12 +99,7 @@ def test_multiprocess_healthy_fsdp_step_names_nobody_one_site_per_collective(tmp
 
 def test_cli_reports_a_trace_directory(tmp_path):
     write_xprof_traces(tmp_path, 4, 2, 40, late_ranks=[6, 7], late_us=4000.0, seed=1)
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", str(tmp_path), "--json", tmp_path / "r.json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_report(str(tmp_path), "--json", tmp_path / "r.json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "jax.profiler traces" in proc.stdout
     rep = json.loads((tmp_path / "r.json").read_text())
@@ -218,12 +213,7 @@ def test_several_hosts_and_bad_files(tmp_path):
     empty.write_text('{"traceEvents":[{"ph":"X","name":"dot","ts":1,"dur":2,"pid":1}]}')
     with pytest.raises(RecordsError, match="no collective"):
         analyze(tmp_path / "empty")
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", str(tmp_path / "cut")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_report(str(tmp_path / "cut"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "x.trace.json.gz" in proc.stderr
 
