@@ -87,28 +87,49 @@ def test_several_groups_give_one_rank_per_device(probe, mesh):
 
 
 LATE_DEVICE = 5  # linear index over (data, model): in the group {4, 5, 6, 7} of data = 1
+LATE_S = 0.04
 
 
 @pytest.mark.timeout(240)
 def test_several_groups_psum_is_paced_within_each_group(probe, mesh):
-    """A psum over `model` runs as 2 groups of 4. One device of group {4..7} is 20 ms late
+    """A psum over `model` runs as 2 groups of 4. One device of group {4..7} is 40 ms late
     every step: the adaptive policy delays the other three of its group (the exchange is
-    reduced within the group), never the late device, and never group {0..3}."""
+    reduced within the group), never the late device, and not group {0..3}.
+
+    On the io_callback path the lateness comes from an injected clock (tests/virtual_clock.py),
+    so group {0..3} is balanced to within 1 ms whatever the machine's load, and is never
+    delayed. The native probes read the host clock, so there the device really sleeps, and
+    group {0..3} can see a loaded machine's own spread: it must then get far less than what a
+    leak of the late device across groups would give it (the 30-40 ms of ranks 4, 6, 7)."""
     import time
 
     from jax import lax
 
-    policy = jp.adaptive(threshold_s=0.005, max_delay_s=0.05, warmup_steps=0, engage_steps=2)
-    pacer = jp.Pacer(policy, granularity="device", mesh=mesh)
+    from jaxpace._testing import set_fault_hook
+
+    policy = jp.adaptive(threshold_s=0.01, max_delay_s=0.08, warmup_steps=0, engage_steps=2)
+    virtual = probe == "io_callback"
+    if virtual:
+        from virtual_clock import StepClock, jitter_ns
+
+        clock = StepClock(
+            lambda rank, step: (int(LATE_S * 1e9) if rank == LATE_DEVICE else 0)
+            + jitter_ns(rank, step)
+        )
+        pacer = jp.Pacer(policy, granularity="device", mesh=mesh, clock=clock)
+        set_fault_hook(pacer, clock.hook)  # called just before each arrival is read
+    else:
+        pacer = jp.Pacer(policy, granularity="device", mesh=mesh)
 
     def sleepy(x, idx):
         if int(np.asarray(idx).reshape(-1)[0]) == LATE_DEVICE:
-            time.sleep(0.02)
+            time.sleep(LATE_S)
         return x
 
     def body(v):
-        idx = (lax.axis_index("data") * 4 + lax.axis_index("model")).reshape(1)
-        v = jax.pure_callback(sleepy, jax.ShapeDtypeStruct(v.shape, v.dtype), v, idx)
+        if not virtual:
+            idx = (lax.axis_index("data") * 4 + lax.axis_index("model")).reshape(1)
+            v = jax.pure_callback(sleepy, jax.ShapeDtypeStruct(v.shape, v.dtype), v, idx)
         return pacer.psum(v, "model", site="tp")
 
     try:
@@ -130,9 +151,13 @@ def test_several_groups_psum_is_paced_within_each_group(probe, mesh):
             k: np.median([r["delay_ns"] for r in late_half if r["rank"] == k]) / 1e9
             for k in range(8)
         }
-        assert all(delay[k] > 0.005 for k in (4, 6, 7)), delay  # the early ranks of its group
+        paced = min(delay[k] for k in (4, 6, 7))
+        assert paced > 0.02, delay  # the early ranks of its group
         assert delay[LATE_DEVICE] == 0.0, delay  # the last arriver is never delayed
-        assert all(delay[k] == 0.0 for k in (0, 1, 2, 3)), delay  # the other group: balanced
+        if virtual:
+            assert all(delay[k] == 0.0 for k in (0, 1, 2, 3)), delay  # the other group: balanced
+        else:
+            assert all(delay[k] < paced / 4 for k in (0, 1, 2, 3)), delay
         st = pacer.stats()["tp"]
         assert st.pacing.startswith("paced") and "2 groups" in st.layout
     finally:
