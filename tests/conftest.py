@@ -22,31 +22,29 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "tests" / "scripts"
 
 
-def run_launch(args, *, timeout_s=240, env=None):
-    """Runs `python -m jaxpace launch ARGS` and returns the CompletedProcess (bounded)."""
-    e = dict(os.environ)
-    e.pop("XLA_FLAGS", None)
-    e.update(env or {})
+def _run_jaxpace(command, args, *, timeout_s, env, cwd):
+    """`python -m jaxpace COMMAND ARGS`, output captured, bounded by `timeout_s`."""
     return subprocess.run(
-        [sys.executable, "-m", "jaxpace", "launch", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=e,
-        cwd=REPO,
-    )
-
-
-def run_report(*args, timeout_s=120, env=None, cwd=None):
-    """Runs `python -m jaxpace report ARGS` and returns the CompletedProcess (bounded)."""
-    return subprocess.run(
-        [sys.executable, "-m", "jaxpace", "report", *map(str, args)],
+        [sys.executable, "-m", "jaxpace", command, *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         env=env,
         cwd=cwd,
     )
+
+
+def run_launch(args, *, timeout_s=240, env=None):
+    """Runs `python -m jaxpace launch ARGS` and returns the CompletedProcess (bounded)."""
+    e = dict(os.environ)
+    e.pop("XLA_FLAGS", None)
+    e.update(env or {})
+    return _run_jaxpace("launch", args, timeout_s=timeout_s, env=e, cwd=REPO)
+
+
+def run_report(*args, timeout_s=120, env=None, cwd=None):
+    """Runs `python -m jaxpace report ARGS` and returns the CompletedProcess (bounded)."""
+    return _run_jaxpace("report", args, timeout_s=timeout_s, env=env, cwd=cwd)
 
 
 def run_4x2(script, *script_args, timeout_s=280, job_timeout_s=240, env=None):

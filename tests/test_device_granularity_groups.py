@@ -113,8 +113,9 @@ def test_several_groups_psum_is_paced_within_each_group(probe, mesh):
         from virtual_clock import StepClock, jitter_ns
 
         clock = StepClock(
-            lambda rank, step: (int(LATE_S * 1e9) if rank == LATE_DEVICE else 0)
-            + jitter_ns(rank, step)
+            lambda rank, step: (
+                (int(LATE_S * 1e9) if rank == LATE_DEVICE else 0) + jitter_ns(rank, step)
+            )
         )
         pacer = jp.Pacer(policy, granularity="device", mesh=mesh, clock=clock)
         set_fault_hook(pacer, clock.hook)  # called just before each arrival is read
