@@ -93,10 +93,30 @@ def test_layout_groups_and_pairs_on_a_2x4_mesh():
 def test_4x2_ppermute_names_the_slow_pair(tmp_path):
     """Processes 0 and 1 swap data (so do 2 and 3); process 1 is late: 0 waits for it."""
     out = tmp_path / "p2p"
-    run_4x2("ppermute_ring.py", "--out", out, "--lag-process", 1, "--lag-s", 0.1)
+    run_4x2("exchange_job.py", "--out", out, "--lag-process", 1, "--lag-s", 0.1)
     recs = load_records(out)
     assert recs.headers[0]["sites"]["p2p"]["pairs"] == [[0, 1], [1, 0], [2, 3], [3, 2]]
     (row,) = links.site_table(recs)
     assert row.kind == "ppermute" and row.slow_link is not None
     assert (row.slow_link.source, row.slow_link.destination) == (1, 0)
     assert row.slow_link.wait_s > 0.05
+
+
+def test_4x2_all_to_all_names_the_late_process(tmp_path):
+    """A mixture-of-experts routing step (every device sends a slice to every other) with
+    process 1 late: at an all-to-all everyone waits for everyone, so the site's one group
+    names rank 1, and the culprit analysis of the site names it too (process granularity:
+    rank = process)."""
+    import jaxpace as jp
+
+    out = tmp_path / "a2a"
+    run_4x2("exchange_job.py", "--op", "all_to_all", "--out", out, "--lag-process", 1)
+    recs = load_records(out)
+    assert recs.headers[0]["sites"]["a2a"]["kind"] == "all_to_all"
+    assert recs.headers[0]["sites"]["a2a"]["groups"] == [[0, 1, 2, 3]]
+    (row,) = links.site_table(recs)
+    assert row.kind == "all_to_all"
+    assert [(g.rank, g.group) for g in row.late] == [(1, (0, 1, 2, 3))], row.late
+    assert row.late[0].lead_s > 0.05
+    rep = jp.report.analyze(recs)
+    assert rep.culprits == (1,), rep.culprits
