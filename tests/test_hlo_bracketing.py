@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hlo_graph import check_bracketed, count_collectives
+from hlo_graph import check_bracketed, count_collectives, parse
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -111,6 +111,38 @@ def test_every_collective_is_bracketed_in_hlo_lowered_for_cuda(mesh, name, excha
         # above the combiner's threshold), plus the payload's operand with the exchange.
         n_leaves = len(jax.tree.leaves(tree))
         assert seen >= n_leaves or name in ("psum", "pmean", "pmax", "pmin")
+    finally:
+        pacer.close()
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_probes_take_the_leaves_themselves_as_operands(mesh, name):
+    """No work on the data for the probes: the compiled CPU program passes the operand
+    leaves to `arrive` and the collective's results to `done` as they are, so it holds no
+    slice or concatenation that the `jax.lax` program does not (a measured call costs its
+    two custom calls and one tie per leaf; nothing per leaf on the probes' side)."""
+    pacer = jp.Pacer(jp.no_pacing(), granularity="device", mesh=mesh)
+    try:
+        tree = _sharded(mesh, large=False)
+        with jax.set_mesh(mesh):
+            ours = parse(_jitted(CALLS[name], pacer, mesh, tree).lower(tree).compile().as_text())
+            plain = parse(_jitted(CALLS[name], lax, mesh, tree).lower(tree).compile().as_text())
+
+        def data_ops(comps):
+            ops = [i["op"] for c in comps.values() for i in c.values()]
+            return {k: ops.count(k) for k in ("concatenate", "slice", "dynamic-slice")}
+
+        entry, probes = next(
+            (c, [n for n, i in c.items() if (i["target"] or "").startswith("jaxpace_")])
+            for c in ours.values()
+            if any((i["target"] or "").startswith("jaxpace_") for i in c.values())
+        )
+        assert len(probes) == 2, probes
+        n_leaves = len(jax.tree.leaves(tree))
+        for p in probes:
+            # arrive: the rank and every leaf; done: payload, step tag, rank and every output.
+            assert len(entry[p]["deps"]) >= n_leaves + 1, (p, entry[p]["deps"])
+        assert data_ops(ours) == data_ops(plain)
     finally:
         pacer.close()
 

@@ -29,7 +29,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import PartitionSpec
 
-from jaxpace._tie import first_scalar, tie, token
+from jaxpace._tie import WHOLE_LEAF_BYTES, tie
 
 __all__ = ["arrive", "arrive_p", "done", "done_p", "native_collective", "register_targets"]
 
@@ -70,17 +70,29 @@ def _invariant_scalar(aval, dtype):
     return jax.core.ShapedArray((), np.dtype(dtype), weak_type=False, **kw)
 
 
-def _arrive_abstract(tr, *, site, payload_size):
+def _vma(avals) -> frozenset:
+    """The union of `avals`' varying manual axes (shard_map's vma; empty outside it)."""
+    return frozenset().union(*(getattr(a, "vma", frozenset()) for a in avals))
+
+
+def _with_vma(aval, vma):
+    return aval.update(vma=vma) if hasattr(aval, "vma") else aval
+
+
+def _arrive_abstract(rank, *deps, site, payload_size):
     del site
-    # The payload varies along every axis that `tr` (token and rank, stacked) varies along.
+    # The payload varies along every axis that the rank or an operand leaf varies along.
     # The step tag is typed as invariant: it only feeds `step_tag < 0`, which is False on
     # every shard, into each leaf's tie; typed as varying, a tie would make a leaf that is
     # invariant along some axis (a replicated loss under `pmean`) vary along it.
-    return [_invariant_scalar(tr, np.int32), _like(tr, (payload_size,), np.float32)]
+    payload = _with_vma(_like(rank, (payload_size,), np.float32), _vma((rank, *deps)))
+    return [_invariant_scalar(rank, np.int32), payload]
 
 
-def _arrive_impl(tr, *, site, payload_size):
-    return jax.jit(lambda t: arrive_p.bind(t, site=site, payload_size=payload_size))(tr)
+def _arrive_impl(rank, *deps, site, payload_size):
+    return jax.jit(lambda r, *d: arrive_p.bind(r, *d, site=site, payload_size=payload_size))(
+        rank, *deps
+    )
 
 
 def _arrive_jvp(primals, tangents, *, site, payload_size):
@@ -98,15 +110,16 @@ ad.primitive_jvps[arrive_p] = _arrive_jvp
 done_p = Primitive("jaxpace_done")
 
 
-def _done_abstract(reduced, fr, *, site):
-    del fr, site
-    # A constant 1.0 on every shard: it varies exactly as the reduced value does, so tying it
-    # into the collective's (invariant) result keeps that result invariant.
-    return _like(reduced, (), np.float32)
+def _done_abstract(reduced, tag, rank, *deps, site):
+    del tag, site
+    # A constant 1.0 on every shard: it varies exactly as the collective's outputs (and the
+    # reduced payload) do, so tying it into the collective's (invariant) result keeps that
+    # result invariant.
+    return _with_vma(_like(rank, (), np.float32), _vma((reduced, *deps)))
 
 
-def _done_impl(reduced, fr, *, site):
-    return jax.jit(lambda r, f: done_p.bind(r, f, site=site))(reduced, fr)
+def _done_impl(reduced, tag, rank, *deps, site):
+    return jax.jit(lambda *a: done_p.bind(*a, site=site))(reduced, tag, rank, *deps)
 
 
 def _done_jvp(primals, tangents, *, site):
@@ -192,8 +205,10 @@ def _dce_keeps_done(pe) -> bool:
     calling convention where a failure only means falling back to the tie.
     """
     try:
-        jaxpr = jax.make_jaxpr(lambda r, f: done_p.bind(r, f, site=0))(
-            jax.ShapeDtypeStruct((1,), np.float32), jax.ShapeDtypeStruct((2,), np.int32)
+        jaxpr = jax.make_jaxpr(lambda r, t, k: done_p.bind(r, t, k, site=0))(
+            jax.ShapeDtypeStruct((1,), np.float32),
+            jax.ShapeDtypeStruct((), np.int32),
+            jax.ShapeDtypeStruct((), np.int32),
         ).jaxpr
         kept, _ = pe.dce_jaxpr(jaxpr, [False])
         return any(e.primitive is done_p for e in kept.eqns)
@@ -266,11 +281,34 @@ def cuda_registered() -> tuple[bool, str]:
 # ---------------------------------------------------------------------- user-level functions
 
 
-def arrive(token, site_id: int, rank, payload_size: int = 0):
+def _deps(leaves) -> list:
+    """The non-empty array leaves of `leaves`, gradient-free: operands the probes never read.
+
+    A custom call's operand gets XLA's default (row-major) layout: a leaf that XLA lays out
+    otherwise (a reduce-scatter over a minor dimension) is copied for it. For a small leaf
+    that copy is one small kernel, as a slice would be; a large leaf of two or more
+    dimensions is passed as its first element instead, so that no large buffer is ever
+    copied for a probe.
+    """
+    out = []
+    for leaf in jax.tree_util.tree_leaves(leaves):
+        shape = jnp.shape(leaf)
+        if int(np.prod(shape)) == 0:
+            continue
+        leaf = lax.stop_gradient(jnp.asarray(leaf))
+        nbytes = int(np.prod(shape)) * jnp.dtype(leaf.dtype).itemsize
+        if len(shape) >= 2 and nbytes > WHOLE_LEAF_BYTES:
+            leaf = lax.slice(leaf, (0,) * len(shape), (1,) * len(shape))
+        out.append(leaf)
+    return out
+
+
+def arrive(deps, site_id: int, rank, payload_size: int = 0):
     """Records this shard's arrival at native site `site_id` and sleeps its pending delay.
 
     Args:
-      token: float32 scalar that depends on the collective's operands (gradient-free).
+      deps: the collective's operands (a pytree of arrays): the probe runs once they are all
+        ready. They are operands of the custom call, never read (no slice, no copy).
       site_id: the native site (registered with `jaxpace._native.register_site`).
       rank: int32 scalar, this shard's rank; -1 makes the call a no-op for this shard.
       payload_size: length of the exchange payload to produce (0: none).
@@ -280,30 +318,41 @@ def arrive(token, site_id: int, rank, payload_size: int = 0):
       payload is float32 `(payload_size,)`, zero except this rank's previous wait, presence and
       step time at its slot (layout of `jaxpace._exchange`).
     """
-    tok_bits = lax.bitcast_convert_type(jnp.asarray(token, jnp.float32), jnp.int32)
-    tr = jnp.stack([tok_bits, jnp.asarray(rank, jnp.int32)])
-    step_tag, payload = arrive_p.bind(tr, site=int(site_id), payload_size=int(payload_size))
+    step_tag, payload = arrive_p.bind(
+        jnp.asarray(rank, jnp.int32),
+        *_deps(deps),
+        site=int(site_id),
+        payload_size=int(payload_size),
+    )
     return step_tag, payload
 
 
-def done(reduced, step_tag, site_id: int, rank):
+def done(reduced, step_tag, site_id: int, rank, deps=()):
     """Closes this shard's measured step at site `site_id`; returns a float32 1.0 to tie in.
 
-    `reduced` is the collective's reduced payload (or a scalar read from its result): the data
-    dependency that orders `done` after the collective. Its values are kept with the record.
+    `reduced` is the collective's reduced exchange payload (empty without one): its values are
+    kept with the record. `deps` are the collective's outputs: the data dependency that orders
+    `done` after the collective (operands of the custom call, never read).
     """
     red = jnp.ravel(jnp.asarray(reduced, jnp.float32))
-    fr = jnp.stack([jnp.asarray(step_tag, jnp.int32), jnp.asarray(rank, jnp.int32)])
-    return done_p.bind(red, fr, site=int(site_id))
+    return done_p.bind(
+        lax.stop_gradient(red),
+        jnp.asarray(step_tag, jnp.int32),
+        jnp.asarray(rank, jnp.int32),
+        *_deps(deps),
+        site=int(site_id),
+    )
 
 
 def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """`reduce` timed by the native probes: arrive -> reduce -> done, bitwise `reduce(x)`.
 
-    Every non-empty leaf is tied to `arrive` (its first element rewritten with itself,
-    through a select XLA cannot fold), and `done` reads one element of every output leaf,
-    so every collective XLA makes of `reduce` (one per leaf, or any combination the
-    all-reduce combiner forms) depends on the arrive probe and feeds the done probe.
+    Every non-empty operand leaf is an operand of the `arrive` custom call, and every leaf is
+    tied to its step tag (the same bits, through a select XLA cannot fold); every output leaf
+    is an operand of the `done` custom call. So every collective XLA makes of `reduce` (one
+    per leaf, or any combination the all-reduce combiner forms) runs after the arrive probe
+    and before the done probe, with no concatenation or stack of the data on either side
+    (and a slice only of a large leaf's first element: `_deps`).
 
     Args:
       reduce: `reduce(tree)` -> the collective's result (e.g. `lambda t: lax.psum(t, "i")`).
@@ -317,25 +366,20 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """
     leaves, tdef = jax.tree_util.tree_flatten(x)
     sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
-    step_tag, payload = arrive(token(leaves), site_id, rank, payload_size)
+    step_tag, payload = arrive(leaves, site_id, rank, payload_size)
     step_tag = lax.stop_gradient(step_tag)
     never = step_tag < 0  # step_tag >= 0 always: each tie keeps the leaf's bits
     tied = [tie(leaf, never) if s > 0 else leaf for leaf, s in zip(leaves, sizes, strict=True)]
     tied_x = jax.tree_util.tree_unflatten(tdef, tied)
-    feed = []
     if payload_size > 0:
         out, red = reduce((tied_x, lax.stop_gradient(payload)))
         red = lax.stop_gradient(red)
-        feed.append(jnp.ravel(red).astype(jnp.float32))  # the handler reads these first
+        reduced = red
     else:
         out = reduce(tied_x)
         red = None
-    out_leaves = jax.tree_util.tree_leaves(out)
-    feed += [
-        first_scalar(leaf).reshape((1,)) for leaf in out_leaves if int(np.prod(jnp.shape(leaf)))
-    ]
-    reduced_for_done = jnp.concatenate(feed) if feed else jnp.zeros((1,), jnp.float32)
-    one = lax.stop_gradient(done(reduced_for_done, step_tag, site_id, rank))
+        reduced = jnp.zeros((0,), jnp.float32)
+    one = lax.stop_gradient(done(reduced, step_tag, site_id, rank, deps=out))
     if done_kept_by_rule():
         return out, red
     out_leaves, out_def = jax.tree_util.tree_flatten(out)

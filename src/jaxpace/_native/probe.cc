@@ -277,16 +277,19 @@ int32_t arrive_common(Site* s, int32_t r, int64_t t, int64_t* delay, int64_t* st
 
 // ------------------------------------------------------------------ CPU handlers
 
-// `tr` = [bit pattern of the dependency token, rank (-1: this shard does not measure)].
-ffi::Error ArriveCpu(ffi::BufferR1<ffi::S32> tr, ffi::ResultBufferR0<ffi::S32> flag,
-                     ffi::Result<ffi::BufferR1<ffi::F32>> pay, int64_t site) {
+// `rank`: this shard's rank (-1: it does not measure). `deps`: the collective's operand leaves,
+// passed only so that XLA runs this probe once they are ready; never read.
+ffi::Error ArriveCpu(ffi::BufferR0<ffi::S32> rank, ffi::RemainingArgs deps,
+                     ffi::ResultBufferR0<ffi::S32> flag, ffi::Result<ffi::BufferR1<ffi::F32>> pay,
+                     int64_t site) {
+  (void)deps;
   const int64_t len = static_cast<int64_t>(pay->element_count());
   float* p = pay->typed_data();
   if (len > 0) std::memset(p, 0, sizeof(float) * len);
   flag->typed_data()[0] = 0;
   Site* s = site_of(site);
   if (s == nullptr) return ffi::Error::Success();
-  int32_t r = tr.element_count() >= 2 ? resolve_rank(s, tr.typed_data()[1]) : -1;
+  int32_t r = resolve_rank(s, rank.typed_data()[0]);
   if (r < 0) return ffi::Error::Success();
   int64_t t = now_ns();
   int64_t delay = 0, step = 0;
@@ -319,15 +322,19 @@ void done_record(Site* s, int32_t r, int64_t t_done, int64_t wait_ns, int32_t fl
   push_record(s, rec, reduced, plen);
 }
 
-// `fr` = [flag from Arrive (0: not measured), rank].
-ffi::Error DoneCpu(ffi::BufferR1<ffi::F32> reduced, ffi::BufferR1<ffi::S32> fr,
+// `reduced`: the reduced exchange payload (empty without one); `tag`: Arrive's flag (0: not
+// measured); `rank` as for Arrive. `deps`: the collective's output leaves, passed only so that
+// XLA runs this probe once the collective has finished; never read.
+ffi::Error DoneCpu(ffi::BufferR1<ffi::F32> reduced, ffi::BufferR0<ffi::S32> tag,
+                   ffi::BufferR0<ffi::S32> rank, ffi::RemainingArgs deps,
                    ffi::ResultBufferR0<ffi::F32> one, int64_t site) {
+  (void)deps;
   int64_t t = now_ns();
   one->typed_data()[0] = 1.0f;  // never negative: the output tie keeps the result's bits
-  if (fr.element_count() < 2 || fr.typed_data()[0] <= 0) return ffi::Error::Success();
+  if (tag.typed_data()[0] <= 0) return ffi::Error::Success();
   Site* s = site_of(site);
   if (s == nullptr) return ffi::Error::Success();
-  int32_t r = resolve_rank(s, fr.typed_data()[1]);
+  int32_t r = resolve_rank(s, rank.typed_data()[0]);
   if (r < 0) return ffi::Error::Success();
   done_record(s, r, t, -1, 0, reduced.typed_data(),
               static_cast<int32_t>(reduced.element_count()));
@@ -344,7 +351,8 @@ int64_t gpu_in_flight(Site* s);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCpu, ArriveCpu,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::BufferR1<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .RemainingArgs()
                                   .Ret<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::BufferR1<ffi::F32>>()
                                   .Attr<int64_t>("site"));
@@ -352,7 +360,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCpu, ArriveCpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceDoneCpu, DoneCpu,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::BufferR1<ffi::F32>>()
-                                  .Arg<ffi::BufferR1<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .RemainingArgs()
                                   .Ret<ffi::BufferR0<ffi::F32>>()
                                   .Attr<int64_t>("site"));
 

@@ -273,17 +273,22 @@ ffi::Error ffi_result(const char* err) {
   return err == nullptr ? ffi::Error::Success() : ffi::Error(ffi::ErrorCode::kInternal, err);
 }
 
-ffi::Error ArriveCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR1<ffi::S32> tr,
-                      ffi::ResultBufferR0<ffi::S32> flag,
+ffi::Error ArriveCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR0<ffi::S32> rank,
+                      ffi::RemainingArgs deps, ffi::ResultBufferR0<ffi::S32> flag,
                       ffi::Result<ffi::BufferR1<ffi::F32>> pay, int64_t site) {
-  (void)tr;  // device memory: reading the rank would need a sync; the ordinal table gives it
+  (void)rank;  // device memory: reading the rank would need a sync; the ordinal table gives it
+  (void)deps;  // the operand leaves: a dependency only
   return ffi_result(arrive_cuda(stream, ordinal, site, flag->typed_data(), pay->typed_data(),
                                 static_cast<int64_t>(pay->element_count())));
 }
 
 ffi::Error DoneCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR1<ffi::F32> reduced,
-                    ffi::BufferR1<ffi::S32> fr, ffi::ResultBufferR0<ffi::F32> one, int64_t site) {
-  (void)fr;  // device memory; the open step on the host says whether this step is measured
+                    ffi::BufferR0<ffi::S32> tag, ffi::BufferR0<ffi::S32> rank,
+                    ffi::RemainingArgs deps, ffi::ResultBufferR0<ffi::F32> one, int64_t site) {
+  // Device memory; the open step on the host says whether this step is measured.
+  (void)tag;
+  (void)rank;
+  (void)deps;  // the output leaves: a dependency only
   return ffi_result(done_cuda(stream, ordinal, site, reduced.typed_data(),
                               static_cast<int64_t>(reduced.element_count()), one->typed_data()));
 }
@@ -442,7 +447,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCuda, ArriveCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::BufferR1<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .RemainingArgs()
                                   .Ret<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::BufferR1<ffi::F32>>()
                                   .Attr<int64_t>("site"));
@@ -452,7 +458,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceDoneCuda, DoneCuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::BufferR1<ffi::F32>>()
-                                  .Arg<ffi::BufferR1<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .RemainingArgs()
                                   .Ret<ffi::BufferR0<ffi::F32>>()
                                   .Attr<int64_t>("site"));
 
