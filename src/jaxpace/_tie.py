@@ -72,7 +72,8 @@ def first_scalar(leaf):
 
 def token(leaves):
     """A float32 scalar that depends on every non-empty leaf (one element each), gradient-free:
-    what the arrive probe reads, so it runs once every operand is ready.
+    what the `io_callback` arrive probe reads, so it runs once every operand is ready (the
+    native probes take the leaves themselves as operands instead: no arithmetic on them).
 
     `unreduced`/`reduced` leaves cannot meet other types in arithmetic, so the token is
     ordered after them by an optimization barrier instead (io_callback path only).
