@@ -143,6 +143,23 @@ def check_bracketed(text: str, arrive: str, done: str) -> tuple[int, list[str]]:
     return seen, problems
 
 
+def entry_name(text: str) -> str:
+    """The name of the module's entry computation."""
+    for line in text.splitlines():
+        m = _COMP.match(line)
+        if m and m.group(1):
+            return m.group(2)
+    raise ValueError("no ENTRY computation in this HLO text")
+
+
+def entry_ops(text: str) -> dict[str, int]:
+    """How many instructions of each opcode the module's entry computation holds."""
+    out: dict[str, int] = {}
+    for ins in parse(text)[entry_name(text)].values():
+        out[ins["op"]] = out.get(ins["op"], 0) + 1
+    return out
+
+
 def count_collectives(text: str) -> dict[str, int]:
     """How many instructions of each collective opcode the module holds."""
     out: dict[str, int] = {}

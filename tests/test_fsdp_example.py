@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO, run_launch, run_report
-from hlo_graph import check_bracketed, count_collectives
+from hlo_graph import check_bracketed, count_collectives, entry_ops
 
 from jaxpace import _native
 from jaxpace.report.records import load_records
@@ -97,21 +96,11 @@ def test_every_collective_of_the_fsdp_step_is_a_bracketed_dropin():
         # done probe, only where XLA lays the result out otherwise); the rank, once.
         # Nothing else: the old arrival token, [tag, rank] stack and done concatenation
         # made it 188 fusions against lax's 137 in the forward/backward half (now 155).
-        ops, base = _entry_ops(ours), _entry_ops(plain)
+        ops, base = entry_ops(ours), entry_ops(plain)
         n_coll = sum(count_collectives(ours).values())
         assert ops.get("custom-call", 0) == 2 * ours.count('custom_call_target="jaxpace_arrive')
         assert ops["fusion"] - base["fusion"] <= 2 * n_coll + 1, (ops, base, n_coll)
     assert jp.default_pacer() is not None
-
-
-def _entry_ops(text: str) -> dict[str, int]:
-    """Opcode counts of the compiled program's entry computation."""
-    entry = text[text.index("\nENTRY") :]
-    entry = entry[: entry.index("\n}")]
-    ops: dict[str, int] = {}
-    for m in re.finditer(r"^\s*(?:ROOT )?%\S+ = .*? ([a-z][\w-]*)\(", entry, re.M):
-        ops[m.group(1)] = ops.get(m.group(1), 0) + 1
-    return ops
 
 
 @pytest.mark.multiprocess

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hlo_graph import check_bracketed, count_collectives, parse
+from hlo_graph import check_bracketed, count_collectives, entry_name, parse
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -125,18 +125,16 @@ def test_probes_take_the_leaves_themselves_as_operands(mesh, name):
     try:
         tree = _sharded(mesh, large=False)
         with jax.set_mesh(mesh):
-            ours = parse(_jitted(CALLS[name], pacer, mesh, tree).lower(tree).compile().as_text())
+            text = _jitted(CALLS[name], pacer, mesh, tree).lower(tree).compile().as_text()
+            ours = parse(text)
             plain = parse(_jitted(CALLS[name], lax, mesh, tree).lower(tree).compile().as_text())
 
         def data_ops(comps):
             ops = [i["op"] for c in comps.values() for i in c.values()]
             return {k: ops.count(k) for k in ("concatenate", "slice", "dynamic-slice")}
 
-        entry, probes = next(
-            (c, [n for n, i in c.items() if (i["target"] or "").startswith("jaxpace_")])
-            for c in ours.values()
-            if any((i["target"] or "").startswith("jaxpace_") for i in c.values())
-        )
+        entry = ours[entry_name(text)]
+        probes = [n for n, i in entry.items() if (i["target"] or "").startswith("jaxpace_")]
         assert len(probes) == 2, probes
         n_leaves = len(jax.tree.leaves(tree))
         for p in probes:

@@ -308,7 +308,8 @@ def arrive(deps, site_id: int, rank, payload_size: int = 0):
 
     Args:
       deps: the collective's operands (a pytree of arrays): the probe runs once they are all
-        ready. They are operands of the custom call, never read (no slice, no copy).
+        ready. They are operands of the custom call, never read (as they are; a large leaf
+        of 2+ dimensions as its first element: `_deps`).
       site_id: the native site (registered with `jaxpace._native.register_site`).
       rank: int32 scalar, this shard's rank; -1 makes the call a no-op for this shard.
       payload_size: length of the exchange payload to produce (0: none).
@@ -374,12 +375,12 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     if payload_size > 0:
         out, red = reduce((tied_x, lax.stop_gradient(payload)))
         red = lax.stop_gradient(red)
-        reduced = red
     else:
-        out = reduce(tied_x)
-        red = None
-        reduced = jnp.zeros((0,), jnp.float32)
-    one = lax.stop_gradient(done(reduced, step_tag, site_id, rank, deps=out))
+        out, red = reduce(tied_x), None
+    no_payload = jnp.zeros((0,), jnp.float32)
+    one = lax.stop_gradient(
+        done(no_payload if red is None else red, step_tag, site_id, rank, deps=out)
+    )
     if done_kept_by_rule():
         return out, red
     out_leaves, out_def = jax.tree_util.tree_flatten(out)
