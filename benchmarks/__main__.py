@@ -521,6 +521,10 @@ def main(argv=None) -> int:
         from benchmarks import fsdp
 
         return fsdp.main(argv[1:])
+    if argv[:1] == ["lag"]:  # adaptive pacing with one late process (benchmarks/lag.py)
+        from benchmarks import lag
+
+        return lag.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 

@@ -131,10 +131,12 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str, path: Path) -> None:
+def write_section(text: str, path: Path, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section between `begin` and `end` in `path` (or add it below the block
+    `python -m benchmarks` writes)."""
     doc = path.read_text()
-    if BEGIN in doc and END in doc:
-        doc = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: text, doc, flags=re.S)
+    if begin in doc and end in doc:
+        doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: text, doc, flags=re.S)
     else:
         marker = "<!-- end: written by `python -m benchmarks`"
         i = doc.index(marker)

@@ -19,6 +19,7 @@ ap.add_argument("--lag-process", type=int, default=1)
 ap.add_argument("--policy", default="none")
 ap.add_argument("--max-delay-s", type=float, default=0.03)
 ap.add_argument("--gain", type=float, default=0.9)
+ap.add_argument("--threshold-s", type=float, default=0.002, help="adaptive's engage threshold")
 ap.add_argument("--granularity", default="process")
 ap.add_argument("--size", type=int, default=1024)
 ap.add_argument("--out", required=True)
@@ -55,7 +56,7 @@ x = jax.make_array_from_process_local_data(sharding, local)
 def make_policy(name):
     if name == "adaptive":
         return jp.adaptive(
-            threshold_s=0.002,
+            threshold_s=args.threshold_s,
             max_delay_s=args.max_delay_s,
             gain=args.gain,
             warmup_steps=3,
