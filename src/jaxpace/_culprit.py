@@ -1,7 +1,7 @@
 """One definition of a culprit, shared by the report and the runtime's live view (NumPy only).
 
-A rank is a *culprit* only when both tests say so, and its lateness is above
-the noise floor:
+A rank is a *culprit* only when all three tests say so, and its lateness is
+above the noise floor:
 
 1. **Late against per-step noise.** `d`, its mean excess lateness minus the
    median rank's, divided by the batch-means error of that mean (`z`), is
@@ -25,9 +25,25 @@ the noise floor:
    later than the others' median by more than `SMALL_JOB_STEP_FRACTION` of
    the median step, beyond what a healthy fleet whose devices differ by up
    to 2% (SD) reaches; at 2-3 ranks that is the only rule.
+3. **Late throughout a short run.** Below `CONSISTENCY_MAX_STEPS` analyzed
+   steps, split into `CONSISTENCY_BLOCKS` consecutive
+   blocks of steps (from `CONSISTENCY_MIN_STEPS` steps per block), the rank's
+   lateness is above the noise floor in every block and no block is
+   significantly less late than the others (`consistent`; a persistent
+   straggler fails this with probability at most `CONSISTENCY_MISS`). With
+   fewer than 60 steps the batch-means error of test 1 has one step per batch,
+   so a multi-step episode (a device thread descheduled for a stretch of a
+   short run on a loaded host) looks like persistent evidence; and where the
+   per-step noise is large against the step, the step rule of test 2 is
+   passed by the noise in a short run's means alone. Neither is a straggler;
+   a persistent one is late in every part of the run. From
+   `CONSISTENCY_MAX_STEPS` steps batch means hold two or more steps per batch
+   and test 3 is not applied, so a rank that turns slow partway through a long
+   run is still named.
 
 Groups (host, NUMA node, NIC, switch, process) take test 2 against the spread
-of the groups of their kind (`fleet_test` on group means).
+of the groups of their kind (`fleet_test` on group means), and test 3 on the
+group's per-step lateness over the other ranks.
 """
 
 from __future__ import annotations
@@ -43,9 +59,16 @@ from jaxpace._stats import batch_means_se, holm, median_of_others, robust_std, t
 
 __all__ = [
     "ALPHA",
+    "CONSISTENCY_BLOCKS",
+    "CONSISTENCY_MAX_STEPS",
+    "CONSISTENCY_MIN_STEPS",
+    "CONSISTENCY_MISS",
     "FLEET_MIN_MEMBERS",
     "SMALL_JOB_STEP_FRACTION",
     "Decision",
+    "block_lateness",
+    "consistent",
+    "short_run_consistent",
     "FleetTest",
     "LatestCounts",
     "decide",
@@ -88,6 +111,16 @@ SMALL_JOB_THRESHOLDS: dict[int, tuple[float, ...]] = {
 # Each stage is calibrated at this share of its alpha / stages: a margin for the
 # simulation's own error, so that the family-wise rate stays at or below alpha.
 SMALL_JOB_MARGIN = 0.9
+# Test 3: a culprit is late by more than the noise floor in each of this many consecutive
+# blocks of the analyzed steps, once every block holds at least CONSISTENCY_MIN_STEPS.
+CONSISTENCY_BLOCKS = 3
+CONSISTENCY_MIN_STEPS = 5
+# ... in runs of fewer analyzed steps than this: where `batch_means_se` (30 batches) holds
+# one step per batch, so test 1 takes a multi-step episode for persistent evidence.
+CONSISTENCY_MAX_STEPS = 60
+# ... and no block is significantly less late than the others: a persistent straggler
+# fails that with probability at most this (Bonferroni over the blocks).
+CONSISTENCY_MISS = 0.01
 # Values farther than this many MAD-SDs from the median are left out of the spread.
 _TRIM_SDS = 3.5
 _TRIM_CONSISTENCY = 0.9914  # the SD of a standard normal truncated at +-3.5
@@ -321,6 +354,79 @@ def noise_floor(excess: np.ndarray, p50_s: float) -> float:
     return max(terms)
 
 
+def _blocks(x: np.ndarray, blocks: int) -> list[np.ndarray]:
+    """Consecutive blocks of the rows of `x`: as many as leave `CONSISTENCY_MIN_STEPS`
+    rows in each, at most `blocks` and at least 1 (the whole run, with few steps)."""
+    k = max(1, min(int(blocks), x.shape[0] // CONSISTENCY_MIN_STEPS))
+    return np.array_split(x, k, axis=0)
+
+
+def block_lateness(series: np.ndarray, blocks: int = CONSISTENCY_BLOCKS) -> np.ndarray:
+    """(blocks, M) means of a (steps, M) per-step series over consecutive blocks of steps."""
+    x = np.asarray(series, dtype=np.float64)
+    if x.shape[0] == 0:
+        return np.zeros((1,) + x.shape[1:])
+    return np.stack([b.mean(axis=0) for b in _blocks(x, blocks)])
+
+
+def consistent(
+    excess: np.ndarray,
+    floor_s: float,
+    blocks: int = CONSISTENCY_BLOCKS,
+    centre: bool = True,
+    miss: float = CONSISTENCY_MISS,
+) -> np.ndarray:
+    """Test 3: per column, whether it is late in every block of consecutive steps.
+
+    `excess`: (steps, M) per-step lateness over the others (a rank's excess, or a
+    group's mean over the other ranks'); with `centre` (ranks) each block's means
+    are taken relative to that block's median column, as `d` is over the whole
+    run. In every block (`block_lateness`) the column's mean is above `floor_s`
+    and not significantly below its mean over the other blocks: the gap, over the
+    standard error of the two means (from the steps' spread within the blocks),
+    is at most the one-sided Student t critical value at `miss / blocks`
+    (Bonferroni over blocks), so a persistent straggler fails with probability at
+    most `miss`. A run of a few consecutive late steps in a short run, and the
+    rest on time, is an episode: it fails. With one block, the floor alone.
+    """
+    x = np.asarray(excess, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        return np.zeros(x.shape[-1] if x.ndim else 0, bool)
+    parts = _blocks(x, blocks)
+    if centre:
+        parts = [b - np.median(b.mean(axis=0)) for b in parts]
+    means = np.stack([b.mean(axis=0) for b in parts])  # (K, M)
+    ok = (means > floor_s).all(axis=0)
+    K = len(parts)
+    if K < 2:
+        return ok
+    sizes = np.array([b.shape[0] for b in parts], dtype=np.float64)
+    var = np.stack([b.var(axis=0, ddof=1) for b in parts])  # (K, M)
+    q = t_isf(miss / K, float(sizes.min() - 1))
+    for k in range(K):
+        rest = np.arange(K) != k
+        w = sizes[rest] / sizes[rest].sum()
+        other = (w[:, None] * means[rest]).sum(axis=0)
+        se2 = var[k] / sizes[k] + (w[:, None] ** 2 * var[rest] / sizes[rest][:, None]).sum(axis=0)
+        gap = other - means[k]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            below = np.where(se2 > 0, gap > q * np.sqrt(se2), gap > 0)
+        ok &= ~below
+    return ok
+
+
+def short_run_consistent(excess: np.ndarray, floor_s: float, centre: bool = True) -> np.ndarray:
+    """Test 3 as `decide` applies it: `consistent` below `CONSISTENCY_MAX_STEPS` rows of
+    `excess`, all True from there (none passes with no rows)."""
+    x = np.asarray(excess, dtype=np.float64)
+    m = x.shape[-1] if x.ndim else 0
+    if x.ndim != 2 or x.shape[0] == 0:
+        return np.zeros(m, bool)
+    if x.shape[0] >= CONSISTENCY_MAX_STEPS:
+        return np.ones(m, bool)
+    return consistent(x, floor_s, centre=centre)
+
+
 def _last_arrival_p(last: np.ndarray, R: int, n: int) -> np.ndarray:
     """Per rank, the one-sided p-value that it is last more often than chance (1/R).
 
@@ -380,7 +486,11 @@ class Decision:
       p_adjusted: test 1's one-sided p-value from `z`, Holm-adjusted over ranks, in [0, 1].
       last_p_adjusted: the last-arrival test's, Holm-adjusted, in [0, 1].
       fleet: test 2 (`FleetTest`) on the per-rank mean excess.
-      floor_s: the noise floor; late: both tests pass and d > floor.
+      floor_s: the noise floor.
+      consistent: test 3, per rank: in a run under `CONSISTENCY_MAX_STEPS` steps,
+        later than the median rank by more than the floor in every block of
+        consecutive steps (`consistent`); True from that many steps.
+      late: tests 1 and 2 pass, d > floor, and test 3 passes.
       last, last_counts, top_counts: `last_arrivals` of the analyzed steps.
     """
 
@@ -401,6 +511,7 @@ class Decision:
     last: np.ndarray
     last_counts: np.ndarray
     top_counts: np.ndarray
+    consistent: np.ndarray | None = None
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -453,12 +564,13 @@ def decide(lateness: np.ndarray, step_s: float, alpha: float = ALPHA) -> Decisio
     p_adj, last_p_adj = holm(p), holm(_last_arrival_p(last, R, n))
     floor = noise_floor(excess, step_s) if n else 20e-6
     fleet = fleet_test(mean_ex, step_s, alpha, over_s=mean_ex)
-    late = ((p_adj < alpha) | (last_p_adj < alpha)) & fleet.outlier & (d > floor)
+    steady = short_run_consistent(excess, floor)
+    late = ((p_adj < alpha) | (last_p_adj < alpha)) & fleet.outlier & (d > floor) & steady
     return Decision(
         n=n, df=df, excess=excess, mean_excess=mean_ex, d=d, se=se, ci_low=d - half,
         ci_high=d + half, z=z, p_adjusted=p_adj, last_p_adjusted=last_p_adj, fleet=fleet,
         floor_s=float(floor), late=late, last=last, last_counts=last_counts,
-        top_counts=top_counts,
+        top_counts=top_counts, consistent=steady,
     )  # fmt: skip
 
 

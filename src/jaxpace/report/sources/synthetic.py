@@ -183,6 +183,7 @@ def write_xprof_traces(
     *,
     transfer_us: float = 300.0,
     other_events: int = 6,
+    arrival_us: np.ndarray | None = None,
     **arrival_kw: float | int | Sequence[int],
 ) -> list[Path]:
     """Writes `p<i>/plugins/profile/<run>/<host>.trace.json.gz` per process, as the
@@ -192,10 +193,17 @@ def write_xprof_traces(
     Args:
       other_events: non-collective thunk events per device and step (as real traces
         hold), so reading costs what it costs on a real trace.
+      arrival_us: (num_steps, ranks) arrival times in microseconds on a common
+        clock, instead of drawing them with `arrivals`.
       arrival_kw: `arrivals` arguments; `late_ranks` are global ranks.
     """
     R = num_processes * devices_per_process
-    a = arrivals(num_steps, R, **arrival_kw)  # type: ignore[arg-type]
+    if arrival_us is not None:
+        a = np.asarray(arrival_us, dtype=np.float64)
+        if a.shape != (num_steps, R):
+            raise ValueError(f"arrival_us has shape {a.shape}, not {(num_steps, R)}")
+    else:
+        a = arrivals(num_steps, R, **arrival_kw)  # type: ignore[arg-type]
     paths = []
     for p in range(num_processes):
         base = 1000.0 + 37.0 * p  # the process's own trace origin

@@ -5,12 +5,15 @@ runtime's live view (`Pacer.stats()`, the Prometheus sink) calls too: a rank
 is named only when its lateness is significant against per-step noise *and*
 it is an outlier of the fleet's own per-rank spread (healthy devices differ
 persistently by a few percent), at a family-wise error `ALPHA` that holds at
-every rank count. How often it arrives last does not decide alone: among
+every rank count, *and*, in a run of fewer than 60 analyzed steps, it is late by
+more than the noise floor in every third of them (a short run's multi-step
+episode is not persistence). How often it arrives last does not decide alone: among
 thousands of ranks, the per-step maximum of the others' jitter beats a modest
 but persistent lead most of the time. Groups of ranks (host, NUMA, NIC, leaf
 switch, process) are tested the same way on their members' mean lateness
 against the other ranks', and against the spread of the groups of their kind;
-a group is *late* when both tests pass, its typical member (not one culprit
+a group is *late* when both tests pass (and test 3 in a short run), its
+typical member (not one culprit
 inside it) is above the noise floor, and then its late members are explained
 by the group.
 """
@@ -31,6 +34,7 @@ from jaxpace._culprit import (
     decide,
     fleet_test,
     noise_floor,
+    short_run_consistent,
 )
 from jaxpace._stats import (
     batch_means_se,
@@ -289,7 +293,10 @@ def late_groups(
     (`jaxpace._culprit.fleet_test`, at `ALPHA` over the number of kinds; with
     fewer than 16 groups, the small-job rule: the staged test against the
     groups below, or later than the other groups' median by 10% of the
-    median step `step_s` over the square root of the group's size). A group passing both is late when its median
+    median step `step_s` over the square root of the group's size). Test 3, in a run
+    under 60 steps: its mean lateness over the other ranks is above `floor` in every
+    block of consecutive steps (`jaxpace._culprit.short_run_consistent`). A group
+    passing all three is late when its median
     member is later than the median non-member by more than `floor` and more
     than half its members are.
     """
@@ -325,9 +332,10 @@ def late_groups(
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(se > 0, eff / se, np.where(eff > 0, np.inf, 0.0))
         p = t_sf(t, df)
+        steady = short_run_consistent(diff, floor, centre=False)  # test 3 (short runs)
         p_all.extend(p.tolist())  # every group of every kind counts towards the correction
         base = len(p_all) - G
-        for g in np.flatnonzero((eff > floor) & (p < ALPHA) & outlier):
+        for g in np.flatnonzero((eff > floor) & (p < ALPHA) & outlier & steady):
             members = codes == g
             if members.all():
                 continue

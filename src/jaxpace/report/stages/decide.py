@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from jaxpace._culprit import CONSISTENCY_MAX_STEPS
 from jaxpace._stats import num_text, p_text
 from jaxpace.report.model import FailureMode, PeriodicOutliers, WaitingCost
 from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, rank_evidence
@@ -96,9 +97,26 @@ def _nobody(c: CulpritRanking, R: int, n: int) -> str:
         cost = (
             f" Waiting for it costs {format_ms(slow.saving_s)} a step ({slow.saving_fraction:.1%})."
         )
+    d = c.decision
+    short = n < CONSISTENCY_MAX_STEPS
+    episode = (
+        d is not None
+        and d.consistent is not None
+        and short
+        and not bool(d.consistent[i])
+        and bool((d.p_adjusted[i] < ALPHA or d.last_p_adjusted[i] < ALPHA) and d.fleet.outlier[i])
+        and float(d.d[i]) > float(d.floor_s)
+    )
+    head = (
+        "No persistent straggler: the slowest rank was late in part of this short run only "
+        "(an episode, such as a descheduled thread, not a rank late throughout)"
+        if episode
+        else "No persistent straggler: the slowest rank is within the fleet's normal spread"
+    )
+    every = " in every third of the steps (a run under 60 steps)" if short else ""
     return (
-        f"No persistent straggler: the slowest rank is within the fleet's normal spread: "
-        f"{rank_evidence(top, R, n, c.fleet, over)}. A culprit needs Holm p < {ALPHA:g}, to be "
-        f"outside the fleet's spread and more than the noise floor "
-        f"{format_ms(c.noise_floor_s)}; no group is late and no failure mode stands out." + cost
+        f"{head}: {rank_evidence(top, R, n, c.fleet, over)}. A culprit needs Holm p < "
+        f"{ALPHA:g}, to be outside the fleet's spread and more than the noise floor "
+        f"{format_ms(c.noise_floor_s)}{every}; no group is late and no failure mode stands "
+        "out." + cost
     )
