@@ -55,6 +55,14 @@ import threading
 
 import numpy as np
 
+from jaxpace._persistence import (
+    CONSISTENCY_BLOCKS,
+    CONSISTENCY_MAX_STEPS,
+    CONSISTENCY_MIN_STEPS,
+    CONSISTENCY_MISS,
+    consistent,
+    short_run_consistent,
+)
 from jaxpace._stats import batch_means_se, holm, median_of_others, robust_std, t95, t_isf, t_sf
 
 __all__ = [
@@ -66,7 +74,6 @@ __all__ = [
     "FLEET_MIN_MEMBERS",
     "SMALL_JOB_STEP_FRACTION",
     "Decision",
-    "block_lateness",
     "consistent",
     "short_run_consistent",
     "FleetTest",
@@ -111,16 +118,6 @@ SMALL_JOB_THRESHOLDS: dict[int, tuple[float, ...]] = {
 # Each stage is calibrated at this share of its alpha / stages: a margin for the
 # simulation's own error, so that the family-wise rate stays at or below alpha.
 SMALL_JOB_MARGIN = 0.9
-# Test 3: a culprit is late by more than the noise floor in each of this many consecutive
-# blocks of the analyzed steps, once every block holds at least CONSISTENCY_MIN_STEPS.
-CONSISTENCY_BLOCKS = 3
-CONSISTENCY_MIN_STEPS = 5
-# ... in runs of fewer analyzed steps than this: where `batch_means_se` (30 batches) holds
-# one step per batch, so test 1 takes a multi-step episode for persistent evidence.
-CONSISTENCY_MAX_STEPS = 60
-# ... and no block is significantly less late than the others: a persistent straggler
-# fails that with probability at most this (Bonferroni over the blocks).
-CONSISTENCY_MISS = 0.01
 # Values farther than this many MAD-SDs from the median are left out of the spread.
 _TRIM_SDS = 3.5
 _TRIM_CONSISTENCY = 0.9914  # the SD of a standard normal truncated at +-3.5
@@ -352,79 +349,6 @@ def noise_floor(excess: np.ndarray, p50_s: float) -> float:
     if excess.shape[0] > 1:
         terms.append(0.25 * float(np.median(robust_std(excess, axis=0))))
     return max(terms)
-
-
-def _blocks(x: np.ndarray, blocks: int) -> list[np.ndarray]:
-    """Consecutive blocks of the rows of `x`: as many as leave `CONSISTENCY_MIN_STEPS`
-    rows in each, at most `blocks` and at least 1 (the whole run, with few steps)."""
-    k = max(1, min(int(blocks), x.shape[0] // CONSISTENCY_MIN_STEPS))
-    return np.array_split(x, k, axis=0)
-
-
-def block_lateness(series: np.ndarray, blocks: int = CONSISTENCY_BLOCKS) -> np.ndarray:
-    """(blocks, M) means of a (steps, M) per-step series over consecutive blocks of steps."""
-    x = np.asarray(series, dtype=np.float64)
-    if x.shape[0] == 0:
-        return np.zeros((1,) + x.shape[1:])
-    return np.stack([b.mean(axis=0) for b in _blocks(x, blocks)])
-
-
-def consistent(
-    excess: np.ndarray,
-    floor_s: float,
-    blocks: int = CONSISTENCY_BLOCKS,
-    centre: bool = True,
-    miss: float = CONSISTENCY_MISS,
-) -> np.ndarray:
-    """Test 3: per column, whether it is late in every block of consecutive steps.
-
-    `excess`: (steps, M) per-step lateness over the others (a rank's excess, or a
-    group's mean over the other ranks'); with `centre` (ranks) each block's means
-    are taken relative to that block's median column, as `d` is over the whole
-    run. In every block (`block_lateness`) the column's mean is above `floor_s`
-    and not significantly below its mean over the other blocks: the gap, over the
-    standard error of the two means (from the steps' spread within the blocks),
-    is at most the one-sided Student t critical value at `miss / blocks`
-    (Bonferroni over blocks), so a persistent straggler fails with probability at
-    most `miss`. A run of a few consecutive late steps in a short run, and the
-    rest on time, is an episode: it fails. With one block, the floor alone.
-    """
-    x = np.asarray(excess, dtype=np.float64)
-    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
-        return np.zeros(x.shape[-1] if x.ndim else 0, bool)
-    parts = _blocks(x, blocks)
-    if centre:
-        parts = [b - np.median(b.mean(axis=0)) for b in parts]
-    means = np.stack([b.mean(axis=0) for b in parts])  # (K, M)
-    ok = (means > floor_s).all(axis=0)
-    K = len(parts)
-    if K < 2:
-        return ok
-    sizes = np.array([b.shape[0] for b in parts], dtype=np.float64)
-    var = np.stack([b.var(axis=0, ddof=1) for b in parts])  # (K, M)
-    q = t_isf(miss / K, float(sizes.min() - 1))
-    for k in range(K):
-        rest = np.arange(K) != k
-        w = sizes[rest] / sizes[rest].sum()
-        other = (w[:, None] * means[rest]).sum(axis=0)
-        se2 = var[k] / sizes[k] + (w[:, None] ** 2 * var[rest] / sizes[rest][:, None]).sum(axis=0)
-        gap = other - means[k]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            below = np.where(se2 > 0, gap > q * np.sqrt(se2), gap > 0)
-        ok &= ~below
-    return ok
-
-
-def short_run_consistent(excess: np.ndarray, floor_s: float, centre: bool = True) -> np.ndarray:
-    """Test 3 as `decide` applies it: `consistent` below `CONSISTENCY_MAX_STEPS` rows of
-    `excess`, all True from there (none passes with no rows)."""
-    x = np.asarray(excess, dtype=np.float64)
-    m = x.shape[-1] if x.ndim else 0
-    if x.ndim != 2 or x.shape[0] == 0:
-        return np.zeros(m, bool)
-    if x.shape[0] >= CONSISTENCY_MAX_STEPS:
-        return np.ones(m, bool)
-    return consistent(x, floor_s, centre=centre)
 
 
 def _last_arrival_p(last: np.ndarray, R: int, n: int) -> np.ndarray:

@@ -300,17 +300,16 @@ def late_groups(
     member is later than the median non-member by more than `floor` and more
     than half its members are.
     """
-    excess = lateness
-    n, R = excess.shape
+    n, R = lateness.shape
     parts = _partitions(data, groups)
     cands: list[tuple] = []
     p_all: list[float] = []
-    m_rank = excess.mean(axis=0)
-    total = excess.sum(axis=1, keepdims=True)
+    m_rank = lateness.mean(axis=0)
+    total = lateness.sum(axis=1, keepdims=True)
     # Healthy ranks differ persistently too (static speed spread): a group mean of k
     # such ranks varies by tau^2 / k around the others' mean, on top of step noise.
     # tau is estimated inside the groups of each kind, so late groups do not inflate it.
-    se_rank, _ = batch_means_se(excess)
+    se_rank, _ = batch_means_se(lateness)
     med_se2 = float(np.median(se_rank**2)) if np.isfinite(se_rank).all() else 0.0
     for kind, names, codes in parts:
         G = names.size
@@ -318,7 +317,7 @@ def late_groups(
         outlier, dist = _group_outliers(codes, m_rank, sizes, step_s, ALPHA / len(parts))
         order = np.argsort(codes, kind="stable")
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        sums = np.add.reduceat(excess[:, order], starts, axis=1)  # (n, G)
+        sums = np.add.reduceat(lateness[:, order], starts, axis=1)  # (n, G)
         rest = np.maximum(R - sizes, 1)
         diff = sums / sizes - (total - sums) / rest
         eff = diff.mean(axis=0)
@@ -332,9 +331,9 @@ def late_groups(
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(se > 0, eff / se, np.where(eff > 0, np.inf, 0.0))
         p = t_sf(t, df)
-        steady = short_run_consistent(diff, floor, centre=False)  # test 3 (short runs)
         p_all.extend(p.tolist())  # every group of every kind counts towards the correction
         base = len(p_all) - G
+        steady = short_run_consistent(diff, floor, centre=False)  # test 3 (short runs)
         for g in np.flatnonzero((eff > floor) & (p < ALPHA) & outlier & steady):
             members = codes == g
             if members.all():
