@@ -30,10 +30,22 @@ WARMUP = 8
 EARLY = (0, 2, 3)
 
 
-def _per_step(results, phase, key):
+def per_step(results, phase, key):
+    """{step: [value of process 0..P-1]} over the steps after `WARMUP` every process
+    recorded (`mp_collective.py`'s result files)."""
     maps = [{int(k): v for k, v in r[phase][key].items()} for r in results]
     steps = sorted(set.intersection(*[set(m) for m in maps]))
     return {s: [m[s] for m in maps] for s in steps if s >= WARMUP}
+
+
+def sync_wait_ms(results, phase):
+    """Per process, the median over steps of its synchronization wait in ms: its wait minus
+    the step's smallest (its earliness), minus its own sleep."""
+    import numpy as np
+
+    waits, delays = per_step(results, phase, "waits_ns"), per_step(results, phase, "delays_ns")
+    rows = [(np.array(w, float) - min(w)) - np.array(delays[s], float) for s, w in waits.items()]
+    return np.median(np.array(rows), axis=0) / 1e6
 
 
 def one_run(out: Path, lag_ms: float, gain: float, steps: int, threshold_s: float = 0.002) -> dict:
@@ -54,11 +66,8 @@ def one_run(out: Path, lag_ms: float, gain: float, steps: int, threshold_s: floa
     res = [json.loads((out / f"result-p{i}.json").read_text()) for i in range(4)]
     row = {"gain": gain, "threshold_s": threshold_s, "lag_ms": lag_ms}
     for ph in ("unpaced", "paced"):
-        waits, delays = _per_step(res, ph, "waits_ns"), _per_step(res, ph, "delays_ns")
-        sync = [
-            (np.array(w, float) - min(w)) - np.array(delays[s], float) for s, w in waits.items()
-        ]
-        row[f"{ph}_sync_wait_ms"] = (np.median(np.array(sync), axis=0) / 1e6).tolist()
+        waits = per_step(res, ph, "waits_ns")
+        row[f"{ph}_sync_wait_ms"] = sync_wait_ms(res, ph).tolist()
         row[f"{ph}_step_ms"] = float(
             np.median([np.median(r[ph]["step_times_s"][WARMUP:]) for r in res]) * 1e3
         )

@@ -7,23 +7,16 @@ import numpy as np
 import pytest
 from conftest import SCRIPTS
 
+from benchmarks.lag import WARMUP, per_step, sync_wait_ms
 from jaxpace._native import available as native_available
 
 pytestmark = pytest.mark.multiprocess
 
 LAG_S = 0.020
-WARMUP = 8
 
 
 def _load(out, nproc=4):
     return [json.loads((out / f"result-p{i}.json").read_text()) for i in range(nproc)]
-
-
-def _per_step(results, phase, key):
-    """{step: [value of process 0..P-1]} over steps every process recorded."""
-    maps = [{int(k): v for k, v in r[phase][key].items()} for r in results]
-    steps = sorted(set.intersection(*[set(m) for m in maps]))
-    return {s: [m[s] for m in maps] for s in steps if s >= WARMUP}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +40,7 @@ def test_results_bitwise_identical_in_every_phase(paced_run):
 
 def test_lagging_process_has_smallest_wait(paced_run):
     _, results = paced_run
-    waits = _per_step(results, "unpaced", "waits_ns")
+    waits = per_step(results, "unpaced", "waits_ns")
     assert len(waits) >= 30
     last = [int(np.argmin(w)) for w in waits.values()]
     share = last.count(1) / len(last)
@@ -62,18 +55,8 @@ def test_lagging_process_has_smallest_wait(paced_run):
 def test_adaptive_pacing_absorbs_the_spread(paced_run):
     """Early processes' waiting for the late one drops >= 70% into bounded sleeps."""
     _, results = paced_run
-
-    def sync_wait_ms(phase):
-        waits = _per_step(results, phase, "waits_ns")
-        delays = _per_step(results, phase, "delays_ns")
-        rows = []
-        for s, w in waits.items():
-            w = np.array(w, float)
-            d = np.array(delays[s], float)
-            rows.append((w - w.min()) - d)  # earliness minus own sleep
-        return np.median(np.array(rows), axis=0) / 1e6
-
-    before, after = sync_wait_ms("unpaced"), sync_wait_ms("paced")
+    # Per process: earliness minus own sleep, median over steps (ms).
+    before, after = sync_wait_ms(results, "unpaced"), sync_wait_ms(results, "paced")
     early = [0, 2, 3]
     drop = 1 - after[early] / before[early]
     print(f"sync wait before {before.round(2)} ms, after {after.round(2)} ms, drop {drop.round(2)}")

@@ -411,10 +411,10 @@ class Decision:
       last_p_adjusted: the last-arrival test's, Holm-adjusted, in [0, 1].
       fleet: test 2 (`FleetTest`) on the per-rank mean excess.
       floor_s: the noise floor.
-      consistent: test 3, per rank: in a run under `CONSISTENCY_MAX_STEPS` steps,
-        later than the median rank by more than the floor in every block of
-        consecutive steps (`consistent`); True from that many steps.
-      late: tests 1 and 2 pass, d > floor, and test 3 passes.
+      late: tests 1 and 2 pass, d > floor, and test 3 passes (in a run under
+        `CONSISTENCY_MAX_STEPS` steps, later than the median rank by more than the
+        floor in every block of consecutive steps: `short_run_consistent`).
+      episode: per rank, all of `late` but test 3: late in part of a short run only.
       last, last_counts, top_counts: `last_arrivals` of the analyzed steps.
     """
 
@@ -435,7 +435,7 @@ class Decision:
     last: np.ndarray
     last_counts: np.ndarray
     top_counts: np.ndarray
-    consistent: np.ndarray | None = None
+    episode: np.ndarray | None = None
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -488,13 +488,14 @@ def decide(lateness: np.ndarray, step_s: float, alpha: float = ALPHA) -> Decisio
     p_adj, last_p_adj = holm(p), holm(_last_arrival_p(last, R, n))
     floor = noise_floor(excess, step_s) if n else 20e-6
     fleet = fleet_test(mean_ex, step_s, alpha, over_s=mean_ex)
+    evidence = ((p_adj < alpha) | (last_p_adj < alpha)) & fleet.outlier & (d > floor)
     steady = short_run_consistent(excess, floor)
-    late = ((p_adj < alpha) | (last_p_adj < alpha)) & fleet.outlier & (d > floor) & steady
+    late, episode = evidence & steady, evidence & ~steady
     return Decision(
         n=n, df=df, excess=excess, mean_excess=mean_ex, d=d, se=se, ci_low=d - half,
         ci_high=d + half, z=z, p_adjusted=p_adj, last_p_adjusted=last_p_adj, fleet=fleet,
         floor_s=float(floor), late=late, last=last, last_counts=last_counts,
-        top_counts=top_counts, consistent=steady,
+        top_counts=top_counts, episode=episode,
     )  # fmt: skip
 
 

@@ -98,22 +98,18 @@ def _nobody(c: CulpritRanking, R: int, n: int) -> str:
             f" Waiting for it costs {format_ms(slow.saving_s)} a step ({slow.saving_fraction:.1%})."
         )
     d = c.decision
-    short = n < CONSISTENCY_MAX_STEPS
-    episode = (
-        d is not None
-        and d.consistent is not None
-        and short
-        and not bool(d.consistent[i])
-        and bool((d.p_adjusted[i] < ALPHA or d.last_p_adjusted[i] < ALPHA) and d.fleet.outlier[i])
-        and float(d.d[i]) > float(d.floor_s)
-    )
+    episode = d is not None and d.episode is not None and bool(d.episode[i])
     head = (
         "No persistent straggler: the slowest rank was late in part of this short run only "
         "(an episode, such as a descheduled thread, not a rank late throughout)"
         if episode
         else "No persistent straggler: the slowest rank is within the fleet's normal spread"
     )
-    every = " in every third of the steps (a run under 60 steps)" if short else ""
+    every = (
+        f" in every third of the steps (a run under {CONSISTENCY_MAX_STEPS} steps)"
+        if n < CONSISTENCY_MAX_STEPS
+        else ""
+    )
     return (
         f"{head}: {rank_evidence(top, R, n, c.fleet, over)}. A culprit needs Holm p < "
         f"{ALPHA:g}, to be outside the fleet's spread and more than the noise floor "
