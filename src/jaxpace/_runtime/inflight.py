@@ -43,6 +43,34 @@ def _wait_live_arrays(timeout_s: float) -> None:
             time.sleep(0.001)
 
 
+# A step's outputs can be ready before its native done probes have run (XLA:CPU: 2 and 4 of
+# 40 fresh programs in two runs here, each record there 50 ms later), so a read right after
+# the last step would miss that step's record. How long `settle` waits for them, at most.
+CLOSE_WAIT_S = 0.5
+
+
+def _wait_native_closed(pacer: Pacer, timeout_s: float) -> None:
+    """Waits (polling, at most `timeout_s`) until no rank of a native site is inside a measured
+    collective: every measured arrival has its done record."""
+    from jaxpace import _native
+
+    sites = [s for s in list(pacer.sites.values()) if getattr(s, "native", None) is not None]
+    if not sites or timeout_s <= 0:
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        open_ = False
+        for site in sites:
+            try:
+                prog = _native.site_progress(site.native[0], site.num_slots)
+            except Exception:  # noqa: BLE001 - an unknown/closed site has nothing in flight
+                continue
+            open_ = open_ or bool((prog[:, 0] > prog[:, 2]).any())
+        if not open_ or time.monotonic() >= deadline:
+            return
+        time.sleep(0.0005)
+
+
 def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
     """Waits up to `timeout_s` for dispatched steps, drains every site: `{site: steps in flight}`.
 
@@ -54,7 +82,9 @@ def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]
     cannot be seen.
     """
     if pacer.sites and timeout_s > 0:
+        deadline = time.monotonic() + timeout_s
         _wait_live_arrays(timeout_s)
+        _wait_native_closed(pacer, min(max(deadline - time.monotonic(), 0.0), CLOSE_WAIT_S))
     in_flight: dict[str, int] = {}
     for name, site in list(pacer.sites.items()):
         site.flush()
