@@ -9,6 +9,8 @@ collectives of the plain `jax.lax` program (no hidden collective).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -200,5 +202,60 @@ def test_io_callback_probes_bracket_every_collective_too(mesh, name, exchange):
         assert target in text
         seen, problems = check_bracketed(text, target, target)
         assert seen > 0 and not problems, problems
+    finally:
+        pacer.close()
+
+
+def _fused_root_and_slices(text: str, comp: str) -> tuple[str, int]:
+    """`(opcode of the fused computation's ROOT, how many slices it holds)`."""
+    body = text.split(f"\n%{comp} ", 1)[1].split("\n}", 1)[0]
+    root = re.search(r"ROOT %\S+ = \S+ ([\w\-]+)\(", body)
+    return (root.group(1) if root else ""), len(re.findall(r" (?:dynamic-)?slice\(", body))
+
+
+@pytest.mark.parametrize("exchange", [False, True], ids=["measure", "exchange"])
+def test_a_large_leaf_is_tied_in_place_from_the_probes_copy_of_its_first_element(mesh, exchange):
+    """A leaf above `IN_PLACE_BYTES` (a matmul's result, as a large gradient is) is tied by
+    a one-element `dynamic-update-slice` whose update is the arrive probe's own output (the
+    leaf's first element, returned in the same buffer): nothing else in that kernel reads
+    the leaf, which is what lets XLA write it in place instead of making a pass over it
+    (a slice of the leaf fused beside the update made XLA copy the whole leaf)."""
+    policy = jp.adaptive() if exchange else jp.no_pacing()
+    pacer = jp.Pacer(policy, granularity="device", mesh=mesh)
+
+    def step(m):
+        body = lambda a, b: m.psum(jnp.dot(a, b), "i")  # noqa: E731
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("i"), P()), out_specs=P()))
+
+    try:
+        a = jax.device_put(jnp.ones((N * 64, 64)), NamedSharding(mesh, P("i")))
+        b = jax.device_put(jnp.ones((64, 2048)), NamedSharding(mesh, P()))  # 512 KiB a shard
+        with jax.set_mesh(mesh):
+            text = step(pacer).lower(a, b).compile().as_text()
+            ours, plain = np.asarray(step(pacer)(a, b)), np.asarray(step(lax)(a, b))
+        assert ours.tobytes() == plain.tobytes()
+        entry = parse(text)[entry_name(text)]
+        arrive = [n for n, i in entry.items() if i["target"] == "jaxpace_arrive_cpu"]
+        assert len(arrive) == 1, arrive
+        from_probe = {n for n, i in entry.items() if i["op"] == "get-tuple-element"}
+        from_probe = {n for n in from_probe if arrive[0] in entry[n]["deps"]}
+        leaf = re.compile(r"f32\[64,2048\]")
+        writers = []
+        for line in text.split("ENTRY", 1)[1].split("\n}", 1)[0].splitlines():
+            m = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+) ([\w\-]+)\(", line)
+            if not m or not leaf.match(m.group(2)):
+                continue
+            name, op = m.group(1), m.group(3)
+            if op == "dynamic-update-slice":
+                writers.append((name, "dynamic-update-slice", 0))
+            elif op == "fusion":
+                comp = re.search(r"calls=%([\w.\-]+)", line).group(1)
+                root, slices = _fused_root_and_slices(text, comp)
+                if root == "dynamic-update-slice":
+                    writers.append((name, root, slices))
+        assert len(writers) == 1, f"expected one tie of the large leaf, found {writers}"
+        name, _, slices = writers[0]
+        assert entry[name]["deps"] & from_probe, "the tie's update does not come from the probe"
+        assert slices == 0, "the tie's kernel also slices the leaf: XLA cannot write it in place"
     finally:
         pacer.close()

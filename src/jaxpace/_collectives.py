@@ -534,7 +534,7 @@ def _io_reduce(call, exchange, axis_name, axis_index_groups):
         # `step_tag` is never negative, so each tie rewrites a leaf's first element
         # with itself, bit for bit; XLA cannot know that, so every collective that
         # carries a leaf (whatever XLA's combiner does) waits for the pre-callback.
-        # An in-place one-element update, not a pass over the whole leaf.
+        # (For a large leaf XLA:CPU makes that a pass over the leaf: `_tie`.)
         leaves, tdef = jax.tree_util.tree_flatten(x)
         never = step_tag < 0
         leaves = [

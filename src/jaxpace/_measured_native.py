@@ -87,17 +87,27 @@ def native_or_none(rt, site_obj, probe, plan: TracePlan, x):
 
     Sets `site_obj.probe` either way (what `stats()` says about the path).
     """
-    native_id, native_why = None, probe[1]
+    native_id, native_why, from_device = None, probe[1], False
     if probe[0] is not None:
-        native_id, native_why = _attach_native(rt, site_obj, probe, plan)
+        native_id, native_why, from_device = _attach_native(rt, site_obj, probe, plan)
     site_obj.probe = native_why
     if native_id is None:
         return None
-    return (_measured_native(plan, native_id, x),)
+    return (_measured_native(plan, native_id, x, from_device),)
 
 
 def _attach_native(rt, site_obj, probe, plan: TracePlan):
-    """Registers the native site; returns `(native id or None, what stats() says)`."""
+    """Registers the native site; returns `(native id or None, what stats() says, from_device)`.
+
+    `from_device`: the site holds each local device's rank (`_device_table`), so the program
+    passes `RANK_FROM_DEVICE` and computes no rank. Computing it (the partition id, the rank
+    over the axes, the leader test) put kernels at the start of every measured program that
+    cost several percent of a step on XLA:CPU (docs/benchmarks.md). The CUDA handlers always
+    read the table. On CPU it is used in a single-process job only: there XLA's device
+    ordinal is the device's index in the process; in a multi-process CPU job it is the global
+    device id (2048 and 2049 for process 1 of 2 here), which this table is not keyed by. A
+    CPU job without a concrete mesh, or of several processes, computes the rank in the program.
+    """
     from jaxpace._native import driver
 
     platform, why = probe
@@ -116,17 +126,25 @@ def _attach_native(rt, site_obj, probe, plan: TracePlan):
             stop=rt.stop_event,
         )
         if platform == "cuda":
-            why_dev = _cuda_device_table(rt, nid, plan)
+            why_dev = _device_table(rt, nid, plan)
             if why_dev is not None:
-                return None, f"io_callback probes: {why_dev}"
+                return None, f"io_callback probes: {why_dev}", False
+            return nid, f"native: {why}", True
     except Exception as e:  # noqa: BLE001 - any failure here means "use the fallback"
-        return None, f"io_callback probes: native site registration failed ({e})"
-    return nid, f"native: {why}"
+        return None, f"io_callback probes: native site registration failed ({e})", False
+    if jax.process_count() > 1:
+        return nid, f"native: {why}", False
+    try:
+        from_device = _device_table(rt, nid, plan) is None
+    except Exception:  # noqa: BLE001 - no table: the program computes the rank, as it did
+        from_device = False
+    return nid, f"native: {why}", from_device
 
 
-def _cuda_device_table(rt, nid, plan: TracePlan) -> str | None:
-    """GPU operands live on the device, so the handlers read each shard's rank from a host
-    table keyed by local device ordinal, built from a concrete mesh. None when set."""
+def _device_table(rt, nid, plan: TracePlan) -> str | None:
+    """Each shard's rank in a host table keyed by local device ordinal, built from a concrete
+    mesh: the CUDA handlers always read it (GPU operands live on the device), the CPU ones
+    when the program passes `RANK_FROM_DEVICE`. None when set, else why not."""
     from jaxpace import _native
 
     granularity, table, am, axes, sizes = (
@@ -136,10 +154,17 @@ def _cuda_device_table(rt, nid, plan: TracePlan) -> str | None:
         plan.axes,
         plan.sizes,
     )
-    mesh = rt.mesh if rt.mesh is not None else _jax_compat.concrete_mesh()
+    # `jax.set_mesh`'s mesh first: JAX runs a jitted computation on that mesh's devices
+    # (it rejects arguments placed on others), so its devices are the program's.
     names, shape = tuple(am.axis_names), tuple(am.axis_sizes)
-    if mesh is None or tuple(mesh.axis_names) != names or tuple(mesh.devices.shape) != shape:
+    fits = [
+        m
+        for m in (_jax_compat.concrete_mesh(), rt.mesh)
+        if m is not None and tuple(m.axis_names) == names and tuple(m.devices.shape) == shape
+    ]
+    if not fits:
         return "the CUDA handlers need the concrete mesh (Pacer(mesh=...) or jax.set_mesh)"
+    mesh = fits[0]
     devs = mesh.devices
     ranks = {}
     for idx in np.ndindex(*shape):
@@ -162,7 +187,7 @@ def _cuda_device_table(rt, nid, plan: TracePlan) -> str | None:
     return None
 
 
-def _measured_native(plan: TracePlan, nid: int, x):
+def _measured_native(plan: TracePlan, nid: int, x, from_device: bool = False):
     """The measured collective through the native probes: no JAX effect, no Python per step.
 
     Arrive and done are effect-free primitives lowered to side-effecting FFI calls
@@ -172,6 +197,7 @@ def _measured_native(plan: TracePlan, nid: int, x):
     rule, so gradients stay bitwise lax's (the ties' transposes would add zeros,
     which turns -0.0 into +0.0).
     """
+    from jaxpace import _native
     from jaxpace._native import primitive
 
     call, axis_name, axis_index_groups = plan.call, plan.axis_name, plan.axis_index_groups
@@ -183,9 +209,12 @@ def _measured_native(plan: TracePlan, nid: int, x):
         return lax_fn(t, axis_name, axis_index_groups=axis_index_groups)
 
     def _probed(fn, x):
-        rank = axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
-        if table is not None:
-            rank = jnp.where(is_leader(table, am), rank, -1)
+        if from_device:  # the site's table holds each device's rank: nothing to compute
+            rank = jnp.int32(_native.RANK_FROM_DEVICE)
+        else:
+            rank = axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
+            if table is not None:
+                rank = jnp.where(is_leader(table, am), rank, -1)
         out, _ = primitive.native_collective(fn, x, site_id=nid, rank=rank, payload_size=n_pay)
         return out
 

@@ -29,6 +29,7 @@ __all__ = [
     "allocate_site_id",
     "NATIVE_RECORD_DTYPE",
     "PROGRESS_FIELDS",
+    "RANK_FROM_DEVICE",
     "available",
     "counters",
     "cuda_available",
@@ -53,8 +54,12 @@ __all__ = [
     "wait_records",
 ]
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 MAX_SITES = 4096
+# A probe's rank operand meaning "look it up in the site's table of ranks per local device
+# ordinal" (`set_site_devices`): a program then computes no ranks. Must match kRankFromDevice
+# in probe.cc.
+RANK_FROM_DEVICE = -2
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Must match `RecordOut` in probe.cc (48 bytes).

@@ -4,8 +4,8 @@
 uses them keeps jit's C++ fast dispatch and works under `jax.checkpoint` + `jax.grad` and under
 `jax_enable_checks` (where `io_callback`'s IOEffect fails). They lower to XLA custom calls with
 `has_side_effect=True`, so XLA neither removes nor merges nor hoists them. JAX itself would drop
-an unused result of an effect-free primitive: `arrive`'s step_tag is tied into the collective's
-operand (a select that never picks its other side: the operand keeps its bits), and `done` is
+an unused result of an effect-free primitive: `arrive`'s outputs are tied into the collective's
+operands (the operands keep their bits: `native_collective`), and `done` is
 kept by a dead-code-elimination rule that always keeps it. `done`'s result is *not* tied into the
 collective's result: a tie there, though bit-preserving itself, changes how XLA fuses and
 simplifies the consumers (e.g. an optimizer update), which changed a train step's parameters in
@@ -29,7 +29,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import PartitionSpec
 
-from jaxpace._tie import WHOLE_LEAF_BYTES, tie
+from jaxpace._tie import WHOLE_LEAF_BYTES, reduction_typed, tie
 
 __all__ = ["arrive", "arrive_p", "done", "done_p", "native_collective", "register_targets"]
 
@@ -79,25 +79,27 @@ def _with_vma(aval, vma):
     return aval.update(vma=vma) if hasattr(aval, "vma") else aval
 
 
-def _arrive_abstract(rank, *deps, site, payload_size):
+def _arrive_abstract(rank, *deps, site, payload_size, n_alias=0):
     del site
     # The payload varies along every axis that the rank or an operand leaf varies along.
     # The step tag is typed as invariant: it only feeds `step_tag < 0`, which is False on
     # every shard, into each leaf's tie; typed as varying, a tie would make a leaf that is
     # invariant along some axis (a replicated loss under `pmean`) vary along it.
+    # The last `n_alias` deps come back as outputs, in their own buffers (aliased).
     payload = _with_vma(_like(rank, (payload_size,), np.float32), _vma((rank, *deps)))
-    return [_invariant_scalar(rank, np.int32), payload]
+    aliased = list(deps[len(deps) - n_alias :]) if n_alias else []
+    return [_invariant_scalar(rank, np.int32), payload, *aliased]
 
 
-def _arrive_impl(rank, *deps, site, payload_size):
-    return jax.jit(lambda r, *d: arrive_p.bind(r, *d, site=site, payload_size=payload_size))(
-        rank, *deps
-    )
+def _arrive_impl(rank, *deps, site, payload_size, n_alias=0):
+    return jax.jit(
+        lambda r, *d: arrive_p.bind(r, *d, site=site, payload_size=payload_size, n_alias=n_alias)
+    )(rank, *deps)
 
 
-def _arrive_jvp(primals, tangents, *, site, payload_size):
+def _arrive_jvp(primals, tangents, *, site, payload_size, n_alias=0):
     del tangents
-    outs = arrive_p.bind(*primals, site=site, payload_size=payload_size)
+    outs = arrive_p.bind(*primals, site=site, payload_size=payload_size, n_alias=n_alias)
     return outs, [ad.Zero.from_primal_value(o) for o in outs]
 
 
@@ -137,8 +139,15 @@ ad.primitive_jvps[done_p] = _done_jvp
 
 
 def _lowering(target):
-    def lower(ctx, *args, site, **_):
-        return jax.ffi.ffi_lowering(target, has_side_effect=True)(ctx, *args, site=np.int64(site))
+    def lower(ctx, *args, site, n_alias=0, **_):
+        # Arrive's last `n_alias` operands are its outputs 2, 3, ...: the same buffers, which
+        # the handler never touches, so each comes back with its bits (and no copy).
+        first = len(args) - n_alias
+        aliases = {first + i: 2 + i for i in range(n_alias)}
+        kw = {"operand_output_aliases": aliases} if aliases else {}
+        return jax.ffi.ffi_lowering(target, has_side_effect=True, **kw)(
+            ctx, *args, site=np.int64(site)
+        )
 
     return lower
 
@@ -281,6 +290,27 @@ def cuda_registered() -> tuple[bool, str]:
 # ---------------------------------------------------------------------- user-level functions
 
 
+# Above this, a leaf's first element goes through the arrive probe and is written back in
+# place (`native_collective`). That costs two one-element kernels (the slice, the update);
+# up to it `_tie.tie` costs one kernel, which XLA fuses with the producer or makes a pass
+# over the leaf. `python -m benchmarks tie` (docs/benchmarks.md): the two cost the same at
+# 256 KiB per device; at 128 KiB `_tie.tie` was cheaper, from 512 KiB the in-place form.
+IN_PLACE_BYTES = 256 * 1024
+
+
+def _large(leaf) -> bool:
+    """Whether `leaf` is tied in place through its first element (above `IN_PLACE_BYTES`)."""
+    shape = jnp.shape(leaf)
+    return int(np.prod(shape)) * jnp.dtype(leaf.dtype).itemsize > IN_PLACE_BYTES
+
+
+def _first(leaf):
+    """`leaf`'s first element as a `(1, ..., 1)` slice, gradient-free."""
+    leaf = lax.stop_gradient(jnp.asarray(leaf))
+    nd = leaf.ndim
+    return lax.slice(leaf, (0,) * nd, (1,) * nd)
+
+
 def _deps(leaves) -> list:
     """The non-empty array leaves of `leaves`, gradient-free: operands the probes never read.
 
@@ -292,18 +322,17 @@ def _deps(leaves) -> list:
     """
     out = []
     for leaf in jax.tree_util.tree_leaves(leaves):
-        shape = jnp.shape(leaf)
-        if int(np.prod(shape)) == 0:
+        leaf = jnp.asarray(leaf)
+        if leaf.size == 0:
             continue
-        leaf = lax.stop_gradient(jnp.asarray(leaf))
-        nbytes = int(np.prod(shape)) * jnp.dtype(leaf.dtype).itemsize
-        if len(shape) >= 2 and nbytes > WHOLE_LEAF_BYTES:
-            leaf = lax.slice(leaf, (0,) * len(shape), (1,) * len(shape))
-        out.append(leaf)
+        if leaf.ndim >= 2 and leaf.size * leaf.dtype.itemsize > WHOLE_LEAF_BYTES:
+            out.append(_first(leaf))
+        else:
+            out.append(lax.stop_gradient(leaf))
     return out
 
 
-def arrive(deps, site_id: int, rank, payload_size: int = 0):
+def arrive(deps, site_id: int, rank, payload_size: int = 0, firsts=()):
     """Records this shard's arrival at native site `site_id` and sleeps its pending delay.
 
     Args:
@@ -311,21 +340,28 @@ def arrive(deps, site_id: int, rank, payload_size: int = 0):
         ready. They are operands of the custom call, never read (as they are; a large leaf
         of 2+ dimensions as its first element: `_deps`).
       site_id: the native site (registered with `jaxpace._native.register_site`).
-      rank: int32 scalar, this shard's rank; -1 makes the call a no-op for this shard.
+      rank: int32 scalar, this shard's rank; -1 makes the call a no-op for this shard;
+        `jaxpace._native.RANK_FROM_DEVICE`: the site's table of ranks per device ordinal.
       payload_size: length of the exchange payload to produce (0: none).
+      firsts: arrays (the first elements of large leaves: `_first`) that the probe returns as
+        they are, in the same buffers (aliased operands; never read or written).
 
     Returns:
-      `(step_tag, payload)`: step_tag is `step + 1` (int32, > 0) when this arrival is measured, else 0;
-      payload is float32 `(payload_size,)`, zero except this rank's previous wait, presence and
-      step time at its slot (layout of `jaxpace._exchange`).
+      `(step_tag, payload, firsts)`: step_tag is `step + 1` (int32, > 0) when this arrival is
+      measured, else 0; payload is float32 `(payload_size,)`, zero except this rank's previous
+      wait, presence and step time at its slot (layout of `jaxpace._exchange`); `firsts` as
+      given, bit for bit, now computed by the probe (XLA cannot see through it).
     """
-    step_tag, payload = arrive_p.bind(
+    firsts = list(firsts)
+    step_tag, payload, *out = arrive_p.bind(
         jnp.asarray(rank, jnp.int32),
         *_deps(deps),
+        *firsts,
         site=int(site_id),
         payload_size=int(payload_size),
+        n_alias=len(firsts),
     )
-    return step_tag, payload
+    return step_tag, payload, out
 
 
 def done(reduced, step_tag, site_id: int, rank, deps=()):
@@ -349,11 +385,16 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """`reduce` timed by the native probes: arrive -> reduce -> done, bitwise `reduce(x)`.
 
     Every non-empty operand leaf is an operand of the `arrive` custom call, and every leaf is
-    tied to its step tag (the same bits, through a select XLA cannot fold); every output leaf
+    rewritten with its own bits from the probe's outputs, which XLA cannot see through: a
+    leaf of up to `IN_PLACE_BYTES` through `_tie.tie` on its step tag; a larger one
+    through a one-element `dynamic_update_slice` of its first element, which arrive takes
+    and returns in the same buffer (an aliased operand it never touches). Nothing else in
+    that update's kernel reads the leaf, so XLA writes it in place; a slice of the leaf
+    fused beside the update (`_tie.tie`) made XLA:CPU copy the whole leaf. Every output leaf
     is an operand of the `done` custom call. So every collective XLA makes of `reduce` (one
     per leaf, or any combination the all-reduce combiner forms) runs after the arrive probe
     and before the done probe, with no concatenation or stack of the data on either side
-    (and a slice only of a large leaf's first element: `_deps`).
+    (and a slice only of a large leaf's first element).
 
     Args:
       reduce: `reduce(tree)` -> the collective's result (e.g. `lambda t: lax.psum(t, "i")`).
@@ -367,10 +408,27 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """
     leaves, tdef = jax.tree_util.tree_flatten(x)
     sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
-    step_tag, payload = arrive(leaves, site_id, rank, payload_size)
+    large = [
+        s > 0 and _large(leaf) and not reduction_typed(leaf)
+        for leaf, s in zip(leaves, sizes, strict=True)
+    ]
+    small = [leaf for leaf, s, big in zip(leaves, sizes, large, strict=True) if s > 0 and not big]
+    step_tag, payload, firsts = arrive(
+        small,
+        site_id,
+        rank,
+        payload_size,
+        firsts=[_first(leaf) for leaf, big in zip(leaves, large, strict=True) if big],
+    )
     step_tag = lax.stop_gradient(step_tag)
     never = step_tag < 0  # step_tag >= 0 always: each tie keeps the leaf's bits
-    tied = [tie(leaf, never) if s > 0 else leaf for leaf, s in zip(leaves, sizes, strict=True)]
+    firsts = iter(firsts)
+    tied = []
+    for leaf, s, big in zip(leaves, sizes, large, strict=True):
+        if big:  # the probe's copy of its own first element: an in-place one-element update
+            tied.append(lax.dynamic_update_slice(leaf, next(firsts), (0,) * jnp.ndim(leaf)))
+        else:
+            tied.append(tie(leaf, never) if s > 0 else leaf)
     tied_x = jax.tree_util.tree_unflatten(tdef, tied)
     if payload_size > 0:
         out, red = reduce((tied_x, lax.stop_gradient(payload)))

@@ -39,7 +39,8 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kAbiVersion = 4;  // 2: site_progress; 3: site_pending, site_wake; 4: CUDA counters
+constexpr int kAbiVersion = 5;  // 2: site_progress; 3: site_pending, site_wake; 4: CUDA counters;
+                                // 5: CPU handlers take the device ordinal, arrive aliased results
 constexpr int kMaxSites = 4096;
 
 inline int64_t now_ns() {
@@ -228,6 +229,22 @@ inline int32_t resolve_rank(const Site* s, int32_t rank_in) {
   return r < s->num_slots ? r : -1;
 }
 
+// A CPU probe's rank operand when the program does not compute ranks: the site's table of
+// ranks per local device ordinal (jaxpace_set_site_devices) gives it. Must match
+// RANK_FROM_DEVICE in jaxpace/_native/__init__.py.
+constexpr int32_t kRankFromDevice = -2;
+
+// `rank_in`, or this device's entry in the site's table when `rank_in` is kRankFromDevice,
+// resolved as resolve_rank does; -1 when the table is missing or does not hold `ordinal`.
+inline int32_t shard_rank(const Site* s, int32_t rank_in, int32_t ordinal) {
+  if (rank_in == kRankFromDevice) {
+    const std::vector<int32_t>* t = s->ordinals.load(std::memory_order_acquire);
+    if (t == nullptr || ordinal < 0 || ordinal >= static_cast<int32_t>(t->size())) return -1;
+    rank_in = (*t)[ordinal];
+  }
+  return resolve_rank(s, rank_in);
+}
+
 // This rank's three payload values (layout: jaxpace/_exchange.py): its previous wait (s), the
 // wait's presence and step (2 + step mod 2^20; 0: absent), its previous step time (s).
 // Returns false when there is no previous wait (then all three are zero).
@@ -277,19 +294,23 @@ int32_t arrive_common(Site* s, int32_t r, int64_t t, int64_t* delay, int64_t* st
 
 // ------------------------------------------------------------------ CPU handlers
 
-// `rank`: this shard's rank (-1: it does not measure). `deps`: the collective's operand leaves,
-// passed only so that XLA runs this probe once they are ready; never read.
-ffi::Error ArriveCpu(ffi::BufferR0<ffi::S32> rank, ffi::RemainingArgs deps,
+// `ordinal`: the local device running this shard. `rank`: this shard's rank (-1: it does not
+// measure; kRankFromDevice: the site's table gives it for `ordinal`). `deps`: the collective's
+// operand leaves, passed only so that XLA runs this probe once they are ready; never read.
+// `firsts`: results aliased to the last operands (large leaves' first elements), which come
+// back untouched.
+ffi::Error ArriveCpu(int32_t ordinal, ffi::BufferR0<ffi::S32> rank, ffi::RemainingArgs deps,
                      ffi::ResultBufferR0<ffi::S32> flag, ffi::Result<ffi::BufferR1<ffi::F32>> pay,
-                     int64_t site) {
+                     ffi::RemainingRets firsts, int64_t site) {
   (void)deps;
+  (void)firsts;
   const int64_t len = static_cast<int64_t>(pay->element_count());
   float* p = pay->typed_data();
   if (len > 0) std::memset(p, 0, sizeof(float) * len);
   flag->typed_data()[0] = 0;
   Site* s = site_of(site);
   if (s == nullptr) return ffi::Error::Success();
-  int32_t r = resolve_rank(s, rank.typed_data()[0]);
+  int32_t r = shard_rank(s, rank.typed_data()[0], ordinal);
   if (r < 0) return ffi::Error::Success();
   int64_t t = now_ns();
   int64_t delay = 0, step = 0;
@@ -323,9 +344,9 @@ void done_record(Site* s, int32_t r, int64_t t_done, int64_t wait_ns, int32_t fl
 }
 
 // `reduced`: the reduced exchange payload (empty without one); `tag`: Arrive's flag (0: not
-// measured); `rank` as for Arrive. `deps`: the collective's output leaves, passed only so that
-// XLA runs this probe once the collective has finished; never read.
-ffi::Error DoneCpu(ffi::BufferR1<ffi::F32> reduced, ffi::BufferR0<ffi::S32> tag,
+// measured); `ordinal` and `rank` as for Arrive. `deps`: the collective's output leaves, passed
+// only so that XLA runs this probe once the collective has finished; never read.
+ffi::Error DoneCpu(int32_t ordinal, ffi::BufferR1<ffi::F32> reduced, ffi::BufferR0<ffi::S32> tag,
                    ffi::BufferR0<ffi::S32> rank, ffi::RemainingArgs deps,
                    ffi::ResultBufferR0<ffi::F32> one, int64_t site) {
   (void)deps;
@@ -334,7 +355,7 @@ ffi::Error DoneCpu(ffi::BufferR1<ffi::F32> reduced, ffi::BufferR0<ffi::S32> tag,
   if (tag.typed_data()[0] <= 0) return ffi::Error::Success();
   Site* s = site_of(site);
   if (s == nullptr) return ffi::Error::Success();
-  int32_t r = resolve_rank(s, rank.typed_data()[0]);
+  int32_t r = shard_rank(s, rank.typed_data()[0], ordinal);
   if (r < 0) return ffi::Error::Success();
   done_record(s, r, t, -1, 0, reduced.typed_data(),
               static_cast<int32_t>(reduced.element_count()));
@@ -351,14 +372,17 @@ int64_t gpu_in_flight(Site* s);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCpu, ArriveCpu,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::BufferR0<ffi::S32>>()
                                   .RemainingArgs()
                                   .Ret<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::BufferR1<ffi::F32>>()
+                                  .RemainingRets()
                                   .Attr<int64_t>("site"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceDoneCpu, DoneCpu,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::BufferR1<ffi::F32>>()
                                   .Arg<ffi::BufferR0<ffi::S32>>()
                                   .Arg<ffi::BufferR0<ffi::S32>>()

@@ -275,9 +275,11 @@ ffi::Error ffi_result(const char* err) {
 
 ffi::Error ArriveCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR0<ffi::S32> rank,
                       ffi::RemainingArgs deps, ffi::ResultBufferR0<ffi::S32> flag,
-                      ffi::Result<ffi::BufferR1<ffi::F32>> pay, int64_t site) {
+                      ffi::Result<ffi::BufferR1<ffi::F32>> pay, ffi::RemainingRets firsts,
+                      int64_t site) {
   (void)rank;  // device memory: reading the rank would need a sync; the ordinal table gives it
   (void)deps;  // the operand leaves: a dependency only
+  (void)firsts;  // aliased to the last operands: they come back as they are, untouched
   return ffi_result(arrive_cuda(stream, ordinal, site, flag->typed_data(), pay->typed_data(),
                                 static_cast<int64_t>(pay->element_count())));
 }
@@ -451,6 +453,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCuda, ArriveCuda,
                                   .RemainingArgs()
                                   .Ret<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::BufferR1<ffi::F32>>()
+                                  .RemainingRets()
                                   .Attr<int64_t>("site"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceDoneCuda, DoneCuda,
