@@ -114,7 +114,7 @@ def test_the_table_maps_each_device_ordinal_to_its_mesh_rank(monkeypatch):
     devs = np.array(jax.devices()[:8])[::-1].reshape(2, 4)
     mesh = Mesh(devs, ("data", "model"))
     seen = {}
-    monkeypatch.setattr(nat, "set_site_devices", lambda nid, arr: seen.__setitem__(nid, arr))
+    monkeypatch.setattr(nat, "set_site_devices", lambda nid, arr, cuda: seen.__setitem__(nid, arr))
     assert (
         _measured_native._device_table(_Rt(mesh), 1, _plan(mesh, "device", ("data", "model")))
         is None
@@ -138,6 +138,6 @@ def test_the_table_maps_each_device_ordinal_to_its_mesh_rank(monkeypatch):
 def test_no_fitting_mesh_means_no_table(monkeypatch):
     mesh = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:8])
     other = jax.make_mesh((8,), ("i",), devices=jax.devices()[:8])
-    monkeypatch.setattr(nat, "set_site_devices", lambda nid, arr: pytest.fail("table set"))
+    monkeypatch.setattr(nat, "set_site_devices", lambda nid, arr, cuda: pytest.fail("table set"))
     why = _measured_native._device_table(_Rt(other), 1, _plan(mesh, "device", ("data", "model")))
     assert why is not None and "concrete mesh" in why

@@ -135,13 +135,13 @@ def _attach_native(rt, site_obj, probe, plan: TracePlan):
     if jax.process_count() > 1:
         return nid, f"native: {why}", False
     try:
-        from_device = _device_table(rt, nid, plan) is None
+        from_device = _device_table(rt, nid, plan, cuda=False) is None
     except Exception:  # noqa: BLE001 - no table: the program computes the rank, as it did
         from_device = False
     return nid, f"native: {why}", from_device
 
 
-def _device_table(rt, nid, plan: TracePlan) -> str | None:
+def _device_table(rt, nid, plan: TracePlan, *, cuda: bool = True) -> str | None:
     """Each shard's rank in a host table keyed by local device ordinal, built from a concrete
     mesh: the CUDA handlers always read it (GPU operands live on the device), the CPU ones
     when the program passes `RANK_FROM_DEVICE`. None when set, else why not."""
@@ -183,7 +183,7 @@ def _device_table(rt, nid, plan: TracePlan) -> str | None:
     arr = np.full(max(ranks) + 1 if ranks else 0, -1, np.int32)
     for k, v in ranks.items():
         arr[k] = v
-    _native.set_site_devices(nid, arr)
+    _native.set_site_devices(nid, arr, cuda=cuda)
     return None
 
 

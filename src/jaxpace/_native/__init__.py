@@ -117,7 +117,7 @@ def _declare(lib) -> None:
         "jaxpace_now_ns": (i64, []),
         "jaxpace_register_site": (ctypes.c_int, [i64, i32, i64, i32, i64, i32]),
         "jaxpace_set_delay_ns": (ctypes.c_int, [i64, i32, i64]),
-        "jaxpace_set_site_devices": (ctypes.c_int, [i64, vp, i32]),
+        "jaxpace_set_site_devices": (ctypes.c_int, [i64, vp, i32, i32]),
         "jaxpace_set_max_delay_ns": (None, [i64]),
         "jaxpace_set_site_max_delay_ns": (ctypes.c_int, [i64, i64]),
         "jaxpace_release_all": (None, []),
@@ -298,18 +298,19 @@ def register_site(
         )
 
 
-def set_site_devices(site_id: int, rank_of_ordinal) -> None:
-    """GPU: the rank measured on each local device ordinal (-1: not measured there).
+def set_site_devices(site_id: int, rank_of_ordinal, *, cuda: bool = True) -> None:
+    """The rank measured on each local device ordinal (-1: not measured there).
 
-    With a CUDA runtime loaded this also makes, per measured device, the events and pinned
-    memory its handlers use (never made inside a handler).
+    With `cuda` and a CUDA runtime loaded this also makes, per measured device, the events
+    and pinned memory its handlers use (never made inside a handler). `cuda=False`: the
+    table only, for the CPU handlers (`RANK_FROM_DEVICE`).
 
     Raises:
       RuntimeError: a CUDA call failed (the caller falls back to the io_callback probes).
     """
     arr = np.ascontiguousarray(np.asarray(rank_of_ordinal, dtype=np.int32).reshape(-1))
     lib = _lib()
-    rc = lib.jaxpace_set_site_devices(int(site_id), arr.ctypes.data, int(arr.size))
+    rc = lib.jaxpace_set_site_devices(int(site_id), arr.ctypes.data, int(arr.size), int(cuda))
     if rc == -2:
         why = lib.jaxpace_cuda_error().decode(errors="replace")
         raise RuntimeError(f"set_site_devices: setting up the CUDA events failed ({why})")

@@ -475,12 +475,15 @@ extern "C" {
 // With a CUDA runtime loaded, also makes the events and pinned memory of those ranks (each
 // with its device current; the caller's current device is restored). Returns 0, -1 on bad
 // arguments, -2 when a CUDA call failed (jaxpace_cuda_error says which).
-int jaxpace_set_site_devices(int64_t id, const int32_t* rank_of_ordinal, int32_t n) {
+// `cuda` 0: only the table (the CPU handlers' ranks), never CUDA events, even with a CUDA
+// runtime loaded.
+int jaxpace_set_site_devices(int64_t id, const int32_t* rank_of_ordinal, int32_t n,
+                             int32_t cuda) {
   Site* s = site_of(id);
   if (s == nullptr || n < 0 || n > 4096 || (n > 0 && rank_of_ordinal == nullptr)) return -1;
   std::lock_guard<std::mutex> lk(s->drain_mu);
   auto* ranks = new std::vector<int32_t>(rank_of_ordinal, rank_of_ordinal + n);
-  int rc = g_cuda.ok ? setup_pairs(s, *ranks) : 0;
+  int rc = cuda != 0 && g_cuda.ok ? setup_pairs(s, *ranks) : 0;
   s->ordinals.store(ranks, std::memory_order_release);  // the old table is leaked on purpose
   return rc;
 }
