@@ -521,6 +521,10 @@ def main(argv=None) -> int:
         from benchmarks import fsdp
 
         return fsdp.main(argv[1:])
+    if argv[:1] == ["tie"]:  # tying a large leaf to the arrival (benchmarks/tie.py)
+        from benchmarks import tie
+
+        return tie.main(argv[1:])
     if argv[:1] == ["lag"]:  # adaptive pacing with one late process (benchmarks/lag.py)
         from benchmarks import lag
 

@@ -160,14 +160,19 @@ def main(argv=None) -> int:
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", 8)
     results = [run(args.reps, b, args.repeats) for b in args.batch_per_replica]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fsdp.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-    text = markdown(results)
-    print(text)
-    if args.markdown:
-        write_section(text, Path(args.markdown))
+    publish(results, markdown(results), args.out, "fsdp", args.markdown)
     return 0
+
+
+def publish(data, text: str, out_dir, name: str, markdown_path, begin=BEGIN, end=END) -> None:
+    """Writes `data` to `out_dir/name.json`, prints `text` and puts it between `begin` and
+    `end` in `markdown_path` (unless that is empty)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, sort_keys=True))
+    print(text)
+    if markdown_path:
+        write_section(text, Path(markdown_path), begin, end)
 
 
 if __name__ == "__main__":
