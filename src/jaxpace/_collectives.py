@@ -13,7 +13,15 @@ from jax import lax
 from jax.experimental import io_callback
 
 from jaxpace import _exchange, _invariant, _jax_compat, _kinds, _site_layout
-from jaxpace._measured_native import TracePlan, axis_rank, is_leader, native_or_none, tangent
+from jaxpace._measured_native import (
+    TracePlan,
+    axis_rank,
+    fitting_meshes,
+    is_leader,
+    mesh_fits,
+    native_or_none,
+    tangent,
+)
 from jaxpace._tie import reduction_typed as _reduction_typed
 from jaxpace._tie import tie, token
 from jaxpace.errors import UnboundAxisError
@@ -184,32 +192,20 @@ def _leader_table(rt: Runtime, am) -> tuple[np.ndarray, str, np.ndarray]:
 
 def _process_map(rt: Runtime, am) -> tuple[np.ndarray, str]:
     """`(process index of each linear shard, where that came from)`."""
-    names = tuple(am.axis_names)
     shape = tuple(am.axis_sizes)
     total = int(np.prod(shape)) if shape else 1
-    candidates = []
-    if rt.mesh is not None:
-        candidates.append(("Pacer(mesh=...)", rt.mesh))
-    cm = _jax_compat.concrete_mesh()
-    if cm is not None:
-        candidates.append(("jax.set_mesh", cm))
     from jaxpace.topology import registry
-
-    def fits(m) -> bool:
-        try:
-            return tuple(m.axis_names) == names and tuple(m.devices.shape) == shape
-        except Exception:  # noqa: BLE001
-            return False
 
     def procs_of(m) -> np.ndarray:
         return np.array([getattr(d, "process_index", 0) for d in m.devices.reshape(-1)])
 
-    for src, m in candidates:
-        if fits(m):
-            return procs_of(m), src
+    fits = fitting_meshes(rt, am)
+    if fits:
+        src, m = fits[0]
+        return procs_of(m), src
     # Meshes from jaxpace.make_mesh: usable only if every one of this shape
     # agrees (the one inside shard_map is not known by identity).
-    registered = [procs_of(m) for m in registry.recent() if fits(m)]
+    registered = [procs_of(m) for m in registry.recent() if mesh_fits(m, am)]
     if registered and all((t == registered[0]).all() for t in registered):
         return registered[0], "jaxpace.make_mesh"
     nproc = jax.process_count()

@@ -16,7 +16,16 @@ from jax import lax
 
 from jaxpace import _jax_compat, _kinds
 
-__all__ = ["TracePlan", "axis_rank", "is_leader", "linear_shard_index", "native_or_none", "tangent"]
+__all__ = [
+    "TracePlan",
+    "axis_rank",
+    "fitting_meshes",
+    "is_leader",
+    "linear_shard_index",
+    "mesh_fits",
+    "native_or_none",
+    "tangent",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -141,6 +150,24 @@ def _attach_native(rt, site_obj, probe, plan: TracePlan):
     return nid, f"native: {why}", from_device
 
 
+def mesh_fits(mesh, am) -> bool:
+    """Whether the concrete `mesh` has the abstract mesh `am`'s axis names and shape."""
+    try:
+        return tuple(mesh.axis_names) == tuple(am.axis_names) and tuple(
+            mesh.devices.shape
+        ) == tuple(am.axis_sizes)
+    except Exception:  # noqa: BLE001 - not a mesh
+        return False
+
+
+def fitting_meshes(rt, am) -> list:
+    """`[(source, mesh)]`: the concrete meshes that fit `am`, `Pacer(mesh=...)`'s first, then
+    `jax.set_mesh`'s. The process of each shard and each device's rank both come from the
+    first, so the leaders and the rank table never disagree."""
+    candidates = [("Pacer(mesh=...)", rt.mesh), ("jax.set_mesh", _jax_compat.concrete_mesh())]
+    return [(src, m) for src, m in candidates if m is not None and mesh_fits(m, am)]
+
+
 def _device_table(rt, nid, plan: TracePlan, *, cuda: bool = True) -> str | None:
     """Each shard's rank in a host table keyed by local device ordinal, built from a concrete
     mesh: the CUDA handlers always read it (GPU operands live on the device), the CPU ones
@@ -154,17 +181,11 @@ def _device_table(rt, nid, plan: TracePlan, *, cuda: bool = True) -> str | None:
         plan.axes,
         plan.sizes,
     )
-    # `jax.set_mesh`'s mesh first: JAX runs a jitted computation on that mesh's devices
-    # (it rejects arguments placed on others), so its devices are the program's.
     names, shape = tuple(am.axis_names), tuple(am.axis_sizes)
-    fits = [
-        m
-        for m in (_jax_compat.concrete_mesh(), rt.mesh)
-        if m is not None and tuple(m.axis_names) == names and tuple(m.devices.shape) == shape
-    ]
+    fits = fitting_meshes(rt, am)  # the one `_collectives._process_map` takes the leaders from
     if not fits:
         return "the CUDA handlers need the concrete mesh (Pacer(mesh=...) or jax.set_mesh)"
-    mesh = fits[0]
+    mesh = fits[0][1]
     devs = mesh.devices
     ranks = {}
     for idx in np.ndindex(*shape):
