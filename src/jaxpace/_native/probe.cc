@@ -234,15 +234,18 @@ inline int32_t resolve_rank(const Site* s, int32_t rank_in) {
 // RANK_FROM_DEVICE in jaxpace/_native/__init__.py.
 constexpr int32_t kRankFromDevice = -2;
 
-// `rank_in`, or this device's entry in the site's table when `rank_in` is kRankFromDevice,
-// resolved as resolve_rank does; -1 when the table is missing or does not hold `ordinal`.
+// The rank the site's table gives local device `ordinal`, resolved; -1 when the table is
+// missing or does not hold `ordinal`. (The CUDA handlers' ranks; the CPU ones' with
+// kRankFromDevice.)
+inline int32_t table_rank(const Site* s, int32_t ordinal) {
+  const std::vector<int32_t>* t = s->ordinals.load(std::memory_order_acquire);
+  if (t == nullptr || ordinal < 0 || ordinal >= static_cast<int32_t>(t->size())) return -1;
+  return resolve_rank(s, (*t)[ordinal]);
+}
+
+// A CPU handler's rank: `rank_in`, or the table's for `ordinal` when it is kRankFromDevice.
 inline int32_t shard_rank(const Site* s, int32_t rank_in, int32_t ordinal) {
-  if (rank_in == kRankFromDevice) {
-    const std::vector<int32_t>* t = s->ordinals.load(std::memory_order_acquire);
-    if (t == nullptr || ordinal < 0 || ordinal >= static_cast<int32_t>(t->size())) return -1;
-    rank_in = (*t)[ordinal];
-  }
-  return resolve_rank(s, rank_in);
+  return rank_in == kRankFromDevice ? table_rank(s, ordinal) : resolve_rank(s, rank_in);
 }
 
 // This rank's three payload values (layout: jaxpace/_exchange.py): its previous wait (s), the

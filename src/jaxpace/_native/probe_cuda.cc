@@ -130,12 +130,9 @@ void host_signal_fn(void*) { wake_drain(); }  // only signals: the drain does th
 
 // The pair that measures on device `ordinal` for site `s`, and its rank; null when none.
 GpuPair* pair_of(Site* s, int32_t ordinal, int32_t* r_out) {
-  const std::vector<int32_t>* t = s->ordinals.load(std::memory_order_acquire);
+  int32_t r = table_rank(s, ordinal);  // the table first: it is published after gpu_tab
   std::atomic<GpuPair*>* tab = s->gpu_tab.load(std::memory_order_acquire);
-  if (t == nullptr || tab == nullptr || ordinal < 0 || ordinal >= static_cast<int32_t>(t->size()))
-    return nullptr;
-  int32_t r = resolve_rank(s, (*t)[ordinal]);
-  if (r < 0) return nullptr;
+  if (tab == nullptr || r < 0) return nullptr;
   GpuPair* gp = tab[r].load(std::memory_order_acquire);
   if (gp == nullptr || gp->device != ordinal) return nullptr;  // one device per rank
   *r_out = r;
