@@ -33,7 +33,7 @@ from jax import lax
 
 from jaxpace import _jax_compat
 
-__all__ = ["WHOLE_LEAF_BYTES", "first_scalar", "reduction_typed", "tie", "token"]
+__all__ = ["WHOLE_LEAF_BYTES", "first_scalar", "leaf_bytes", "reduction_typed", "tie", "token"]
 
 WHOLE_LEAF_BYTES = 64 * 1024
 
@@ -42,6 +42,11 @@ def reduction_typed(leaf) -> bool:
     """Whether `leaf`'s type is `unreduced`/`reduced` over some mesh axis (explicit sharding)."""
     unreduced, reduced = _jax_compat.reduction_axes(leaf)
     return bool(unreduced or reduced)
+
+
+def leaf_bytes(leaf) -> int:
+    """The size of array `leaf` in bytes (from its shape and dtype; nothing is computed)."""
+    return int(np.prod(jnp.shape(leaf))) * jnp.dtype(leaf.dtype).itemsize
 
 
 def tie(leaf, never):
@@ -57,8 +62,7 @@ def tie(leaf, never):
         out, _ = lax.optimization_barrier((leaf, never))
         return out
     shape = jnp.shape(leaf)
-    nbytes = int(np.prod(shape)) * jnp.dtype(leaf.dtype).itemsize
-    if not shape or nbytes <= WHOLE_LEAF_BYTES:
+    if not shape or leaf_bytes(leaf) <= WHOLE_LEAF_BYTES:
         return lax.select(jnp.broadcast_to(never, shape), jnp.zeros_like(leaf), leaf)
     ndim = len(shape)
     first = lax.slice(leaf, (0,) * ndim, (1,) * ndim)

@@ -29,7 +29,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import PartitionSpec
 
-from jaxpace._tie import WHOLE_LEAF_BYTES, reduction_typed, tie
+from jaxpace._tie import WHOLE_LEAF_BYTES, leaf_bytes, reduction_typed, tie
 
 __all__ = ["arrive", "arrive_p", "done", "done_p", "native_collective", "register_targets"]
 
@@ -300,8 +300,7 @@ IN_PLACE_BYTES = 256 * 1024
 
 def _large(leaf) -> bool:
     """Whether `leaf` is tied in place through its first element (above `IN_PLACE_BYTES`)."""
-    shape = jnp.shape(leaf)
-    return int(np.prod(shape)) * jnp.dtype(leaf.dtype).itemsize > IN_PLACE_BYTES
+    return leaf_bytes(leaf) > IN_PLACE_BYTES
 
 
 def _first(leaf):
@@ -325,7 +324,7 @@ def _deps(leaves) -> list:
         leaf = jnp.asarray(leaf)
         if leaf.size == 0:
             continue
-        if leaf.ndim >= 2 and leaf.size * leaf.dtype.itemsize > WHOLE_LEAF_BYTES:
+        if leaf.ndim >= 2 and leaf_bytes(leaf) > WHOLE_LEAF_BYTES:
             out.append(_first(leaf))
         else:
             out.append(lax.stop_gradient(leaf))
@@ -408,10 +407,8 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
     """
     leaves, tdef = jax.tree_util.tree_flatten(x)
     sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
-    large = [
-        s > 0 and _large(leaf) and not reduction_typed(leaf)
-        for leaf, s in zip(leaves, sizes, strict=True)
-    ]
+    # (An empty leaf has no bytes, so it is never large.)
+    large = [_large(leaf) and not reduction_typed(leaf) for leaf in leaves]
     small = [leaf for leaf, s, big in zip(leaves, sizes, large, strict=True) if s > 0 and not big]
     step_tag, payload, firsts = arrive(
         small,
