@@ -60,10 +60,7 @@ def all_records(sid, payload_len=0, num_slots=8):
     """The site's records, once every measured arrival has its done record (bounded wait):
     a program's result can be ready a few microseconds before its done probes have run."""
     deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline:
-        prog = nat.site_progress(sid, num_slots)
-        if not (prog[:, 0] > prog[:, 2]).any():
-            break
+    while nat.in_collective(sid, num_slots) and time.monotonic() < deadline:
         time.sleep(0.001)
     recs, pays = nat.drain(sid, payload_len=payload_len)
     return recs, pays

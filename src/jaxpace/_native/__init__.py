@@ -36,6 +36,7 @@ __all__ = [
     "cudart_candidates",
     "drain",
     "find_built",
+    "in_collective",
     "library_path",
     "now_ns",
     "load_once",
@@ -415,6 +416,16 @@ def counters(site_id: int) -> dict:
 
 
 PROGRESS_FIELDS = ("arrived_step", "arrived_ns", "done_step", "arrivals")
+
+
+def in_collective(site_id: int, num_slots: int) -> bool:
+    """Whether a rank of the site has arrived at a measured step it has not finished (its done
+    record is not written yet). False for an unknown site."""
+    try:
+        prog = site_progress(site_id, num_slots)
+    except ValueError:  # an unknown (closed) site has nothing in flight
+        return False
+    return bool((prog[:, 0] > prog[:, 2]).any())
 
 
 def site_progress(site_id: int, num_slots: int, *, out: np.ndarray | None = None) -> np.ndarray:

@@ -54,19 +54,10 @@ def _wait_native_closed(pacer: Pacer, timeout_s: float) -> None:
     collective: every measured arrival has its done record."""
     from jaxpace import _native
 
-    sites = [s for s in list(pacer.sites.values()) if getattr(s, "native", None) is not None]
-    if not sites or timeout_s <= 0:
-        return
+    sites = [s for s in list(pacer.sites.values()) if s.native is not None]
     deadline = time.monotonic() + timeout_s
-    while True:
-        open_ = False
-        for site in sites:
-            try:
-                prog = _native.site_progress(site.native[0], site.num_slots)
-            except Exception:  # noqa: BLE001 - an unknown/closed site has nothing in flight
-                continue
-            open_ = open_ or bool((prog[:, 0] > prog[:, 2]).any())
-        if not open_ or time.monotonic() >= deadline:
+    while any(_native.in_collective(s.native[0], s.num_slots) for s in sites):
+        if time.monotonic() >= deadline:
             return
         time.sleep(0.0005)
 
