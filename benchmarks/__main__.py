@@ -521,6 +521,10 @@ def main(argv=None) -> int:
         from benchmarks import fsdp
 
         return fsdp.main(argv[1:])
+    if argv[:1] == ["fsdp-parts"]:  # the FSDP overhead split (benchmarks/fsdp_parts.py)
+        from benchmarks import fsdp_parts
+
+        return fsdp_parts.main(argv[1:])
     if argv[:1] == ["tie"]:  # tying a large leaf to the arrival (benchmarks/tie.py)
         from benchmarks import tie
 
