@@ -259,3 +259,50 @@ def test_a_large_leaf_is_tied_in_place_from_the_probes_copy_of_its_first_element
         assert slices == 0, "the tie's kernel also slices the leaf: XLA cannot write it in place"
     finally:
         pacer.close()
+
+
+@pytest.mark.parametrize(
+    "name,call",
+    [
+        ("all_gather axis 1", lambda m, x: m.all_gather(x, "i", axis=1, tiled=True)),
+        ("all_gather axis 1, untiled", lambda m, x: m.all_gather(x, "i", axis=1)),
+        (
+            "psum_scatter dim 1",
+            lambda m, x: m.psum_scatter(x, "i", scatter_dimension=1, tiled=True),
+        ),
+        (
+            "psum_scatter dim 2",
+            lambda m, x: m.psum_scatter(x.reshape(4, 4, -1), "i", scatter_dimension=2, tiled=True),
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_done_takes_a_minor_dimension_collectives_result_as_xla_lays_it_out(mesh, name, call):
+    """XLA:CPU lays an all-gather's or reduce-scatter's result out with that dimension most
+    major; the done probe asks for its operand in that layout, so no kernel copies the
+    result to row-major for a probe that never reads it (the FSDP step's reduce-scatter half
+    had four such copies)."""
+    del name
+    pacer = jp.Pacer(jp.no_pacing(), granularity="device", mesh=mesh)
+
+    def step(m):
+        body = lambda x: call(m, x * 2.0) * 3.0  # noqa: E731
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+    try:
+        x = jax.device_put(
+            jnp.arange(N * 16 * 64.0).reshape(N * 16, 64), NamedSharding(mesh, P("i"))
+        )
+        with jax.set_mesh(mesh):
+            text = step(pacer).lower(x).compile().as_text()
+            ours, plain = np.asarray(step(pacer)(x)), np.asarray(step(lax)(x))
+        assert ours.tobytes() == plain.tobytes()
+        assert check_bracketed(text, "jaxpace_arrive_cpu", "jaxpace_done_cpu")[1] == []
+        entry = parse(text)[entry_name(text)]
+        done = [i for i in entry.values() if i["target"] == "jaxpace_done_cpu"]
+        assert len(done) == 1, done
+        fed_by = {entry[d]["op"] for d in done[0]["deps"] if d in entry}
+        assert fed_by & {"all-gather", "reduce-scatter"}, fed_by
+        assert "fusion" not in fed_by and "copy" not in fed_by, fed_by
+    finally:
+        pacer.close()

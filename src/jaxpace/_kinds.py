@@ -51,6 +51,26 @@ class Call(NamedTuple):
     params: dict = {}  # noqa: RUF012 - read only
 
 
+def major_dim(kind: str, params: dict) -> int | None:
+    """The result dimension that a `kind` collective gathers or scatters along, or None.
+
+    XLA:CPU lays that dimension out most major (an all-gather over axis 1 of a matrix gives a
+    column-major result); the done probe asks for its operand in that layout, so that no
+    copy of the result is made for it. An untiled `psum_scatter` drops the dimension: None;
+    so does a negative dimension (its result's layout is left row-major).
+
+    >>> major_dim("all_gather", {"axis": 1, "tiled": True}), major_dim("psum", {})
+    (1, None)
+    """
+    if kind == "all_gather":
+        d = int(params.get("axis", 0))
+    elif kind == "psum_scatter" and params.get("tiled", False):
+        d = int(params.get("scatter_dimension", 0))
+    else:
+        return None
+    return d if d >= 0 else None  # (a negative one: left row-major)
+
+
 def carries_exchange(kind: str) -> bool:
     """Whether the in-band exchange (and so adaptive pacing) can ride on `kind`."""
     return kind in EXCHANGE_KINDS

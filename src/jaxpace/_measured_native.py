@@ -229,19 +229,21 @@ def _measured_native(plan: TracePlan, nid: int, x, from_device: bool = False):
     def reduce(t):  # t is (x, payload) with exchange: one all-reduce for both
         return lax_fn(t, axis_name, axis_index_groups=axis_index_groups)
 
-    def _probed(fn, x):
+    def _probed(fn, x, major=None):
         if from_device:  # the site's table holds each device's rank: nothing to compute
             rank = jnp.int32(_native.RANK_FROM_DEVICE)
         else:
             rank = axis_rank(axes, sizes) if granularity == "device" else jnp.int32(0)
             if table is not None:
                 rank = jnp.where(is_leader(table, am), rank, -1)
-        out, _ = primitive.native_collective(fn, x, site_id=nid, rank=rank, payload_size=n_pay)
+        out, _ = primitive.native_collective(
+            fn, x, site_id=nid, rank=rank, payload_size=n_pay, major=major
+        )
         return out
 
     @jax.custom_batching.custom_vmap
     def measured(x):
-        return _probed(reduce, x)
+        return _probed(reduce, x, _kinds.major_dim(call.kind, call.params))
 
     @measured.def_vmap
     def measured_vmap(axis_size, in_batched, x):

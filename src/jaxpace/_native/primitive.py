@@ -112,21 +112,23 @@ ad.primitive_jvps[arrive_p] = _arrive_jvp
 done_p = Primitive("jaxpace_done")
 
 
-def _done_abstract(reduced, tag, rank, *deps, site):
-    del tag, site
+def _done_abstract(reduced, tag, rank, *deps, site, layouts=()):
+    del tag, site, layouts
     # A constant 1.0 on every shard: it varies exactly as the collective's outputs (and the
     # reduced payload) do, so tying it into the collective's (invariant) result keeps that
     # result invariant.
     return _with_vma(_like(rank, (), np.float32), _vma((reduced, *deps)))
 
 
-def _done_impl(reduced, tag, rank, *deps, site):
-    return jax.jit(lambda *a: done_p.bind(*a, site=site))(reduced, tag, rank, *deps)
+def _done_impl(reduced, tag, rank, *deps, site, layouts=()):
+    return jax.jit(lambda *a: done_p.bind(*a, site=site, layouts=layouts))(
+        reduced, tag, rank, *deps
+    )
 
 
-def _done_jvp(primals, tangents, *, site):
+def _done_jvp(primals, tangents, *, site, layouts=()):
     del tangents
-    out = done_p.bind(*primals, site=site)
+    out = done_p.bind(*primals, site=site, layouts=layouts)
     return out, ad.Zero.from_primal_value(out)
 
 
@@ -138,13 +140,17 @@ ad.primitive_jvps[done_p] = _done_jvp
 # ---------------------------------------------------------------------- lowering / registration
 
 
-def _lowering(target):
-    def lower(ctx, *args, site, n_alias=0, **_):
+def _lowering(target, layout_hints: bool = False):
+    def lower(ctx, *args, site, n_alias=0, layouts=(), **_):
         # Arrive's last `n_alias` operands are its outputs 2, 3, ...: the same buffers, which
         # the handler never touches, so each comes back with its bits (and no copy).
         first = len(args) - n_alias
         aliases = {first + i: 2 + i for i in range(n_alias)}
         kw = {"operand_output_aliases": aliases} if aliases else {}
+        if layout_hints and layouts:
+            # Done's last operands in the layout XLA gives the collective's results (the
+            # handler never reads them): no row-major copy of a result for the probe.
+            kw["operand_layouts"] = [None] * (len(args) - len(layouts)) + list(layouts)
         return jax.ffi.ffi_lowering(target, has_side_effect=True, **kw)(
             ctx, *args, site=np.int64(site)
         )
@@ -152,9 +158,12 @@ def _lowering(target):
     return lower
 
 
+# XLA:CPU lays out an all-gather's or reduce-scatter's result with the gathered or scattered
+# dimension most major (jax 0.10.2); XLA's GPU layouts are not measured here, so done's
+# operands keep the row-major default there.
 for _plat, (_arr, _don, _, _) in _TARGETS.items():
     mlir.register_lowering(arrive_p, _lowering(_arr), platform=_plat)
-    mlir.register_lowering(done_p, _lowering(_don), platform=_plat)
+    mlir.register_lowering(done_p, _lowering(_don, layout_hints=_plat == "cpu"), platform=_plat)
 
 
 def _register_jax_rules() -> tuple[bool, str]:
@@ -310,25 +319,38 @@ def _first(leaf):
     return lax.slice(leaf, (0,) * nd, (1,) * nd)
 
 
-def _deps(leaves) -> list:
+def _major_layout(ndim: int, major) -> tuple | None:
+    """The minor-to-major layout with dimension `major` most major and the others row-major
+    (None: that is row-major, or there is no such dimension)."""
+    if major is None or ndim < 2:
+        return None
+    d = major % ndim
+    return None if d == 0 else (*(i for i in reversed(range(ndim)) if i != d), d)
+
+
+def _deps(leaves, major=None) -> tuple[list, tuple]:
     """The non-empty array leaves of `leaves`, gradient-free: operands the probes never read.
 
     A custom call's operand gets XLA's default (row-major) layout: a leaf that XLA lays out
     otherwise (a reduce-scatter over a minor dimension) is copied for it. For a small leaf
     that copy is one small kernel, as a slice would be; a large leaf of two or more
     dimensions is passed as its first element instead, so that no large buffer is ever
-    copied for a probe.
+    copied for a probe. `major`: the dimension of each leaf that XLA lays out most major (an
+    all-gather's or reduce-scatter's result), or None. The layouts returned beside the
+    operands ask for that (`_major_layout`; None: row-major), so a small leaf is not copied.
     """
-    out = []
+    out, layouts = [], []
     for leaf in jax.tree_util.tree_leaves(leaves):
         leaf = jnp.asarray(leaf)
         if leaf.size == 0:
             continue
         if leaf.ndim >= 2 and leaf_bytes(leaf) > WHOLE_LEAF_BYTES:
             out.append(_first(leaf))
+            layouts.append(None)
         else:
             out.append(lax.stop_gradient(leaf))
-    return out
+            layouts.append(_major_layout(leaf.ndim, major))
+    return out, tuple(layouts)
 
 
 def arrive(deps, site_id: int, rank, payload_size: int = 0, firsts=()):
@@ -354,7 +376,7 @@ def arrive(deps, site_id: int, rank, payload_size: int = 0, firsts=()):
     firsts = list(firsts)
     step_tag, payload, *out = arrive_p.bind(
         jnp.asarray(rank, jnp.int32),
-        *_deps(deps),
+        *_deps(deps)[0],
         *firsts,
         site=int(site_id),
         payload_size=int(payload_size),
@@ -363,24 +385,27 @@ def arrive(deps, site_id: int, rank, payload_size: int = 0, firsts=()):
     return step_tag, payload, out
 
 
-def done(reduced, step_tag, site_id: int, rank, deps=()):
+def done(reduced, step_tag, site_id: int, rank, deps=(), major=None):
     """Closes this shard's measured step at site `site_id`; returns a float32 1.0 to tie in.
 
     `reduced` is the collective's reduced exchange payload (empty without one): its values are
     kept with the record. `deps` are the collective's outputs: the data dependency that orders
-    `done` after the collective (operands of the custom call, never read).
+    `done` after the collective (operands of the custom call, never read). `major`: the
+    dimension of each output that the collective gathers or scatters along, or None (`_deps`).
     """
     red = jnp.ravel(jnp.asarray(reduced, jnp.float32))
+    operands, layouts = _deps(deps, major)
     return done_p.bind(
         lax.stop_gradient(red),
         jnp.asarray(step_tag, jnp.int32),
         jnp.asarray(rank, jnp.int32),
-        *_deps(deps),
+        *operands,
         site=int(site_id),
+        layouts=layouts if any(lay is not None for lay in layouts) else (),
     )
 
 
-def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
+def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0, major=None):
     """`reduce` timed by the native probes: arrive -> reduce -> done, bitwise `reduce(x)`.
 
     Every non-empty operand leaf is an operand of the `arrive` custom call, and every leaf is
@@ -401,6 +426,8 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
         the same collective, and must return `(out, reduced_payload)`.
       x: the operand pytree (non-empty arrays).
       site_id, rank, payload_size: as in `arrive`.
+      major: the dimension of each result leaf that the collective gathers or scatters along
+        (`jaxpace._kinds.major_dim`), or None: the done probe takes the leaf in that layout.
 
     Returns:
       `(out, reduced_payload or None)`.
@@ -434,7 +461,7 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0):
         out, red = reduce(tied_x), None
     no_payload = jnp.zeros((0,), jnp.float32)
     one = lax.stop_gradient(
-        done(no_payload if red is None else red, step_tag, site_id, rank, deps=out)
+        done(no_payload if red is None else red, step_tag, site_id, rank, deps=out, major=major)
     )
     if done_kept_by_rule():
         return out, red
