@@ -10,7 +10,7 @@ pair, `--repeats` times:
   reading a clock, so nothing is recorded or drained. What is left is the cost of the
   operations the measured program adds, without any of jaxpace's host work;
 - **no ties (unsafe)**: the same probes, without the tie of each operand leaf to the arrival
-  probe. Nothing then orders a collective after its arrival probe, so the records cannot be
+  probe (the handler's copy of a small leaf, the select or the in-place update of a larger one). Nothing then orders a collective after its arrival probe, so the records cannot be
   trusted: this build exists only to split the cost between the probes and the ties.
 
 The two partial builds are made by replacing `jaxpace._native.primitive`'s functions while
@@ -42,7 +42,7 @@ def _build(name: str):
     from jaxpace import _native
     from jaxpace._native import primitive
 
-    saved = primitive.native_collective, primitive.tie
+    saved = primitive.native_collective, primitive.tie, primitive.arrive
     if name == "handlers that return at once":
 
         def nowhere(reduce, x, *, site_id, **kw):
@@ -50,11 +50,20 @@ def _build(name: str):
 
         primitive.native_collective = nowhere
     elif name == "no ties (unsafe)":
+        arrive = primitive.arrive
+
+        def untied(deps, site_id, rank, payload_size=0, firsts=(), through=()):
+            # The leaves the probe would hand back (copied or selected) go to the collective
+            # as they are; they stay the probe's operands.
+            tag, pay, outs = arrive([*deps, *through], site_id, rank, payload_size, firsts)
+            return tag, pay, [*outs, *through]
+
+        primitive.arrive = untied
         primitive.tie = lambda leaf, never: leaf
     try:
         yield
     finally:
-        primitive.native_collective, primitive.tie = saved
+        primitive.native_collective, primitive.tie, primitive.arrive = saved
 
 
 def _ops(text: str) -> dict:

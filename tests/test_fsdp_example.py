@@ -90,16 +90,16 @@ def test_every_collective_of_the_fsdp_step_is_a_bracketed_dropin():
         seen, problems = check_bracketed(ours, "jaxpace_arrive_cpu", "jaxpace_done_cpu")
         assert seen > 0 and not problems, problems
         assert count_collectives(ours) == count_collectives(plain)
-        # What measuring adds to each half, by design: two custom calls per measured call;
-        # per collective at most one kernel on its operand (the tie; none where XLA fuses
-        # it into a copy lax makes anyway) and one on its result (a row-major copy for the
-        # done probe, only where XLA lays the result out otherwise); the rank, once.
-        # Nothing else: the old arrival token, [tag, rank] stack and done concatenation
-        # made it 188 fusions against lax's 137 in the forward/backward half (now 155).
+        # What measuring adds to each half, by design: two custom calls per measured call,
+        # and no kernel. The arrive handler copies each small operand leaf itself (the
+        # weight shards and gradients are `jit` arguments: a tie of one needs a new buffer,
+        # a kernel of its own per leaf); the done probe takes a gathered / scattered result
+        # in the layout XLA gives it. The first form (arrival token, [tag, rank] stack, done
+        # concatenation) had 188 fusions against lax's 137 in the forward/backward half; the
+        # per-leaf ties had 143 against 127, and 28 against 16 in the update half.
         ops, base = entry_ops(ours), entry_ops(plain)
-        n_coll = sum(count_collectives(ours).values())
         assert ops.get("custom-call", 0) == 2 * ours.count('custom_call_target="jaxpace_arrive')
-        assert ops["fusion"] - base["fusion"] <= 2 * n_coll + 1, (ops, base, n_coll)
+        assert ops["fusion"] <= base["fusion"], (ops, base)
     assert jp.default_pacer() is not None
 
 

@@ -17,9 +17,11 @@ How the select is spread over the leaf decides what it costs:
   the slice of that element into the update's kernel, and XLA:CPU then writes the kernel's
   output as a new buffer: a pass over the leaf (measured: 10 ms of CPU time per step over 8
   devices for an 8 MiB leaf each; docs/benchmarks.md). The `io_callback` path keeps this
-  form; the native path does not use `tie` above `IN_PLACE_BYTES` (256 KiB): the arrive probe hands the
-  first element back itself, so nothing else in the update's kernel reads the leaf and XLA
-  writes it in place (`jaxpace._native.primitive.native_collective`).
+  form. The native path uses `tie` only between `WHOLE_LEAF_BYTES` and `IN_PLACE_BYTES`
+  (256 KiB) and for `unreduced`/`reduced` leaves: a smaller leaf comes back from the arrive
+  probe itself (copied by the CPU handler, selected in the CUDA lowering), and a larger one's
+  first element does, so that XLA writes it in place
+  (`jaxpace._native.primitive.native_collective`).
 - An `unreduced`/`reduced` leaf (explicit sharding) cannot meet another type in arithmetic
   (JAX raises `ShardingTypeError`), so it goes through an optimization barrier instead:
   used only on the io_callback path, where the reduced token orders the post-callback.

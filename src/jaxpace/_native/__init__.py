@@ -55,7 +55,7 @@ __all__ = [
     "wait_records",
 ]
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 MAX_SITES = 4096
 # A probe's rank operand meaning "look it up in the site's table of ranks per local device
 # ordinal" (`set_site_devices`): a program then computes no ranks. Must match kRankFromDevice

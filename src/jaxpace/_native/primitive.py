@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src.lib.mlir.dialects import hlo
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import PartitionSpec
@@ -79,28 +80,35 @@ def _with_vma(aval, vma):
     return aval.update(vma=vma) if hasattr(aval, "vma") else aval
 
 
-def _arrive_abstract(rank, *deps, site, payload_size, n_alias=0):
+def _arrive_abstract(rank, *deps, site, payload_size, n_alias=0, n_through=0):
     del site
     # The payload varies along every axis that the rank or an operand leaf varies along.
     # The step tag is typed as invariant: it only feeds `step_tag < 0`, which is False on
     # every shard, into each leaf's tie; typed as varying, a tie would make a leaf that is
     # invariant along some axis (a replicated loss under `pmean`) vary along it.
-    # The last `n_alias` deps come back as outputs, in their own buffers (aliased).
+    # The last `n_alias + n_through` deps come back as outputs: the first `n_alias` in their
+    # own buffers (aliased), the others tied to the probe (`_arrive_lowering`).
     payload = _with_vma(_like(rank, (payload_size,), np.float32), _vma((rank, *deps)))
-    aliased = list(deps[len(deps) - n_alias :]) if n_alias else []
-    return [_invariant_scalar(rank, np.int32), payload, *aliased]
+    n_out = n_alias + n_through
+    tied = list(deps[len(deps) - n_out :]) if n_out else []
+    return [_invariant_scalar(rank, np.int32), payload, *tied]
 
 
-def _arrive_impl(rank, *deps, site, payload_size, n_alias=0):
-    return jax.jit(
-        lambda r, *d: arrive_p.bind(r, *d, site=site, payload_size=payload_size, n_alias=n_alias)
-    )(rank, *deps)
+def _arrive_impl(rank, *deps, **params):
+    return jax.jit(lambda r, *d: arrive_p.bind(r, *d, **params))(rank, *deps)
 
 
-def _arrive_jvp(primals, tangents, *, site, payload_size, n_alias=0):
-    del tangents
-    outs = arrive_p.bind(*primals, site=site, payload_size=payload_size, n_alias=n_alias)
-    return outs, [ad.Zero.from_primal_value(o) for o in outs]
+def _zero_tangent(x):
+    return ad.Zero(jax.typeof(x).to_tangent_aval())
+
+
+def _arrive_jvp(primals, tangents, **params):
+    # The leaves that come back (`n_through`) are the operands' bits: their tangents pass
+    # through; the step tag, the payload and the first elements (gradient-free) have none.
+    outs = arrive_p.bind(*primals, **params)
+    n = params.get("n_through", 0)
+    zeros = [_zero_tangent(o) for o in outs[: len(outs) - n]]
+    return outs, [*zeros, *(tangents[len(tangents) - n :] if n else [])]
 
 
 arrive_p.def_abstract_eval(_arrive_abstract)
@@ -129,7 +137,7 @@ def _done_impl(reduced, tag, rank, *deps, site, layouts=()):
 def _done_jvp(primals, tangents, *, site, layouts=()):
     del tangents
     out = done_p.bind(*primals, site=site, layouts=layouts)
-    return out, ad.Zero.from_primal_value(out)
+    return out, _zero_tangent(out)
 
 
 done_p.def_abstract_eval(_done_abstract)
@@ -141,18 +149,19 @@ ad.primitive_jvps[done_p] = _done_jvp
 
 
 def _lowering(target, layout_hints: bool = False):
-    def lower(ctx, *args, site, n_alias=0, layouts=(), **_):
-        # Arrive's last `n_alias` operands are its outputs 2, 3, ...: the same buffers, which
-        # the handler never touches, so each comes back with its bits (and no copy).
-        first = len(args) - n_alias
+    def lower(ctx, *args, site, n_alias=0, layouts=(), n_after=0, **attrs):
+        # Arrive's `n_alias` operands before its last `n_after` are its outputs 2, 3, ...: the
+        # same buffers, which the handler never touches, so each comes back with its bits.
+        first = len(args) - n_alias - n_after
         aliases = {first + i: 2 + i for i in range(n_alias)}
         kw = {"operand_output_aliases": aliases} if aliases else {}
         if layout_hints and layouts:
             # Done's last operands in the layout XLA gives the collective's results (the
             # handler never reads them): no row-major copy of a result for the probe.
             kw["operand_layouts"] = [None] * (len(args) - len(layouts)) + list(layouts)
+        attrs = {k: v for k, v in attrs.items() if k == "copies"}  # (not payload_size)
         return jax.ffi.ffi_lowering(target, has_side_effect=True, **kw)(
-            ctx, *args, site=np.int64(site)
+            ctx, *args, site=np.int64(site), **attrs
         )
 
     return lower
@@ -161,8 +170,50 @@ def _lowering(target, layout_hints: bool = False):
 # XLA:CPU lays out an all-gather's or reduce-scatter's result with the gathered or scattered
 # dimension most major (jax 0.10.2); XLA's GPU layouts are not measured here, so done's
 # operands keep the row-major default there.
+def _select_tie(tag, value, aval):
+    """`value`, bit for bit, selected through `tag < 0` (never true), as `_tie.tie` selects a
+    small leaf: XLA cannot fold it (the tag comes from the probe) and fuses it into the leaf's
+    producer where it can."""
+    never = hlo.compare(
+        tag,
+        mlir.ir_constant(np.int32(0)),
+        hlo.ComparisonDirectionAttr.get("LT"),
+        compare_type=hlo.ComparisonTypeAttr.get("SIGNED"),
+    )
+    zero = mlir.ir_constant(np.zeros((), aval.dtype))
+    if aval.shape:
+        i1 = mlir.ir.IntegerType.get_signless(1)
+        bool_type = mlir.ir.RankedTensorType.get(aval.shape, i1)
+        never = hlo.broadcast_in_dim(bool_type, never, mlir.dense_int_array([]))
+        zero = hlo.broadcast_in_dim(value.type, zero, mlir.dense_int_array([]))
+    return hlo.select(never, zero, value)
+
+
+def _arrive_lowering(target, copies: bool):
+    """Arrive's lowering. Its last `n_through` operands (small leaves) come back as its last
+    results, each made to depend on the probe. On CPU the handler copies them itself
+    (`copies`): one memcpy of a few KiB in a call that runs anyway, where a tie is a kernel of
+    its own wherever XLA cannot fuse it into the leaf's producer (a `jit` argument, whose tie
+    needs a new buffer whatever its form; a product). On CUDA each is selected through the
+    never-true `step_tag < 0` after the call (a copy would be a kernel there too).
+    """
+    base = _lowering(target)
+
+    def lower(ctx, *args, site, n_alias=0, n_through=0, **_):
+        kw = {"site": site, "n_alias": n_alias, "n_after": n_through}
+        if copies:
+            return base(ctx, *args, copies=np.int64(n_through), **kw)
+        # The leaves stay operands (the probe runs once they are ready), not results.
+        outs = base(ctx.replace(avals_out=ctx.avals_out[: 2 + n_alias]), *args, **kw)
+        k = len(args) - n_through
+        tied = [_select_tie(outs[0], v, a) for v, a in zip(args[k:], ctx.avals_in[k:], strict=True)]
+        return [*outs, *tied]
+
+    return lower
+
+
 for _plat, (_arr, _don, _, _) in _TARGETS.items():
-    mlir.register_lowering(arrive_p, _lowering(_arr), platform=_plat)
+    mlir.register_lowering(arrive_p, _arrive_lowering(_arr, copies=_plat == "cpu"), platform=_plat)
     mlir.register_lowering(done_p, _lowering(_don, layout_hints=_plat == "cpu"), platform=_plat)
 
 
@@ -353,7 +404,7 @@ def _deps(leaves, major=None) -> tuple[list, tuple]:
     return out, tuple(layouts)
 
 
-def arrive(deps, site_id: int, rank, payload_size: int = 0, firsts=()):
+def arrive(deps, site_id: int, rank, payload_size: int = 0, firsts=(), through=()):
     """Records this shard's arrival at native site `site_id` and sleeps its pending delay.
 
     Args:
@@ -366,21 +417,26 @@ def arrive(deps, site_id: int, rank, payload_size: int = 0, firsts=()):
       payload_size: length of the exchange payload to produce (0: none).
       firsts: arrays (the first elements of large leaves: `_first`) that the probe returns as
         they are, in the same buffers (aliased operands; never read or written).
+      through: arrays (small operand leaves) that come back with their bits, each made to
+        depend on the probe (copied by the CPU handler if it is a `jit` argument, else
+        selected through `step_tag < 0`: `_arrive_lowering`).
 
     Returns:
-      `(step_tag, payload, firsts)`: step_tag is `step + 1` (int32, > 0) when this arrival is
+      `(step_tag, payload, firsts + through)`: step_tag is `step + 1` (int32, > 0) when this arrival is
       measured, else 0; payload is float32 `(payload_size,)`, zero except this rank's previous
       wait, presence and step time at its slot (layout of `jaxpace._exchange`); `firsts` as
       given, bit for bit, now computed by the probe (XLA cannot see through it).
     """
-    firsts = list(firsts)
+    firsts, through = list(firsts), [jnp.asarray(t) for t in through]
     step_tag, payload, *out = arrive_p.bind(
         jnp.asarray(rank, jnp.int32),
         *_deps(deps)[0],
         *firsts,
+        *through,
         site=int(site_id),
         payload_size=int(payload_size),
         n_alias=len(firsts),
+        n_through=len(through),
     )
     return step_tag, payload, out
 
@@ -410,7 +466,9 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0, m
 
     Every non-empty operand leaf is an operand of the `arrive` custom call, and every leaf is
     rewritten with its own bits from the probe's outputs, which XLA cannot see through: a
-    leaf of up to `IN_PLACE_BYTES` through `_tie.tie` on its step tag; a larger one
+    leaf of up to `WHOLE_LEAF_BYTES` comes back from the probe itself (`arrive`'s `through`:
+    the CPU handler's copy, the CUDA lowering's select); one of up to `IN_PLACE_BYTES` goes
+    through `_tie.tie` on its step tag; a larger one
     through a one-element `dynamic_update_slice` of its first element, which arrive takes
     and returns in the same buffer (an aliased operand it never touches). Nothing else in
     that update's kernel reads the leaf, so XLA writes it in place; a slice of the leaf
@@ -436,23 +494,34 @@ def native_collective(reduce, x, *, site_id: int, rank, payload_size: int = 0, m
     sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
     # (An empty leaf has no bytes, so it is never large.)
     large = [_large(leaf) and not reduction_typed(leaf) for leaf in leaves]
-    small = [leaf for leaf, s, big in zip(leaves, sizes, large, strict=True) if s > 0 and not big]
-    step_tag, payload, firsts = arrive(
-        small,
+    # A leaf of up to WHOLE_LEAF_BYTES goes through the probe (`arrive`'s `through`), except
+    # an `unreduced` / `reduced` one: only `_tie.tie`'s barrier can meet that one.
+    through = [
+        s > 0 and leaf_bytes(leaf) <= WHOLE_LEAF_BYTES and not reduction_typed(leaf)
+        for leaf, s in zip(leaves, sizes, strict=True)
+    ]
+    # `later`: tied after the probe by `_tie.tie` (those, and leaves up to IN_PLACE_BYTES).
+    later = [s > 0 and not big and not th for s, big, th in zip(sizes, large, through, strict=True)]
+    step_tag, payload, outs = arrive(
+        [leaf for leaf, t in zip(leaves, later, strict=True) if t],
         site_id,
         rank,
         payload_size,
         firsts=[_first(leaf) for leaf, big in zip(leaves, large, strict=True) if big],
+        through=[leaf for leaf, t in zip(leaves, through, strict=True) if t],
     )
     step_tag = lax.stop_gradient(step_tag)
     never = step_tag < 0  # step_tag >= 0 always: each tie keeps the leaf's bits
-    firsts = iter(firsts)
+    n_big = sum(large)
+    firsts, passed = iter(outs[:n_big]), iter(outs[n_big:])
     tied = []
-    for leaf, s, big in zip(leaves, sizes, large, strict=True):
+    for leaf, big, t, th in zip(leaves, large, later, through, strict=True):
         if big:  # the probe's copy of its own first element: an in-place one-element update
             tied.append(lax.dynamic_update_slice(leaf, next(firsts), (0,) * jnp.ndim(leaf)))
+        elif th:
+            tied.append(next(passed))
         else:
-            tied.append(tie(leaf, never) if s > 0 else leaf)
+            tied.append(tie(leaf, never) if t else leaf)
     tied_x = jax.tree_util.tree_unflatten(tdef, tied)
     if payload_size > 0:
         out, red = reduce((tied_x, lax.stop_gradient(payload)))

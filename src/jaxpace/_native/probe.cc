@@ -39,8 +39,9 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kAbiVersion = 5;  // 2: site_progress; 3: site_pending, site_wake; 4: CUDA counters;
-                                // 5: CPU handlers take the device ordinal, arrive aliased results
+constexpr int kAbiVersion = 6;  // 2: site_progress; 3: site_pending, site_wake; 4: CUDA counters;
+                                // 5: CPU handlers take the device ordinal, arrive aliased results;
+                                // 6: CPU arrive copies its last `copies` operands to its results
 constexpr int kMaxSites = 4096;
 
 inline int64_t now_ns() {
@@ -297,16 +298,33 @@ int32_t arrive_common(Site* s, int32_t r, int64_t t, int64_t* delay, int64_t* st
 
 // ------------------------------------------------------------------ CPU handlers
 
+// The last `copies` operands copied, byte for byte, into the last `copies` results: operand
+// leaves that are the program's arguments, which a tie would otherwise copy in a kernel of
+// their own each (a tie of an argument needs a new buffer whatever its form).
+void copy_through(const ffi::RemainingArgs& args, ffi::RemainingRets& rets, int64_t copies) {
+  const size_t n = copies > 0 ? static_cast<size_t>(copies) : 0;
+  if (n > args.size() || n > rets.size()) return;
+  for (size_t i = 0; i < n; ++i) {
+    auto src = args.get<ffi::AnyBuffer>(args.size() - n + i);
+    auto dst = rets.get<ffi::AnyBuffer>(rets.size() - n + i);
+    if (!src.has_value() || !dst.has_value()) continue;
+    size_t bytes = src->size_bytes();
+    if (bytes == (*dst)->size_bytes() && bytes > 0)
+      std::memcpy((*dst)->untyped_data(), src->untyped_data(), bytes);
+  }
+}
+
 // `ordinal`: the local device running this shard. `rank`: this shard's rank (-1: it does not
 // measure; kRankFromDevice: the site's table gives it for `ordinal`). `deps`: the collective's
-// operand leaves, passed only so that XLA runs this probe once they are ready; never read.
-// `firsts`: results aliased to the last operands (large leaves' first elements), which come
-// back untouched.
+// operand leaves, passed only so that XLA runs this probe once they are ready; never read,
+// except the last `copies`, which come back copied in the last `copies` results. The other
+// results, `firsts`, are aliased to the operands before those (large leaves' first elements)
+// and come back untouched.
 ffi::Error ArriveCpu(int32_t ordinal, ffi::BufferR0<ffi::S32> rank, ffi::RemainingArgs deps,
                      ffi::ResultBufferR0<ffi::S32> flag, ffi::Result<ffi::BufferR1<ffi::F32>> pay,
-                     ffi::RemainingRets firsts, int64_t site) {
-  (void)deps;
-  (void)firsts;
+                     ffi::RemainingRets firsts, int64_t site, int64_t copies) {
+  // First, whatever the shard: every shard's collective reads these results.
+  copy_through(deps, firsts, copies);
   const int64_t len = static_cast<int64_t>(pay->element_count());
   float* p = pay->typed_data();
   if (len > 0) std::memset(p, 0, sizeof(float) * len);
@@ -381,7 +399,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCpu, ArriveCpu,
                                   .Ret<ffi::BufferR0<ffi::S32>>()
                                   .Ret<ffi::BufferR1<ffi::F32>>()
                                   .RemainingRets()
-                                  .Attr<int64_t>("site"));
+                                  .Attr<int64_t>("site")
+                                  .Attr<int64_t>("copies"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceDoneCpu, DoneCpu,
                               ffi::Ffi::Bind()
