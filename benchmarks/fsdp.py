@@ -46,17 +46,11 @@ def _pair(base, other, args, reps: int) -> dict:
     }
 
 
-def run(reps: int, batch_per_replica: int, repeats: int) -> dict:
-    """`repeats` interleaved pairs per variant: (lax, jaxpace) and (lax, sample_every=10).
-
-    Each comparison interleaves two programs only: a third one in the same rounds (another
-    pacer's program, its drain) moved both jaxpace variants by several percent here.
-    """
+def setup(batch_per_replica: int):
+    """`(example module, mesh, (params, x, y))`: the example's 2 x 4 mesh (set as JAX's mesh),
+    its weights placed on it and one batch of `batch_per_replica` per `data` replica."""
     import jax
-    import numpy as np
     from jax.sharding import NamedSharding
-
-    from benchmarks.__main__ import machine
 
     ex = _example()
     mesh = jax.make_mesh((2, 4), ("data", "model"))
@@ -64,6 +58,20 @@ def run(reps: int, batch_per_replica: int, repeats: int) -> dict:
     shardings = [{n: NamedSharding(mesh, s) for n, s in d.items()} for d in ex.param_specs()]
     params = ex._place(ex.init_params(jax.random.key(0)), shardings)
     x, y = ex.make_data(mesh, batch_per_replica, 1)[0]
+    return ex, mesh, (params, x, y)
+
+
+def run(reps: int, batch_per_replica: int, repeats: int) -> dict:
+    """`repeats` interleaved pairs per variant: (lax, jaxpace) and (lax, sample_every=10).
+
+    Each comparison interleaves two programs only: a third one in the same rounds (another
+    pacer's program, its drain) moved both jaxpace variants by several percent here.
+    """
+    import numpy as np
+
+    from benchmarks.__main__ import machine
+
+    ex, mesh, (params, x, y) = setup(batch_per_replica)
     import jaxpace
 
     sampled = jaxpace.Pacer(sample_every=10, mesh=mesh)

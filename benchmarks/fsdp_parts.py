@@ -78,19 +78,13 @@ def _ops(text: str) -> dict:
 
 def run(reps: int, batch_per_replica: int, repeats: int) -> dict:
     import jax
-    from jax.sharding import NamedSharding
 
     from benchmarks.__main__ import machine
-    from benchmarks.fsdp import _example, _pair
+    from benchmarks.fsdp import _pair, setup
 
     sys.path.insert(0, str(REPO / "tests"))
-    ex = _example()
-    mesh = jax.make_mesh((2, 4), ("data", "model"))
-    jax.set_mesh(mesh)
-    shardings = [{n: NamedSharding(mesh, s) for n, s in d.items()} for d in ex.param_specs()]
-    params = ex._place(ex.init_params(jax.random.key(0)), shardings)
-    x, y = ex.make_data(mesh, batch_per_replica, 1)[0]
-    args = (params, x, y)
+    ex, mesh, args = setup(batch_per_replica)
+    params = args[0]
     steps = {"lax": ex.make_step(mesh, "lax", 0.05, donate=False)}
     for name in BUILDS:
         steps[name] = ex.make_step(mesh, "jaxpace", 0.05, donate=False)
