@@ -27,11 +27,13 @@ def grouped_records(
     late_every: int = 1,
     group_transfer_s: float = 0.005,
     seed: int = 0,
+    compute_s: float = 0.010,
 ) -> list[dict]:
     """Record dicts of a run whose step calls `sites` in order (dict order), one rank per
     process. At each site the ranks of each group leave together at the group's last entry
     plus `1 ms + group_transfer_s * k` (k: the group's index); `late_rank` computes `late_s`
-    longer before the first site of every step."""
+    longer before the first site of every step; every rank computes about `compute_s` before
+    each site."""
     rng = np.random.default_rng(seed)
     out = [
         _record_format.header_record(
@@ -44,7 +46,7 @@ def grouped_records(
     prev = np.full(num_ranks, 10**12, np.int64) + rng.integers(0, 10**9, num_ranks)
     for k in range(steps):
         for n, (name, info) in enumerate(sites.items()):
-            compute = 0.010 + 0.0003 * rng.standard_normal(num_ranks)
+            compute = compute_s + 0.0003 * rng.standard_normal(num_ranks)
             if n == 0 and late_rank is not None and k % late_every == 0:
                 compute[late_rank] += late_s
             arrive = prev + np.round(compute * 1e9).astype(np.int64)

@@ -93,3 +93,21 @@ def test_binomial_tail_of_long_runs_does_not_overflow():
     assert 0.0 <= links._binomial_tail(2000, 1500, 0.5) < 1e-100
     assert abs(links._binomial_tail(2000, 1000, 0.5) - 0.5089) < 1e-3
     assert links._binomial_tail(10, 10, 0.5) == 0.5**10
+
+
+def test_a_lead_under_two_percent_of_the_step_is_not_called_late():
+    """A rank persistently 3 ms behind is named in a 14 ms step (over `MIN_LEAD_S` and 2% of
+    the step) but not in a half-second one: there it costs the step 0.6%, which is within
+    how much healthy devices differ. 50 ms behind in the same long step is named."""
+    from jaxpace.report.stages import links
+
+    sites = {"gather": {"kind": "all_gather", "groups": GROUPS_4X2}}
+
+    def named(late_s, compute_s):
+        recs = grouped_records(sites, late_rank=5, late_s=late_s, compute_s=compute_s, seed=1)
+        (row,) = links.site_table(load_records(recs))
+        return [(g.rank, g.group) for g in row.late]
+
+    assert named(0.003, 0.010) == [(5, (1, 5))]
+    assert named(0.003, 0.5) == []
+    assert named(0.050, 0.5) == [(5, (1, 5))]

@@ -11,8 +11,11 @@ that spent the least time inside it arrived last) and names, per site:
 - the latest rank of each group, when it is the latest in so many of the analyzed steps
   that chance (each of the group's ranks equally likely to be the latest) gives that
   count with probability below `ALPHA` (a binomial test), and the others lead it by a
-  median above `MIN_LEAD_S` (a test made for groups as small as two; the fleet-wide
-  culprit test of `stages.culprit` compares a rank with the spread of many);
+  median above `MIN_LEAD_S` and above `REL_LEAD` of the site's step period (a test made
+  for groups as small as two; the fleet-wide culprit test of `stages.culprit` compares a
+  rank with the spread of many). A rank that is persistently a millisecond behind in a
+  half-second step is real but costs the step under 1%: healthy devices differ by that
+  much, and the table does not call it late;
 - for `ppermute`, each pair's median wait of the destination (what it waited for its
   source, or the link), and the slowest pair when it stands out from the others.
 
@@ -48,6 +51,7 @@ __all__ = [
 
 ALPHA = 1e-3  # per site and group, as `stages.culprit`'s culprit test
 MIN_LEAD_S = 1e-3
+REL_LEAD = 0.02  # of the site's median step period: below it a lead is the fleet's own spread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +141,21 @@ def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
     return steps[keep], ranks, wait[keep], arrive[keep], proc[keep]
 
 
+def _period_s(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
+    """The site's median step period in seconds: per rank, its arrival's advance per step
+    between consecutive analyzed steps (its own clock), the median over ranks and steps."""
+    if steps.size < 2:
+        return math.nan
+    per_step = np.diff(arrive_ns, axis=0) / np.diff(steps)[:, None] / 1e9
+    per_step = per_step[np.isfinite(per_step) & (per_step > 0)]
+    return float(np.median(per_step)) if per_step.size else math.nan
+
+
 def _late_in_groups(
-    wait: np.ndarray, ranks: np.ndarray, groups: tuple[tuple[int, ...], ...]
+    wait: np.ndarray,
+    ranks: np.ndarray,
+    groups: tuple[tuple[int, ...], ...],
+    min_lead_s: float = MIN_LEAD_S,
 ) -> tuple[GroupLate, ...]:
     """The named latest rank of each group (`_late_of_size`), in the groups' order."""
     cols, gid = group_columns(groups, ranks)
@@ -149,16 +166,19 @@ def _late_in_groups(
     for m in np.unique(sizes[sizes >= 2]).tolist():
         which = np.flatnonzero(sizes == m)
         members = cols[np.isin(gid, which)].reshape(which.size, m)  # gid is sorted
-        found += zip(which.tolist(), _late_of_size(wait, ranks, members), strict=True)
+        late = _late_of_size(wait, ranks, members, min_lead_s)
+        found += zip(which.tolist(), late, strict=True)
     return tuple(x for _, x in sorted(found, key=lambda t: t[0]) if x is not None)
 
 
-def _late_of_size(wait: np.ndarray, ranks: np.ndarray, members: np.ndarray) -> list:
+def _late_of_size(
+    wait: np.ndarray, ranks: np.ndarray, members: np.ndarray, min_lead_s: float = MIN_LEAD_S
+) -> list:
     """Per group (one row of `members`: G groups x m columns), its `GroupLate` or None.
 
     The rank latest in most steps (least time inside: arrived last); its lead is the median
     over the group's other ranks of their wait minus its wait, its median over steps must
-    exceed `MIN_LEAD_S` and its count of latest steps be unlikely by chance (`ALPHA`).
+    exceed `min_lead_s` and its count of latest steps be unlikely by chance (`ALPHA`).
     """
     G, m = members.shape
     n = wait.shape[0]
@@ -175,7 +195,7 @@ def _late_of_size(wait: np.ndarray, ranks: np.ndarray, members: np.ndarray) -> l
     lead = (others[:, :, lo] + others[:, :, hi]) / 2 - wj
     med = np.median(lead, axis=0)
     out: list[GroupLate | None] = [None] * G
-    for i in np.flatnonzero(med > MIN_LEAD_S).tolist():
+    for i in np.flatnonzero(med > min_lead_s).tolist():
         k = int(counts[i, j[i]])
         p = _binomial_tail(n, k, 1.0 / m)
         if p < ALPHA:
@@ -234,6 +254,12 @@ def _step_order(grids: list[tuple[np.ndarray, ...]]) -> list[float]:
     return [float(np.median(o)) / 1e9 if o.size else math.nan for o in offs]
 
 
+def _min_lead(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
+    """The lead a site's latest rank must exceed: `MIN_LEAD_S`, or `REL_LEAD` of the step."""
+    period = _period_s(steps, arrive_ns)
+    return max(MIN_LEAD_S, REL_LEAD * period) if math.isfinite(period) else MIN_LEAD_S
+
+
 def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
     """One `SiteRow` per site of `recs`, in step order (see the module docstring).
 
@@ -252,7 +278,7 @@ def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
     means = [float(np.median(g[2].mean(axis=1))) if g[2].size else math.nan for g in grids]
     total = float(np.nansum(means))
     rows = []
-    for name, (steps, ranks, wait, _, _), mean, order in zip(
+    for name, (steps, ranks, wait, arrive, _), mean, order in zip(
         recs.sites, grids, means, _step_order(grids), strict=True
     ):
         meta = info.get(name, {})
@@ -267,7 +293,7 @@ def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
                 wait_s=mean,
                 share=mean / total if total > 0 else math.nan,
                 order_s=order,
-                late=_late_in_groups(wait, ranks, groups),
+                late=_late_in_groups(wait, ranks, groups, _min_lead(steps, arrive)),
                 links=tuple(links),
                 slow_link=slow,
             )
