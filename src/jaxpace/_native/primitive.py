@@ -149,7 +149,7 @@ ad.primitive_jvps[done_p] = _done_jvp
 
 
 def _lowering(target, layout_hints: bool = False):
-    def lower(ctx, *args, site, n_alias=0, layouts=(), n_after=0, **attrs):
+    def lower(ctx, *args, site, n_alias=0, layouts=(), n_after=0, copies=None):
         # Arrive's `n_alias` operands before its last `n_after` are its outputs 2, 3, ...: the
         # same buffers, which the handler never touches, so each comes back with its bits.
         first = len(args) - n_alias - n_after
@@ -159,7 +159,7 @@ def _lowering(target, layout_hints: bool = False):
             # Done's last operands in the layout XLA gives the collective's results (the
             # handler never reads them): no row-major copy of a result for the probe.
             kw["operand_layouts"] = [None] * (len(args) - len(layouts)) + list(layouts)
-        attrs = {k: v for k, v in attrs.items() if k == "copies"}  # (not payload_size)
+        attrs = {} if copies is None else {"copies": np.int64(copies)}
         return jax.ffi.ffi_lowering(target, has_side_effect=True, **kw)(
             ctx, *args, site=np.int64(site), **attrs
         )
@@ -167,9 +167,6 @@ def _lowering(target, layout_hints: bool = False):
     return lower
 
 
-# XLA:CPU lays out an all-gather's or reduce-scatter's result with the gathered or scattered
-# dimension most major (jax 0.10.2); XLA's GPU layouts are not measured here, so done's
-# operands keep the row-major default there.
 def _select_tie(tag, value, aval):
     """`value`, bit for bit, selected through `tag < 0` (never true), as `_tie.tie` selects a
     small leaf: XLA cannot fold it (the tag comes from the probe) and fuses it into the leaf's
@@ -202,7 +199,7 @@ def _arrive_lowering(target, copies: bool):
     def lower(ctx, *args, site, n_alias=0, n_through=0, **_):
         kw = {"site": site, "n_alias": n_alias, "n_after": n_through}
         if copies:
-            return base(ctx, *args, copies=np.int64(n_through), **kw)
+            return base(ctx, *args, copies=n_through, **kw)
         # The leaves stay operands (the probe runs once they are ready), not results.
         outs = base(ctx.replace(avals_out=ctx.avals_out[: 2 + n_alias]), *args, **kw)
         k = len(args) - n_through
@@ -212,6 +209,9 @@ def _arrive_lowering(target, copies: bool):
     return lower
 
 
+# XLA:CPU lays out an all-gather's or reduce-scatter's result with the gathered or scattered
+# dimension most major (jax 0.10.2); XLA's GPU layouts are not measured here, so done's
+# operands keep the row-major default there.
 for _plat, (_arr, _don, _, _) in _TARGETS.items():
     mlir.register_lowering(arrive_p, _arrive_lowering(_arr, copies=_plat == "cpu"), platform=_plat)
     mlir.register_lowering(done_p, _lowering(_don, layout_hints=_plat == "cpu"), platform=_plat)
@@ -418,8 +418,8 @@ def arrive(deps, site_id: int, rank, payload_size: int = 0, firsts=(), through=(
       firsts: arrays (the first elements of large leaves: `_first`) that the probe returns as
         they are, in the same buffers (aliased operands; never read or written).
       through: arrays (small operand leaves) that come back with their bits, each made to
-        depend on the probe (copied by the CPU handler if it is a `jit` argument, else
-        selected through `step_tag < 0`: `_arrive_lowering`).
+        depend on the probe: copied by the CPU handler, selected through `step_tag < 0` in
+        the CUDA lowering (`_arrive_lowering`).
 
     Returns:
       `(step_tag, payload, firsts + through)`: step_tag is `step + 1` (int32, > 0) when this arrival is

@@ -298,20 +298,25 @@ int32_t arrive_common(Site* s, int32_t r, int64_t t, int64_t* delay, int64_t* st
 
 // ------------------------------------------------------------------ CPU handlers
 
-// The last `copies` operands copied, byte for byte, into the last `copies` results: operand
-// leaves that are the program's arguments, which a tie would otherwise copy in a kernel of
-// their own each (a tie of an argument needs a new buffer whatever its form).
-void copy_through(const ffi::RemainingArgs& args, ffi::RemainingRets& rets, int64_t copies) {
+// The last `copies` operands copied, byte for byte, into the last `copies` results: the small
+// operand leaves, which the collective then reads (a tie in the program is a kernel of its own
+// wherever XLA cannot fuse it into the leaf's producer, e.g. for every `jit` argument). Any
+// mismatch is an error: a result left unwritten would hand the collective garbage.
+ffi::Error copy_through(const ffi::RemainingArgs& args, ffi::RemainingRets& rets, int64_t copies) {
   const size_t n = copies > 0 ? static_cast<size_t>(copies) : 0;
-  if (n > args.size() || n > rets.size()) return;
+  auto bad = [] {
+    return ffi::Error(ffi::ErrorCode::kInternal, "jaxpace arrive: operand/result mismatch");
+  };
+  if (n > args.size() || n > rets.size()) return bad();
   for (size_t i = 0; i < n; ++i) {
     auto src = args.get<ffi::AnyBuffer>(args.size() - n + i);
     auto dst = rets.get<ffi::AnyBuffer>(rets.size() - n + i);
-    if (!src.has_value() || !dst.has_value()) continue;
+    if (!src.has_value() || !dst.has_value()) return bad();
     size_t bytes = src->size_bytes();
-    if (bytes == (*dst)->size_bytes() && bytes > 0)
-      std::memcpy((*dst)->untyped_data(), src->untyped_data(), bytes);
+    if (bytes != (*dst)->size_bytes()) return bad();
+    if (bytes > 0) std::memcpy((*dst)->untyped_data(), src->untyped_data(), bytes);
   }
+  return ffi::Error::Success();
 }
 
 // `ordinal`: the local device running this shard. `rank`: this shard's rank (-1: it does not
@@ -324,7 +329,8 @@ ffi::Error ArriveCpu(int32_t ordinal, ffi::BufferR0<ffi::S32> rank, ffi::Remaini
                      ffi::ResultBufferR0<ffi::S32> flag, ffi::Result<ffi::BufferR1<ffi::F32>> pay,
                      ffi::RemainingRets firsts, int64_t site, int64_t copies) {
   // First, whatever the shard: every shard's collective reads these results.
-  copy_through(deps, firsts, copies);
+  ffi::Error copied = copy_through(deps, firsts, copies);
+  if (copied.failure()) return copied;
   const int64_t len = static_cast<int64_t>(pay->element_count());
   float* p = pay->typed_data();
   if (len > 0) std::memset(p, 0, sizeof(float) * len);
