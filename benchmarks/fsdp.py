@@ -5,8 +5,10 @@ step built with every collective a `jaxpace` drop-in (the default pacer: measure
 `Pacer(sample_every=10)`) or the `jax.lax` call. Each jaxpace variant is timed against lax in
 its own interleaved pair (each once per round, shuffled order), `--repeats` times; the figures
 are the ratio of medians and the median over rounds of the paired ratio jaxpace / lax.
-Writes `benchmarks/results/fsdp.json` and the section of docs/benchmarks.md between the
-`fsdp` markers (below the generated block).
+Then the same comparison in the example's own layout, 4 processes x 2 devices under
+`jaxpace launch` (gloo collectives over loopback; `benchmarks/fsdp_mp.py` on each process,
+process 0's timings), unless `--processes 1`. Writes `benchmarks/results/fsdp.json` and the
+section of docs/benchmarks.md between the `fsdp` markers (below the generated block).
 """
 
 from __future__ import annotations
@@ -99,6 +101,29 @@ def run(reps: int, batch_per_replica: int, repeats: int) -> dict:
     return out
 
 
+def run_processes(reps: int, batch_per_replica: int, repeats: int, n: int) -> dict:
+    """The (lax, jaxpace) pairs of `benchmarks/fsdp_mp.py` on `n` processes of 8 // n devices."""
+    import tempfile
+
+    from benchmarks.__main__ import _launch, machine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "fsdp_mp.json"
+        # 2 x 75 ms a round here: the bound leaves the run twice that.
+        limit = int(60 + 2 * 2 * 0.075 * reps * repeats * 2)
+        proc = _launch(
+            ["-n", n, "--local-devices", 8 // n, "--timeout", limit, "--", sys.executable,
+             REPO / "benchmarks" / "fsdp_mp.py", "--out", out, "--reps", reps,
+             "--repeats", repeats, "--batch-per-replica", batch_per_replica],
+            timeout=limit + 30,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"fsdp_mp.py failed under jaxpace launch:\n{proc.stderr[-2000:]}")
+        res = json.loads(out.read_text())
+    res.update(machine=machine(), reps=reps, repeats=repeats, batch_per_replica=batch_per_replica)
+    return res
+
+
 def _spread(runs: list[dict], key: str) -> str:
     """`median [min, max]` over the repeats of `key` (a percent)."""
     import numpy as np
@@ -107,7 +132,7 @@ def _spread(runs: list[dict], key: str) -> str:
     return f"{np.median(v):+.1f}% [{v.min():+.1f}, {v.max():+.1f}]"
 
 
-def markdown(results: list[dict]) -> str:
+def markdown(results: list[dict], mp: dict | None = None) -> str:
     r0 = results[0]
     lines = [
         BEGIN,
@@ -135,8 +160,37 @@ def markdown(results: list[dict]) -> str:
             f"{_spread(jp_runs, 'ratio_of_medians_pct')} | {_spread(jp_runs, 'paired_pct')} | "
             f"{_spread(sm_runs, 'ratio_of_medians_pct')} |"
         )
+    if mp is not None:
+        lines += ["", *_processes_table(mp)]
     lines += ["", f"Machine: {r0['machine']}. Date: {r0['date']}.", END]
     return "\n".join(lines)
+
+
+def _processes_table(mp: dict) -> list[str]:
+    """The run in the example's own layout: its medians, their spread within a run (IQR)."""
+    runs = mp["runs"]
+
+    def mid(key):
+        return sorted(x[key] for x in runs)[len(runs) // 2]
+
+    def iqr(key):
+        lo, hi = sorted(runs, key=lambda x: x[key.replace("_iqr", "")])[len(runs) // 2][key]
+        return f"{lo:.1f} to {hi:.1f} ms"
+
+    n, d = mp["processes"], mp["local_devices"]
+    return [
+        f"The example's own layout: {n} processes x {d} CPU devices (`jaxpace launch -n {n} "
+        f"--local-devices {d}`; gloo collectives over loopback, on the same 2 cores), batch "
+        f"{mp['batch_per_replica']} per replica, the same pairs ({mp['reps']} rounds, "
+        f"{mp['repeats']} repeats) timed on process 0; {mp['sites_measured']} sites measured.",
+        "",
+        "| `jax.lax` median (IQR) | jaxpace median (IQR) | ratio of medians | "
+        "median per-round ratio |",
+        "|---:|---:|---:|---:|",
+        f"| {mid('lax_ms'):.2f} ms ({iqr('lax_iqr_ms')}) | {mid('other_ms'):.2f} ms "
+        f"({iqr('other_iqr_ms')}) | {_spread(runs, 'ratio_of_medians_pct')} | "
+        f"{_spread(runs, 'paired_pct')} |",
+    ]
 
 
 def write_section(text: str, path: Path, begin: str = BEGIN, end: str = END) -> None:
@@ -160,6 +214,13 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=600)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-per-replica", type=int, nargs="+", default=[8, 64])
+    ap.add_argument(
+        "--processes",
+        type=int,
+        choices=(1, 2, 4, 8),
+        default=4,
+        help="also time the step on this many processes of 8/N devices (1: skip)",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
     args = ap.parse_args(argv)
@@ -168,7 +229,12 @@ def main(argv=None) -> int:
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", 8)
     results = [run(args.reps, b, args.repeats) for b in args.batch_per_replica]
-    publish(results, markdown(results), args.out, "fsdp", args.markdown)
+    mp = None
+    if args.processes > 1:
+        b = args.batch_per_replica[0]
+        mp = run_processes(args.reps, b, args.repeats, args.processes)
+    data = {"in_process": results, "processes": mp}
+    publish(data, markdown(results, mp), args.out, "fsdp", args.markdown)
     return 0
 
 

@@ -146,3 +146,37 @@ def test_benchmark_rewrites_only_its_section(tmp_path):
     assert "second" in text and "first" not in text and text.count(fsdp.BEGIN) == 1
     assert "generated" in text and text.endswith("## Kept\n\nhand-written\n")
     assert text.index(bench.END) < text.index(fsdp.BEGIN)
+
+
+def test_benchmark_table_shows_the_multi_process_run_with_its_spread():
+    from benchmarks import fsdp
+
+    def pair(lax_ms, other_ms, paired):
+        return {
+            "lax_ms": lax_ms,
+            "other_ms": other_ms,
+            "lax_iqr_ms": [lax_ms - 10, lax_ms + 20],
+            "other_iqr_ms": [other_ms - 10, other_ms + 20],
+            "ratio_of_medians_pct": (other_ms / lax_ms - 1) * 100,
+            "paired_pct": paired,
+        }
+
+    one = {
+        "machine": "m",
+        "date": "d",
+        "reps": 5,
+        "repeats": 3,
+        "batch_per_replica": 8,
+        "sites_measured": 16,
+        "runs": {"jaxpace": [pair(5.0, 5.2, 4.0)] * 3, "sample_every=10": [pair(5.0, 5.1, 2)] * 3},
+    }
+    runs = [pair(70.0, 71.4, 2.5), pair(72.0, 71.28, -0.5), pair(69.0, 72.45, 5.0)]
+    mp = {"runs": runs, "processes": 4, "local_devices": 2, "sites_measured": 16}
+    mp.update(reps=5, repeats=3, batch_per_replica=8)
+    text = fsdp.markdown([one], mp)
+    assert "4 processes x 2 CPU devices" in text and "launch -n 4 --local-devices 2" in text
+    # Medians over the repeats, with the spread: the -1.0% run is not hidden.
+    assert "| 70.00 ms (60.0 to 90.0 ms) | 71.40 ms" in text, text
+    assert "+2.0% [-1.0, +5.0]" in text and "+2.5% [-0.5, +5.0]" in text, text
+    assert text.index("4 processes") < text.index(fsdp.END)
+    assert "4 processes" not in fsdp.markdown([one])
