@@ -7,7 +7,9 @@ import html
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -287,10 +289,63 @@ def _prepare(args: argparse.Namespace):
     return nodes, scenario, runs
 
 
+class _DeferredInterrupt:
+    """Ctrl-C during the runs sets a flag that the step loop reads between steps.
+
+    Python raises `KeyboardInterrupt` wherever the main thread is, including inside
+    `concurrent.futures` and `threading` code that holds a lock the draw thread or the
+    interpreter's exit needs; then the process hangs instead of ending. The flag makes
+    the first Ctrl-C land between two steps (`check`); a second one raises at once.
+    Only where Python's own handler is installed, on the main thread (a shell's ignored
+    SIGINT, or a handler the caller installed, stays as it is).
+    """
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._prev = None
+
+    def __enter__(self) -> _DeferredInterrupt:
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._prev = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+        self.seen = True
+
+    def check(self) -> None:
+        """Raises `KeyboardInterrupt` here, at a point that holds no lock, after a Ctrl-C."""
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        if self._prev is not None:
+            signal.signal(signal.SIGINT, self._prev)
+
+
 def _run(
     args: argparse.Namespace, plan, finished: list[str], progress: _Progress
 ) -> list[tuple[int, SimResult, SimResult | None]]:
-    """Runs every planned simulation; appends each finished run's label to `finished`."""
+    """Runs every planned simulation; appends each finished run's label to `finished`.
+
+    A Ctrl-C raises `KeyboardInterrupt` after the step it came in (`_DeferredInterrupt`).
+    """
+    with _DeferredInterrupt() as interrupt:
+
+        def tick(step: int) -> None:
+            progress.update(step)
+            interrupt.check()
+
+        rows = _run_all(args, plan, finished, progress, tick)
+        interrupt.check()
+    return rows
+
+
+def _run_all(
+    args: argparse.Namespace, plan, finished: list[str], progress: _Progress, tick
+) -> list[tuple[int, SimResult, SimResult | None]]:
     nodes, scenario, runs = plan
     out: dict[int, list] = {n: [None, None] for n in nodes}
     for i, (n, spec) in enumerate(runs):
@@ -302,7 +357,7 @@ def _run(
             steps=args.steps,
             policy=spec,
             seed=args.seed,
-            progress=progress.update,
+            progress=tick,
         )
         out[n][0 if spec is None else 1] = r
         finished.append(label)
