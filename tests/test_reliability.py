@@ -722,30 +722,39 @@ f(x).block_until_ready()  # 1,000 steps: warm caches
 # native rings and the policy thread are settled, so what remains is growth.
 pacer.flush()
 tracemalloc.start()
-s1 = tracemalloc.take_snapshot()
-for _ in range(9):
-    f(x).block_until_ready()
-pacer.flush()
-s2 = tracemalloc.take_snapshot()
-tracemalloc.stop()
 ours = [tracemalloc.Filter(True, f"*{os.sep}jaxpace{os.sep}*")]
-growth_ours = sum(
-    d.size_diff for d in s2.filter_traces(ours).compare_to(s1.filter_traces(ours), "filename")
-)
-growth_all = sum(d.size_diff for d in s2.compare_to(s1, "filename"))
+
+
+def run_and_snapshot(blocks):
+    for _ in range(blocks):
+        f(x).block_until_ready()
+    pacer.flush()
+    return tracemalloc.take_snapshot()
+
+
+def growth(a, b, filters=()):
+    b, a = (b.filter_traces(filters), a.filter_traces(filters)) if filters else (b, a)
+    return sum(d.size_diff for d in b.compare_to(a, "filename"))
+
+
+s1 = run_and_snapshot(0)
+s2 = run_and_snapshot(9)  # steps 1,000 to 10,000
+s3 = run_and_snapshot(18)  # 18,000 more
+tracemalloc.stop()
 site = pacer.sites["long"]
 site.flush()  # native probes: drain what the handlers finished
 st_ = site.ranks[0]
 print(json.dumps({
     "next_step": st_.next_step, "buf": len(st_.recorder._buf),
     "hist": st_.early_hist.shape[0], "records": len(pacer.records()),
-    "growth_ours": growth_ours, "growth_all": growth_all,
+    "growth_ours": growth(s1, s2, ours), "growth_all": growth(s1, s2),
+    "later_ours": growth(s2, s3, ours), "later_all": growth(s2, s3),
 }))
 """
 
 
 @pytest.mark.timeout(150)
-def test_ten_thousand_steps_use_bounded_memory():
+def test_memory_stays_bounded_over_28k_steps():
     # In a process of its own: in this one, the threads of every earlier test's
     # pacers (watchdogs, the native drain) allocate while the snapshots are taken.
     import json
@@ -758,13 +767,19 @@ def test_ten_thousand_steps_use_bounded_memory():
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     capacity = 256
-    assert r["next_step"] == 10_000
+    assert r["next_step"] == 28_000
     assert r["buf"] == capacity and r["hist"] <= capacity
     assert r["records"] == 1 + capacity
-    growth_ours, growth_all = r["growth_ours"], r["growth_all"]
     print(
-        f"10k steps: heap growth over the last 9,000 steps: jaxpace {growth_ours / 1024:.1f} "
-        f"KiB, everything (JAX included) {growth_all / 1024:.1f} KiB"
+        "heap growth, jaxpace / everything (JAX included): steps 1,000 to 10,000 "
+        f"{r['growth_ours'] / 1024:.1f} / {r['growth_all'] / 1024:.1f} KiB; the 18,000 after "
+        f"{r['later_ours'] / 1024:.1f} / {r['later_all'] / 1024:.1f} KiB"
     )
-    assert growth_ours < 16 * 1024, growth_ours
-    assert growth_all < 1024 * 1024, growth_all
+    # The first window holds what fills once (lazily built caches) and the objects in
+    # transit at a snapshot: 9-11 KiB of jaxpace's on Python 3.11, 12-19 KiB on 3.12.
+    assert r["growth_ours"] < 32 * 1024, r["growth_ours"]
+    assert r["growth_all"] < 1024 * 1024, r["growth_all"]
+    # Growth is what keeps coming: over 18,000 more steps, less than a byte per step
+    # (2-7 KiB seen), where one leaked object per step would be 18,000 objects (>= 280 KiB).
+    assert r["later_ours"] < 16 * 1024, r["later_ours"]
+    assert r["later_all"] < 64 * 1024, r["later_all"]
