@@ -127,7 +127,7 @@ def four_by_two(tmp_path_factory):
 
 @pytest.mark.multiprocess
 def test_prometheus_textfile_4x2(four_by_two):
-    """Each process's textfile parses; process 0's fleet view names process 1 (20 ms late)."""
+    """Each process's textfile parses; process 0's fleet view names process 1 (50 ms late)."""
     waits = {}
     for p in range(4):
         fams = _families(four_by_two / f"jaxpace.p{p}.prom")
