@@ -51,9 +51,9 @@ ext_modules = []
 if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
     ext_modules.append(
         Extension(
-            "jaxpace._native._jaxpace_probe",
-            sources=["src/jaxpace/_native/probe.cc"],  # includes probe_cuda.cc
-            depends=["src/jaxpace/_native/probe_cuda.cc"],
+            "jaxpace.native._jaxpace_probe",
+            sources=["src/jaxpace/native/probe.cc"],  # includes probe_cuda.cc
+            depends=["src/jaxpace/native/probe_cuda.cc"],
             language="c++",
             extra_compile_args=["-std=c++17", "-O2"],
             libraries=["dl"],
@@ -64,8 +64,8 @@ if os.environ.get("JAXPACE_BUILD_NATIVE", "1") != "0":
     # only lets selects on compares vectorize, every operation still rounds as IEEE says).
     ext_modules.append(
         Extension(
-            "jaxpace._kernels._jaxpace_kernels",
-            sources=["src/jaxpace/_kernels/kernels.cc"],
+            "jaxpace.native._jaxpace_kernels",
+            sources=["src/jaxpace/native/kernels.cc"],
             language="c++",
             extra_compile_args=[
                 "-std=c++17", "-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math",

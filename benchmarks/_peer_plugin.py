@@ -8,7 +8,7 @@ files. Environment:
   JAXPACE_PEER_KINDS  comma list of the collectives to route (default: all eight,
                       psum, pmean, pmax, pmin, all_gather, psum_scatter, ppermute, all_to_all)
 
-jaxpace is imported *before* the patch, so `jaxpace._kinds.LAX` holds the real
+jaxpace is imported *before* the patch, so `jaxpace.collectives.kinds.LAX` holds the real
 `jax.lax` functions and jaxpace's own collectives never recurse into the
 substitutes. Only the public names (`jax.lax.psum`, `jax.lax.all_gather`, ...)
 are replaced: JAX's test files reach them as `lax.psum`/`jax.lax.psum`, and
@@ -34,7 +34,7 @@ import sys
 import jax
 
 import jaxpace
-from jaxpace import _kinds
+from jaxpace.collectives import kinds as _kinds
 
 MODE = os.environ.get("JAXPACE_PEER_MODE", "plain")
 OUT = os.environ.get("JAXPACE_PEER_OUT")
@@ -58,7 +58,7 @@ def _install() -> None:
     if unknown:
         raise RuntimeError(f"JAXPACE_PEER_KINDS: unknown {unknown}; choose from {_kinds.KINDS}")
     if any(_kinds.LAX[k] is not _REAL[k] for k in KINDS):
-        raise RuntimeError("jaxpace._kinds.LAX does not hold the real jax.lax functions")
+        raise RuntimeError("jaxpace.collectives.kinds.LAX does not hold the real jax.lax functions")
     hooks = jaxpace.default_pacer().hooks
     real_open, real_note = hooks.open_site, hooks.note_unmeasured
 

@@ -14,7 +14,7 @@ import argparse
 import os
 import time
 
-from jaxpace import _kernels as kernels
+from jaxpace.native import kernels
 from jaxpace.sim import simulate
 
 

@@ -7,7 +7,7 @@ factor per rank, lognormal with spread `sigma_s`; per-step jitter `sigma_j` =
 1%), everyone leaves the collective together, so rank i's lateness at step k
 is its compute minus the step's fastest. A straggler *placed at k spreads* has
 its own speed factor set to the fleet's median and computes `k * sigma_s * T`
-longer every step. Every run goes through `jaxpace._culprit.decide`, the
+longer every step. Every run goes through `jaxpace.diagnosis.culprit.decide`, the
 function the report and the live view call; a few end-to-end runs go through
 `simulate_records` and `analyze` as a check that the pipeline decides alike.
 """
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from jaxpace._culprit import ALPHA, decide, fleet_threshold
+from jaxpace.diagnosis.culprit import ALPHA, decide, fleet_threshold
 
 T_S = 0.1
 JITTER = 0.01

@@ -6,14 +6,14 @@ pair, `--repeats` times:
 
 - **as shipped**: every collective a jaxpace drop-in, the default pacer (measure only);
 - **handlers that return at once**: the same compiled program, but every measured call names
-  a site id the native handlers reject (`jaxpace._native.MAX_SITES`): they return before
+  a site id the native handlers reject (`jaxpace.native.probes.MAX_SITES`): they return before
   reading a clock, so nothing is recorded or drained. What is left is the cost of the
   operations the measured program adds, without any of jaxpace's host work;
 - **no ties (unsafe)**: the same probes, without the tie of each operand leaf to the arrival
   probe (the handler's copy of a small leaf, the select or the in-place update of a larger one). Nothing then orders a collective after its arrival probe, so the records cannot be
   trusted: this build exists only to split the cost between the probes and the ties.
 
-The two partial builds are made by replacing `jaxpace._native.primitive`'s functions while
+The two partial builds are made by replacing `jaxpace.native.primitive`'s functions while
 their steps are traced (the library has no such modes). Also counted: the operations in each
 half's compiled entry computation (`tests/hlo_graph.py`). Writes
 `benchmarks/results/fsdp_parts.json` and the docs/benchmarks.md section between the
@@ -39,8 +39,8 @@ OPS = ("fusion", "custom-call", "dot", "collectives", "all")
 @contextlib.contextmanager
 def _build(name: str):
     """While tracing: the measured calls of build `name` (see the module's docstring)."""
-    from jaxpace import _native
-    from jaxpace._native import primitive
+    from jaxpace.native import primitive
+    from jaxpace.native import probes as _native
 
     saved = primitive.native_collective, primitive.tie, primitive.arrive
     if name == "handlers that return at once":

@@ -29,11 +29,11 @@ part() {  # part NAME TIMEOUT_S CMD...: runs one part; a non-zero exit or a time
 if [ "${JAXPACE_GPU_SH_BUILD:-1}" != "0" ]; then
   timeout 90 $PY -m pip install -q --no-build-isolation --no-deps -e . >/tmp/jaxpace-gpu-build.log 2>&1 ||
     note "pip install -e . failed (see /tmp/jaxpace-gpu-build.log); trying g++ directly"
-  if ! ls src/jaxpace/_native/_jaxpace_probe*.so >/dev/null 2>&1; then
+  if ! ls src/jaxpace/native/_jaxpace_probe*.so >/dev/null 2>&1; then
     INC=$($PY -c "import jax.ffi; print(jax.ffi.include_dir())")
     SUFFIX=$($PY -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-    timeout 60 g++ -O2 -shared -fPIC -std=c++17 -isystem "$INC" src/jaxpace/_native/probe.cc \
-      -ldl -o "src/jaxpace/_native/_jaxpace_probe$SUFFIX" || { note "FAIL: build"; exit 1; }
+    timeout 60 g++ -O2 -shared -fPIC -std=c++17 -isystem "$INC" src/jaxpace/native/probe.cc \
+      -ldl -o "src/jaxpace/native/_jaxpace_probe$SUFFIX" || { note "FAIL: build"; exit 1; }
   fi
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -42,8 +42,8 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 NGPU=$(JAX_PLATFORMS=cuda timeout 45 $PY - <<'EOF'
 import sys
 import jax
-from jaxpace import _native
-from jaxpace._native import primitive
+from jaxpace.native import probes as _native
+from jaxpace.native import primitive
 ok, why = _native.available()
 cuda_ok, cuda_why = primitive.cuda_registered()
 print(f"native library: {ok} ({why}); CUDA handlers: {cuda_ok} ({cuda_why})", file=sys.stderr)

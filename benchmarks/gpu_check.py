@@ -220,7 +220,7 @@ def _site_records(pacer, site: str) -> list[dict]:
 
 def _counters(pacer, site: str) -> dict:
     """The native probe's counters of `site`; zeros on the io_callback path (no ring)."""
-    from jaxpace import _native
+    from jaxpace.native import probes as _native
 
     native = pacer.sites[site].native
     if not native:

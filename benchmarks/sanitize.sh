@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The compiled kernels under AddressSanitizer and UndefinedBehaviorSanitizer.
 #
-# Builds src/jaxpace/_kernels/kernels.cc with -fsanitize=address,undefined into a temporary
+# Builds src/jaxpace/native/kernels.cc with -fsanitize=address,undefined into a temporary
 # directory, points jaxpace at that build (JAXPACE_KERNELS_LIBRARY), preloads the sanitizer
 # runtimes into Python, and runs the tests that drive every kernel: tests/test_kernels.py,
 # tests/test_kernels_edges.py and tests/test_policy_fast_matches_reference.py. Any
@@ -22,14 +22,14 @@ lib="$out/_jaxpace_kernels_sanitized.so"
 "$CXX" -std=c++17 -O1 -g -fno-omit-frame-pointer -fPIC -shared \
   -ffp-contract=off -fno-fast-math -fno-trapping-math \
   -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-  src/jaxpace/_kernels/kernels.cc -o "$lib"
+  src/jaxpace/native/kernels.cc -o "$lib"
 preload="$("$CXX" -print-file-name=libasan.so):$("$CXX" -print-file-name=libubsan.so)"
 export JAXPACE_KERNELS_LIBRARY="$lib" JAXPACE_KERNELS=1
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # The tests must run against this build, not a NumPy fallback or the installed library.
 LD_PRELOAD="$preload" "$PY" -c "
-from jaxpace import _kernels as kernels
+from jaxpace.native import kernels
 ok, where = kernels.available()
 assert ok and 'sanitized' in where, where
 print('kernels:', where)

@@ -16,7 +16,7 @@ INC=$($PY -c "import jax.ffi; print(jax.ffi.include_dir())")
 TSAN_LIB=$($CXX -print-file-name=libtsan.so)
 [ -e "$TSAN_LIB" ] || { echo "sanitize_probe: $CXX has no libtsan.so" >&2; exit 2; }
 FLAGS=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=thread -shared -fPIC)
-timeout 600 $CXX "${FLAGS[@]}" -isystem "$INC" src/jaxpace/_native/probe.cc -ldl \
+timeout 600 $CXX "${FLAGS[@]}" -isystem "$INC" src/jaxpace/native/probe.cc -ldl \
   -o "$OUT/probe_tsan.so"
 timeout 600 $CXX "${FLAGS[@]}" tests/native/fake_cudart.cc -lpthread -o "$OUT/libfakecudart_tsan.so"
 # Python and jaxlib are not instrumented: TSan checks the two libraries above. Reports go to
@@ -26,7 +26,7 @@ export JAXPACE_NATIVE_LIB="$OUT/probe_tsan.so" JAXPACE_FAKE_CUDART_LIB="$OUT/lib
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" JAX_PLATFORMS=cpu
 # The tests must load the sanitized library, not the one built next to the sources.
 LD_PRELOAD="$TSAN_LIB" timeout 300 $PY -c "
-from jaxpace import _native as n
+from jaxpace.native import probes as n
 ok, why = n.available()
 assert ok and 'probe_tsan' in why, why" || { echo "sanitize_probe: FAIL: not the TSan build"; exit 1; }
 status=0

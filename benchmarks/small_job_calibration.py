@@ -1,4 +1,4 @@
-"""Calibrates the small-job fleet test (`jaxpace._culprit.SMALL_JOB_THRESHOLDS`).
+"""Calibrates the small-job fleet test (`jaxpace.diagnosis.culprit.SMALL_JOB_THRESHOLDS`).
 
 `python -m benchmarks.small_job_calibration [--fleets N] [--check N]`: per rank
 count R = 4..15, the per-stage thresholds (each stage exceeds its threshold on
@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from jaxpace._culprit import (
+from jaxpace.diagnosis.culprit import (
     ALPHA,
     FLEET_MIN_MEMBERS,
     SMALL_JOB_MARGIN,
@@ -25,7 +25,7 @@ from jaxpace._culprit import (
     small_job_thresholds,
     stage_statistics,
 )
-from jaxpace._stats import median_of_others
+from jaxpace.diagnosis.stats import median_of_others
 
 
 def main() -> None:

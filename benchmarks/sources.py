@@ -5,7 +5,7 @@
 - `jax.profiler` traces: 8 processes x 8 devices x 200 steps, CPU trace layout
   with 40 other thunk events per device and step beside each all-reduce.
 
-Each is written by `jaxpace.report.sources.synthetic`, then read in a fresh
+Each is written by `jaxpace.records.sources.synthetic`, then read in a fresh
 process (`load`: the files to columns; `analyze` of those columns; then the
 HTML and the Perfetto trace), which reports its own wall times and peak
 resident memory.
@@ -33,7 +33,7 @@ _CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 from jaxpace.report import analyze, write_html, write_trace
-from jaxpace.report.sources import load
+from jaxpace.records.sources import load
 d = Path(sys.argv[1])
 c = time.process_time()
 t = time.perf_counter(); loaded = load(d); load_s = time.perf_counter() - t
@@ -73,7 +73,7 @@ def _read_in_child(path: Path, timeout_s: float) -> dict:
 
 
 def inspector(work: Path, ranks: int, collectives: int, timeout_s: float) -> dict:
-    from jaxpace.report.sources.synthetic import write_inspector_logs
+    from jaxpace.records.sources.synthetic import write_inspector_logs
 
     d = work / "inspector"
     t = time.perf_counter()
@@ -86,7 +86,7 @@ def inspector(work: Path, ranks: int, collectives: int, timeout_s: float) -> dic
 
 
 def xprof(work: Path, processes: int, devices: int, steps: int, timeout_s: float) -> dict:
-    from jaxpace.report.sources.synthetic import write_xprof_traces
+    from jaxpace.records.sources.synthetic import write_xprof_traces
 
     d = work / "xprof"
     t = time.perf_counter()
@@ -113,7 +113,7 @@ def markdown(res: dict) -> str:
             "## Reading profiler traces and NCCL Inspector logs (`python -m benchmarks sources`)",
             "",
             f"Machine: {res['machine']}; load average {res['load']:.1f} before the run.",
-            "Files written by `jaxpace.report.sources.synthetic`, read in a fresh process: "
+            "Files written by `jaxpace.records.sources.synthetic`, read in a fresh process: "
             "`load` (files to columns), `analyze` (the whole analysis of those columns), "
             "the HTML and Perfetto files; wall times, the CPU time of load + analyze (what "
             "they take on an idle core), and the peak resident memory of that process.",

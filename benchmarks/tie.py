@@ -35,7 +35,7 @@ def _steps(mesh, cols: int) -> tuple[dict, tuple]:
     from jax.sharding import PartitionSpec as P
 
     import jaxpace
-    from jaxpace._native import primitive
+    from jaxpace.native import primitive
 
     pacer = jaxpace.Pacer(mesh=mesh, granularity="device")
 

@@ -70,7 +70,7 @@ def launch():
 def probe(request, monkeypatch):
     """Which probes time the measured calls (a test that takes `probe` runs on both paths);
     the io_callback fallback is forced by hiding the native library."""
-    from jaxpace import _native
+    from jaxpace.native import probes as _native
 
     if request.param == "native":
         ok, why = _native.available()

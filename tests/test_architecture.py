@@ -134,31 +134,33 @@ def test_cycle_finder_finds_a_cycle():
 def test_no_import_cycles():
     g = _graph()
     assert len(g) > 20  # the walk found the package
-    assert "jaxpace._exchange" in g["jaxpace._runtime.hooks"]
+    assert "jaxpace.collectives.exchange" in g["jaxpace.runtime.hooks"]
     cycles = _cycles(g)
     assert not cycles, f"import cycles: {cycles}"
 
 
 def test_collectives_do_not_import_the_runtime():
     g = _graph()
-    assert not any(m.startswith("jaxpace._runtime") for m in g["jaxpace._collectives"])
+    assert not any(m.startswith("jaxpace.runtime") for m in g["jaxpace.collectives.measure"])
 
 
 def test_policy_and_sim_do_not_import_the_probe_package():
-    """The number kernels live in `jaxpace._kernels`, apart from the probes (`jaxpace._native`)."""
+    """The number kernels live in `jaxpace.native.kernels`, apart from the probes (`jaxpace.native.probes`)."""
     g = _graph()
     for mod, deps in g.items():
-        if mod.startswith(("jaxpace.policy", "jaxpace.sim", "jaxpace._kernels")):
-            bad = [d for d in deps if d.startswith("jaxpace._native")]
+        if mod.startswith(("jaxpace.policy", "jaxpace.sim", "jaxpace.native.kernels")):
+            bad = [d for d in deps if d.startswith("jaxpace.native.probes")]
             assert not bad, f"{mod} imports {bad}"
-    assert "jaxpace._kernels" in g["jaxpace.policy._window_order"]
+    assert "jaxpace.native.kernels" in g["jaxpace.policy._window_order"]
 
 
 def test_report_and_sim_sit_below_the_runtime():
     g = _graph()
     for mod, deps in g.items():
         if mod.startswith(("jaxpace.report", "jaxpace.sim", "jaxpace.topology")):
-            bad = [d for d in deps if d.startswith(("jaxpace._runtime", "jaxpace._collectives"))]
+            bad = [
+                d for d in deps if d.startswith(("jaxpace.runtime", "jaxpace.collectives.measure"))
+            ]
             assert not bad, f"{mod} imports {bad}"
 
 

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 import jaxpace as jp
-from jaxpace import _record_format
-from jaxpace._runtime import export as _export
-from jaxpace._runtime.sink_thread import QUEUE_SLOTS
 from jaxpace.errors import ConfigError
+from jaxpace.records import format as _record_format
+from jaxpace.runtime import export as _export
+from jaxpace.runtime.sink_thread import QUEUE_SLOTS
 
 # --------------------------------------------------------------------- 1. bounded shutdown
 
@@ -221,9 +221,8 @@ def test_every_pacer_argument_is_validated_at_construction(field, value, expecte
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("field,value,expected", BAD_PACER_ARGS[:9], ids=lambda v: repr(v)[:30])
 def test_configure_validates_the_same_way_and_changes_nothing(field, value, expected, monkeypatch):
-    from jaxpace._runtime import pacer as pacer_module
+    from jaxpace.runtime import pacer as pacer_module
 
-    # A fresh default pacer: one another test traced refuses every change before validating.
     monkeypatch.setattr(pacer_module, "_DEFAULT", None)
     p = jp.default_pacer()
     before = (p.clock, p.mesh, p.rank_groups, list(p.sink_thread.sinks), p.policy)
@@ -313,7 +312,7 @@ def _report_cli(path, capsys):
 def test_a_huge_records_line_is_refused_without_reading_it_whole(tmp_path, capsys):
     import tracemalloc
 
-    from jaxpace.report import records as _reader
+    from jaxpace.records import reader as _reader
 
     MAX_LINE_BYTES = getattr(_reader, "MAX_LINE_BYTES", 8 << 20)  # (so it can fail on old code)
     path = tmp_path / "records-p0.jsonl"

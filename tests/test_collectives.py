@@ -14,8 +14,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace._testing import set_fault_hook
 from jaxpace.errors import UnboundAxisError
+from jaxpace.runtime.testing import set_fault_hook
 
 MESH = jax.make_mesh((8,), ("data",))
 

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _native
+from jaxpace.native import probes as _native
 
 AX = ("a", "b")  # a 2 x 4 mesh; the calls below reduce over one axis or both
 PERM8 = [(i, (i + 3) % 8) for i in range(8)]

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace._native import available as native_available
+from jaxpace.native.probes import available as native_available
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ import threading
 import numpy as np
 import pytest
 
-from jaxpace import _native as nat
+from jaxpace.native import probes as nat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_SRC = os.path.join(HERE, "native", "fake_cudart.cc")
@@ -456,12 +456,12 @@ def test_loader_candidates_put_the_cuda13_wheel_and_mapped_runtime_first(tmp_pat
 def test_the_drain_thread_turns_a_gpu_step_into_the_next_steps_delay(fake, counts):
     """End to end on the fake: GPU step -> drain thread -> policy -> native delay -> the next
     step's stream sleeps it, and the record says so."""
-    from jaxpace._native import driver
+    from jaxpace.native import driver
 
     calls: list[tuple[int, int]] = []
     first = threading.Event()
 
-    class Runtime:  # the two methods the drain thread calls (jaxpace._runtime.hooks)
+    class Runtime:  # the two methods the drain thread calls (jaxpace.runtime.hooks)
         def native_record(self, site, rank, step, arrive_ns, done_ns, delay_ns, red, scale):
             calls.append((step, delay_ns))
             first.set()

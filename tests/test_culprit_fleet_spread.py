@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import jaxpace as jp
-from jaxpace import _culprit
-from jaxpace._exchange import Decoded
-from jaxpace._runtime.sites import Site, site_stats
+from jaxpace.collectives.exchange import Decoded
+from jaxpace.diagnosis import culprit as _culprit
 from jaxpace.report import analyze, synthetic_records
+from jaxpace.runtime.sites import Site, site_stats
 from jaxpace.sim import Faults, load_scenario, simulate_records
 from jaxpace.sinks import _Window
 
@@ -214,7 +214,7 @@ def test_statistics_print_consistently():
 
 def test_the_star_marks_exactly_the_named_ranks():
     from jaxpace.report.fleet_view import LATE_LEGEND
-    from jaxpace.report.tables import ranking_rows
+    from jaxpace.report.render.tables import ranking_rows
 
     rep = analyze(synthetic_records(8, 80, late_rank=(2, 5), late_s=0.004, seed=0))
     starred = {int(r[0].split()[0]) for r in ranking_rows(rep, 64)[1:] if r[0].endswith("*")}

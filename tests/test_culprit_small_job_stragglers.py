@@ -13,8 +13,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxpace import _culprit
-from jaxpace._culprit import ALPHA, decide, fleet_test
+from jaxpace.diagnosis import culprit as _culprit
+from jaxpace.diagnosis.culprit import ALPHA, decide, fleet_test
 from jaxpace.report import analyze
 from jaxpace.sim import Faults, load_scenario, simulate_records
 

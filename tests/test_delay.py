@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from jaxpace import _delay
+from jaxpace.runtime import delay as _delay
 
 SCRIPT = textwrap.dedent(
     """

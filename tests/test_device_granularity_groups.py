@@ -105,7 +105,7 @@ def test_several_groups_psum_is_paced_within_each_group(probe, mesh):
 
     from jax import lax
 
-    from jaxpace._testing import set_fault_hook
+    from jaxpace.runtime.testing import set_fault_hook
 
     policy = jp.adaptive(threshold_s=0.01, max_delay_s=0.08, warmup_steps=0, engage_steps=2)
     virtual = probe == "io_callback"

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from jaxpace._stats import holm, t_sf
 from jaxpace.cli import main as jaxpace_main
+from jaxpace.diagnosis.stats import holm, t_sf
+from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import analyze
-from jaxpace.report.synthetic import synthetic_run
 from jaxpace.sim import Faults, load_scenario, simulate_records, write_records
 
 SIGMA = 0.02  # per-step compute jitter (log-sigma) of the test scenario

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
 import jaxpace.sinks
-from jaxpace.report.synthetic import synthetic_run
+from jaxpace.records.synthetic import synthetic_run
 
 
 def test_culprit_last_fraction_is_minus_one_without_an_exchange(tmp_path):

@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import SCRIPTS
 
-from jaxpace import _native
 from jaxpace.launch import STALL_EXIT_CODE
+from jaxpace.native import probes as _native
 
 
 @pytest.mark.multiprocess

@@ -82,7 +82,7 @@ def test_one_line_in_a_loop_gets_one_name_per_call_and_a_retrace_keeps_them(capl
 
 
 def test_site_names_are_deterministic_and_never_collide_with_a_given_name():
-    from jaxpace._runtime.sites import SiteNames
+    from jaxpace.runtime.sites import SiteNames
 
     class T:  # stands for a trace object
         pass

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jaxpace import _exchange
+from jaxpace.collectives import exchange as _exchange
 
 
 def payload(waits, tags, steps_s=None):
@@ -47,7 +47,7 @@ def test_tags_survive_a_pmean_division_at_large_steps():
 
 
 def test_stats_probe_line_names_every_loss():
-    from jaxpace._native import driver
+    from jaxpace.native import driver
 
     assert driver._lost_text(0, 0, 0, 0, 0) == []
     text = " ".join(driver._lost_text(3, 17, 16, 1, 2))

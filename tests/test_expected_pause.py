@@ -6,8 +6,8 @@ import threading
 import pytest
 
 import jaxpace as jp
-from jaxpace._runtime import pauses
-from jaxpace._runtime import watchdog as wd
+from jaxpace.runtime import pauses
+from jaxpace.runtime import watchdog as wd
 
 SCRIPT = "tests/scripts/pause_job.py"
 

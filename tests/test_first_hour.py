@@ -290,7 +290,7 @@ def test_demo_help_describes_the_current_demo():
 
 def test_no_what_if_row_without_culprit_and_warmup_is_the_one_used():
     from jaxpace.report import analyze, synthetic_records
-    from jaxpace.report.tables import summary_rows
+    from jaxpace.report.render.tables import summary_rows
 
     rep = analyze(synthetic_records(8, 40, seed=3))
     assert rep.culprit is None
@@ -305,7 +305,7 @@ def test_every_report_says_what_to_do_next_in_terminal_and_html():
     from rich.console import Console
 
     from jaxpace.report import analyze, print_summary, synthetic_records
-    from jaxpace.report.html import render_report_html
+    from jaxpace.report.render.html import render_report_html
 
     straggler = analyze(synthetic_records(8, 60, late_rank=3, late_s=0.01, seed=1))
     balanced = analyze(synthetic_records(8, 60, seed=1))
@@ -320,7 +320,7 @@ def test_every_report_says_what_to_do_next_in_terminal_and_html():
 
 def test_html_plots_use_the_analyzed_steps_and_supported_forecasts_only():
     from jaxpace.report import analyze, synthetic_records
-    from jaxpace.report.html import render_report_html
+    from jaxpace.report.render.html import render_report_html
 
     rep = analyze(synthetic_records(4, 60, late_rank=1, late_s=0.01, seed=2))
     page = render_report_html(rep)
@@ -331,10 +331,10 @@ def test_html_plots_use_the_analyzed_steps_and_supported_forecasts_only():
 
 
 def test_perfetto_slices_never_overlap_on_a_track():
+    from jaxpace.records.reader import load_records
     from jaxpace.report import synthetic_records
-    from jaxpace.report.records import load_records
+    from jaxpace.report.render.trace import trace_events
     from jaxpace.report.stages.site import site_data
-    from jaxpace.report.trace import trace_events
 
     recs = load_records(
         synthetic_records(4, 80, late_rank=1, late_s=0.02, straggler_prob=0.1, seed=4)

@@ -21,8 +21,8 @@ import pytest
 from conftest import REPO, run_launch, run_report
 from hlo_graph import check_bracketed, count_collectives, entry_ops
 
-from jaxpace import _native
-from jaxpace.report.records import load_records
+from jaxpace.native import probes as _native
+from jaxpace.records.reader import load_records
 from jaxpace.report.stages import links
 
 EXAMPLE = REPO / "examples" / "fsdp.py"

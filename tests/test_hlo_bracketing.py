@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _native
+from jaxpace.native import probes as _native
 
 pytestmark = pytest.mark.skipif(
     not _native.available()[0], reason=f"native probes unavailable: {_native.available()[1]}"

@@ -20,7 +20,7 @@ import PIL.Image as PIL_Image
 import pytest
 
 from jaxpace.report import analyze, synthetic_records
-from jaxpace.report.html import render_report_html
+from jaxpace.report.render.html import render_report_html
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 ET.register_namespace("", SVG_NS[1:-1])

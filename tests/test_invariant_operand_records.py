@@ -23,7 +23,7 @@ from rich.console import Console
 import jaxpace as jp
 from jaxpace.report import analyze, print_summary, synthetic_records
 from jaxpace.report.advice import next_steps
-from jaxpace.report.html import render_report_html
+from jaxpace.report.render.html import render_report_html
 
 
 def _grad_step(pacer, mesh, *, pcast):

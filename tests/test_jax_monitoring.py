@@ -5,7 +5,7 @@ import pytest
 from psum_step import run_psum
 
 import jaxpace as jp
-from jaxpace._runtime import monitoring as names
+from jaxpace.runtime import monitoring as names
 
 
 @pytest.fixture

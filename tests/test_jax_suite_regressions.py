@@ -18,7 +18,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _jax_compat, _native
+from jaxpace import _jax_compat
+from jaxpace.native import probes as _native
 
 NATIVE_OK, NATIVE_WHY = _native.available()
 

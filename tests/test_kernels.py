@@ -1,4 +1,4 @@
-"""The compiled kernels (`jaxpace._kernels`) give the NumPy fallback's bits, and the
+"""The compiled kernels (`jaxpace.native.kernels`) give the NumPy fallback's bits, and the
 fallback runs when the library is absent or disabled."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import jaxpace.policy._adaptive_fast as F
 import jaxpace.policy._window_order as WO
 import jaxpace.sim._engine as E
-from jaxpace import _kernels as kernels
-from jaxpace._exchange import sanitize_seconds
+from jaxpace.collectives.exchange import sanitize_seconds
+from jaxpace.native import kernels
 from jaxpace.policy.adaptive import AdaptiveConfig, AdaptiveState, ab_guard, adaptive
 from jaxpace.policy.base import Observation
 from jaxpace.policy.quantile import quantile_of_window
@@ -328,7 +328,7 @@ def test_sorted_window_quantile_is_numpys(q, filled):
 
 
 def test_a_negative_zero_is_a_zero():
-    from jaxpace._exchange import sanitize_seconds
+    from jaxpace.collectives.exchange import sanitize_seconds
 
     out = sanitize_seconds(np.array([-0.0, 0.0, 0.001, -0.001, np.nan, np.inf, -np.inf]))
     assert not np.signbit(out[:3]).any() and out[:3].tolist() == [0.0, 0.0, 0.001]

@@ -4,7 +4,7 @@ numbers shared with kernels.cc checked when the library loads."""
 import numpy as np
 import pytest
 
-from jaxpace import _kernels as kernels
+from jaxpace.native import kernels
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from conftest import SCRIPTS
 
 from benchmarks.lag import WARMUP, per_step, sync_wait_ms
-from jaxpace._native import available as native_available
+from jaxpace.native.probes import available as native_available
 
 pytestmark = pytest.mark.multiprocess
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import run_report
 from rich.console import Console
 
+from jaxpace.records.synthetic import synthetic_records
 from jaxpace.report import analyze, load_records
-from jaxpace.report.synthetic import synthetic_records
-from jaxpace.report.terminal import print_summary
+from jaxpace.report.render.terminal import print_summary
 
 MARKUP = "grads[/]"
 ESCAPES = "grads\x1b]0;PWNED-TITLE\x07\x1b[2J\x1b[31mRED"
@@ -68,7 +68,7 @@ def test_a_real_terminal_gets_rich_styles_but_no_sequence_from_a_name():
 
 
 def test_printable_keeps_distinct_names_distinct():
-    from jaxpace.report.terminal import printable
+    from jaxpace.report.render.terminal import printable
 
     names = ["a\x1bb", "a\\x1bb", "a\u202eb", "a\nb", "a\tb", "a b", "a\x9bb"]
     shown = [printable(n) for n in names[:1] + names[2:]]

@@ -1,4 +1,4 @@
-"""Native probes (jaxpace/_native): effect-free primitives lowered to XLA FFI handlers.
+"""Native probes (jaxpace/native/probes): effect-free primitives lowered to XLA FFI handlers.
 
 Runs when the native library was built by `pip install` (a C++17 compiler at install time);
 otherwise every test here is skipped with the loader's reason, and the io_callback fallback is
@@ -16,8 +16,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpace import _native as nat
-from jaxpace._native import primitive as prim
+from jaxpace.native import primitive as prim
+from jaxpace.native import probes as nat
 
 OK, WHY = nat.available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"native probes unavailable: {WHY}")
@@ -426,7 +426,7 @@ def test_idle_site_records_do_not_wake_the_drain(mesh):
 
 
 def test_pacer_native_idle_adaptive_is_drained_on_the_timer_and_wakes_once_engaged(mesh):
-    from jaxpace._native import driver
+    from jaxpace.native import driver
 
     x = sharded(mesh, jnp.ones((8, 8), jnp.float32))
     idle = jp.Pacer(policy=jp.adaptive(threshold_s=1.0), granularity="device")

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxpace import _kernels as kernels
+from jaxpace.native import kernels
 from jaxpace.policy import _adaptive_fast
 from jaxpace.policy.adaptive import AdaptiveConfig, AdaptiveState, adaptive, reference
 from jaxpace.policy.base import Observation

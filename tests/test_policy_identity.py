@@ -3,8 +3,8 @@
 import numpy as np
 
 import jaxpace as jp
-from jaxpace._runtime import consensus
 from jaxpace.policy.adaptive import reference
+from jaxpace.runtime import consensus
 
 
 def _zero_update(obs, state):

@@ -26,7 +26,9 @@ def test_errors_have_cause_and_fix():
 
 
 def test_lazy_names_are_the_modules_own_objects():
-    from jaxpace import _dropins, _runtime, topology
+    from jaxpace import runtime as _runtime
+    from jaxpace import topology
+    from jaxpace.collectives import dropins as _dropins
 
     assert jaxpace.psum is _dropins.psum and jaxpace.pmean is _dropins.pmean
     assert jaxpace.Pacer is _runtime.Pacer and jaxpace.configure is _runtime.configure

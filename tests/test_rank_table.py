@@ -20,8 +20,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _kinds, _measured_native
-from jaxpace import _native as nat
+from jaxpace.collectives import kinds as _kinds
+from jaxpace.collectives import native_program as _measured_native
+from jaxpace.native import probes as nat
 
 pytestmark = pytest.mark.skipif(
     not nat.available()[0], reason=f"native probes unavailable: {nat.available()[1]}"

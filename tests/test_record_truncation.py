@@ -10,8 +10,8 @@ from psum_step import run_psum
 
 import jaxpace as jp
 from jaxpace.errors import RecordsError
+from jaxpace.records.synthetic import synthetic_records
 from jaxpace.report import analyze, load_records
-from jaxpace.report.synthetic import synthetic_records
 
 
 def _run(pacer: jp.Pacer, steps: int) -> None:

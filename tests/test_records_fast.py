@@ -1,4 +1,4 @@
-"""The fast (columnar) JSONL reader of `jaxpace.report.records` against the per-line one.
+"""The fast (columnar) JSONL reader of `jaxpace.records.reader` against the per-line one.
 
 The per-line reader (`json.loads` a line at a time) is the reference: on every
 file here, writer output as well as hostile input, the fast reader must give the
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxpace import _record_format
-from jaxpace.report import line_reader as reader
+from jaxpace.records import format as _record_format
+from jaxpace.records import line_reader as reader
+from jaxpace.records.reader import Records, load_records
 from jaxpace.report import synthetic_records
-from jaxpace.report.records import Records, load_records
 
 # (chunk bytes, lines per block); None: the module's default.
 CHUNKS = ((None, None), (97, None), (1000, 3), (4096, 2), (4096, None))
@@ -428,7 +428,7 @@ def test_random_corruptions_of_writer_lines(tmp_path, monkeypatch):
 
 
 def test_round3_is_pythons_round_bit_for_bit():
-    from jaxpace.report.trace import _round3
+    from jaxpace.report.render.trace import _round3
 
     rng = np.random.default_rng(3)
     ties = (rng.integers(-(10**9), 10**9, 200_000) + 0.5) / 1000.0  # x.xxx5 as doubles
@@ -459,9 +459,9 @@ def test_round3_is_pythons_round_bit_for_bit():
 def test_trace_vectorized_equals_per_event(kw, monkeypatch):
     """Perfetto events built with NumPy equal the per-event path, and the text that
     `write_trace` writes equals `json.dumps` of them."""
+    from jaxpace.records.synthetic import synthetic_run
     from jaxpace.report import analyze
-    from jaxpace.report import trace as tr
-    from jaxpace.report.synthetic import synthetic_run
+    from jaxpace.report.render import trace as tr
 
     rep = analyze(synthetic_run(16, 60, seed=4, **kw))
     data, site = rep.data, rep.site
@@ -480,9 +480,9 @@ def test_trace_vectorized_equals_per_event(kw, monkeypatch):
 def test_trace_with_times_that_are_not_finite_takes_the_per_event_path(monkeypatch):
     import dataclasses
 
+    from jaxpace.records.synthetic import synthetic_run
     from jaxpace.report import analyze
-    from jaxpace.report import trace as tr
-    from jaxpace.report.synthetic import synthetic_run
+    from jaxpace.report.render import trace as tr
 
     rep = analyze(synthetic_run(8, 40, seed=1))
     wait = rep.data.wait.copy()

@@ -29,11 +29,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _delay, _probe
-from jaxpace._native import available as native_available
-from jaxpace._runtime import consensus, hooks
-from jaxpace._testing import set_fault_hook
 from jaxpace.errors import ConfigError, TracedConfigChangeError, UnboundAxisError
+from jaxpace.native.probes import available as native_available
+from jaxpace.runtime import consensus, hooks
+from jaxpace.runtime import delay as _delay
+from jaxpace.runtime import probe as _probe
+from jaxpace.runtime.testing import set_fault_hook
 
 MESH = jax.make_mesh((8,), ("data",))
 DATA, REPL = P("data"), P()

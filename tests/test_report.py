@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from jaxpace import report
 from jaxpace.errors import RecordsError
-from jaxpace.report.html import PLOT_TITLES
-from jaxpace.report.synthetic import synthetic_run as _synthetic
+from jaxpace.records.synthetic import synthetic_run as _synthetic
+from jaxpace.report.render.html import PLOT_TITLES
 
 
 def _analyze(num_ranks=8, num_steps=200, **kw):

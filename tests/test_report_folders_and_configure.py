@@ -13,11 +13,11 @@ from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
 from jaxpace import demo, report
-from jaxpace._runtime import pacer as pacer_mod
 from jaxpace.errors import ConfigError, RecordsError
-from jaxpace.report import records as records_mod
-from jaxpace.report.html import render_report_html
-from jaxpace.report.synthetic import synthetic_run
+from jaxpace.records import reader as records_mod
+from jaxpace.records.synthetic import synthetic_run
+from jaxpace.report.render.html import render_report_html
+from jaxpace.runtime import pacer as pacer_mod
 
 
 def _cli(argv):

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import load_records
-from jaxpace.report.synthetic import synthetic_run
 
 LIMIT = 2 << 30
 
@@ -112,7 +112,7 @@ def test_a_fifo_or_device_where_the_report_writes_is_refused_not_waited_on(tmp_p
 
 @pytest.mark.timeout(60)
 def test_oversized_and_special_files_are_refused_by_the_reader(tmp_path):
-    from jaxpace.report.safe_io import open_regular, read_capped
+    from jaxpace.records.safe_io import open_regular, read_capped
 
     big = tmp_path / "stall-p0.json"
     big.write_bytes(b" " * 2048)

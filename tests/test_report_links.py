@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from conftest import run_4x2
 
-from jaxpace import _record_format, _site_layout
-from jaxpace.report.records import load_records
+from jaxpace.collectives import layout as _site_layout
+from jaxpace.records import format as _record_format
+from jaxpace.records.reader import load_records
 from jaxpace.report.stages import links
 
 SITES = {

@@ -2,7 +2,7 @@
 
 `tests/fixtures/nccl_inspector/` holds two ranks' logs written by hand in the
 plugin's format (`inspector_json.cc`); larger runs come from
-`jaxpace.report.sources.synthetic.write_inspector_logs`: every rank leaves a
+`jaxpace.records.sources.synthetic.write_inspector_logs`: every rank leaves a
 collective when the last has arrived, so its kernel time is its wait plus the
 transfer.
 """
@@ -17,10 +17,10 @@ import pytest
 from conftest import run_report
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.sources import detect
+from jaxpace.records.sources import load as load_source
+from jaxpace.records.sources.synthetic import Comm, write_inspector_logs
 from jaxpace.report import analyze
-from jaxpace.report.sources import detect
-from jaxpace.report.sources import load as load_source
-from jaxpace.report.sources.synthetic import Comm, write_inspector_logs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "nccl_inspector"
 
@@ -182,7 +182,7 @@ def test_readers_do_not_import_jax(tmp_path):
     code = (
         "import sys\n"
         "from jaxpace.report import analyze\n"
-        "from jaxpace.report.sources.synthetic import write_inspector_logs, write_xprof_traces\n"
+        "from jaxpace.records.sources.synthetic import write_inspector_logs, write_xprof_traces\n"
         f"write_inspector_logs({str(tmp_path / 'i')!r}, 4, 20)\n"
         f"write_xprof_traces({str(tmp_path / 'x')!r}, 2, 2, 20)\n"
         f"analyze({str(tmp_path / 'i')!r}); analyze({str(tmp_path / 'x')!r})\n"

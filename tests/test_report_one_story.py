@@ -17,8 +17,8 @@ from rich.console import Console
 
 from jaxpace.report import analyze, print_summary, synthetic_records
 from jaxpace.report.advice import next_steps
-from jaxpace.report.html import render_report_html
-from jaxpace.report.tables import forecast_rows, forecast_support, pacing_table
+from jaxpace.report.render.html import render_report_html
+from jaxpace.report.render.tables import forecast_rows, forecast_support, pacing_table
 
 
 def _text(rep, verbose=True) -> str:

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from jaxpace.report import analyze, print_summary, synthetic_records
 from jaxpace.report.advice import next_steps
-from jaxpace.report.html import render_report_html
+from jaxpace.report.render.html import render_report_html
 
 GPU_ONLY = ("nvidia-smi", "lspci", "GPU-h", "PCIe")
 

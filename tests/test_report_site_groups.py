@@ -2,7 +2,7 @@
 
 Ranks of different groups never wait for each other, so the single-site analysis measures
 lateness within each group. The records here are built step by step with the model of
-`jaxpace.report.synthetic` (all ranks of a group leave together, at the group's last entry
+`jaxpace.records.synthetic` (all ranks of a group leave together, at the group's last entry
 plus its transfer), but with one transfer per group: group k's ranks all wait about 5*k ms
 more than group 0's, while being balanced among themselves.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxpace import _record_format
+from jaxpace.records import format as _record_format
 from jaxpace.report import analyze
 
 GROUPS_4X2 = [[0, 4], [1, 5], [2, 6], [3, 7]]  # an all-gather over `data` on a 2x4 mesh

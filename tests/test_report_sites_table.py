@@ -10,9 +10,9 @@ import json
 
 from test_report_site_groups import AG, GROUPS_4X2, grouped_records
 
+from jaxpace.records.reader import load_records
 from jaxpace.report import analyze
-from jaxpace.report.html import render_report_html
-from jaxpace.report.records import load_records
+from jaxpace.report.render.html import render_report_html
 
 # The ppermute runs as one group of all ranks: they leave it together, so no rank starts the
 # next step late for having left `reduce` with a slower group.

@@ -15,11 +15,11 @@ import pytest
 from conftest import REPO, SCRIPTS, run_4x2, run_report
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.sources import detect
+from jaxpace.records.sources import load as load_source
+from jaxpace.records.sources.synthetic import write_xprof_traces
+from jaxpace.records.sources.xprof import collective_kind
 from jaxpace.report import analyze
-from jaxpace.report.sources import detect
-from jaxpace.report.sources import load as load_source
-from jaxpace.report.sources.synthetic import write_xprof_traces
-from jaxpace.report.sources.xprof import collective_kind
 
 
 def _trace_job(out, *args, timeout_s=240):

@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 from psum_step import run_psum
 
 import jaxpace as jp
-from jaxpace._testing import set_fault_hook
+from jaxpace.runtime.testing import set_fault_hook
 
 MESH = jax.make_mesh((8,), ("data",))
 

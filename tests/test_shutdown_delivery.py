@@ -18,7 +18,7 @@ import pytest
 from psum_step import psum_step
 
 import jaxpace as jp
-from jaxpace._testing import set_fault_hook
+from jaxpace.runtime.testing import set_fault_hook
 
 prom_parser = pytest.importorskip("prometheus_client.parser")
 pytest.importorskip("tensorboardX")

@@ -8,8 +8,8 @@ import pytest
 from psum_step import run_psum
 
 import jaxpace as jp
-from jaxpace._probe import RateLimitedLog
-from jaxpace._runtime.sink_thread import SinkThread
+from jaxpace.runtime.probe import RateLimitedLog
+from jaxpace.runtime.sink_thread import SinkThread
 
 prom_parser = pytest.importorskip("prometheus_client.parser")
 pytest.importorskip("tensorboardX")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import jaxpace as jp
-from jaxpace import _exchange
-from jaxpace._delay import clamp_delay
-from jaxpace._runtime.sites import Site
+from jaxpace.collectives import exchange as _exchange
 from jaxpace.policy.base import Observation, PacingPolicy
+from jaxpace.runtime.delay import clamp_delay
+from jaxpace.runtime.sites import Site
 
 N = 8
 
@@ -196,7 +196,7 @@ def test_concurrent_ranks_share_the_memo_without_errors():
 
 
 def test_stats_keep_at_most_4_mib_of_earliness_per_rank():
-    from jaxpace._runtime.sites import early_rows
+    from jaxpace.runtime.sites import early_rows
 
     assert early_rows(4096, 8) == 1024 and early_rows(4096, 1024) == 1024
     assert early_rows(4096, 8192) == 128 and early_rows(4096, 2**20) == 64

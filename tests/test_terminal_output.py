@@ -17,9 +17,9 @@ import numpy as np
 from rich.console import Console
 
 from jaxpace import demo
+from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import analyze, print_summary, synthetic_records
-from jaxpace.report.synthetic import synthetic_run
-from jaxpace.report.terminal import PIPE_WIDTH, summary_lines
+from jaxpace.report.render.terminal import PIPE_WIDTH, summary_lines
 from jaxpace.sim import cli as sim_cli
 
 

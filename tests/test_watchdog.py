@@ -20,13 +20,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
-from jaxpace import _native as nat
-from jaxpace._runtime import hooks
-from jaxpace._runtime import watchdog as wd
-from jaxpace._runtime.bounded_kv import BoundedKV
-from jaxpace._runtime.config import RUN_DIR_ENV
-from jaxpace._testing import set_fault_hook
 from jaxpace.errors import ConfigError, StallError
+from jaxpace.native import probes as nat
+from jaxpace.runtime import hooks
+from jaxpace.runtime import watchdog as wd
+from jaxpace.runtime.bounded_kv import BoundedKV
+from jaxpace.runtime.config import RUN_DIR_ENV
+from jaxpace.runtime.testing import set_fault_hook
 
 # ---------------------------------------------------------------------- settings
 
@@ -184,8 +184,8 @@ needs_native = pytest.mark.skipif(not NATIVE_OK, reason=f"native probes unavaila
 
 def _native_site(name="n"):
     """A registered one-rank native site, plus one jitted arrive and one jitted done on it."""
-    from jaxpace._native import primitive as prim
-    from jaxpace._runtime.sites import Site
+    from jaxpace.native import primitive as prim
+    from jaxpace.runtime.sites import Site
 
     sid = nat.allocate_site_id()
     nat.register_site(sid, 1)

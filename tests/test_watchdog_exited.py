@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import SCRIPTS
 
-from jaxpace._runtime import watchdog as wd
+from jaxpace.runtime import watchdog as wd
 
 STALL_AFTER_S = 3.0
 
@@ -56,7 +56,7 @@ def test_a_process_that_left_is_reported_as_exited_with_its_last_position(launch
 
 
 def test_ages_come_from_the_shared_exit_of_the_collective():
-    from jaxpace._runtime.stall_peers import PeerAges, classify
+    from jaxpace.runtime.stall_peers import PeerAges, classify
 
     ages = PeerAges()
     ages.note_left("g", 18, 100.0)
@@ -81,7 +81,7 @@ def test_ages_come_from_the_shared_exit_of_the_collective():
 def test_a_dead_pid_on_this_host_is_exited():
     import subprocess
 
-    from jaxpace._runtime.stall_peers import PeerAges, classify
+    from jaxpace.runtime.stall_peers import PeerAges, classify
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
@@ -95,7 +95,7 @@ def test_a_dead_pid_on_this_host_is_exited():
 
 
 def test_a_peer_that_closed_before_any_collective_is_not_called_unreached():
-    from jaxpace._runtime.stall_peers import classify
+    from jaxpace.runtime.stall_peers import classify
 
     peers = {1: {"site": None, "step": None, "state": "none", "host": "h", "closed": True}, 2: None}
     _, missing, _ = classify(0, "g", 0, {"g": 1}, peers)

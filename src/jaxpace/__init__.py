@@ -3,14 +3,14 @@
 from typing import TYPE_CHECKING
 
 from jaxpace import errors
-from jaxpace._probe import Clock, Sink
 from jaxpace.policy.adaptive import AdaptiveConfig, AdaptiveState, adaptive
 from jaxpace.policy.base import Observation, PacingPolicy, PolicyStatus
 from jaxpace.policy.simple import fixed, no_pacing
+from jaxpace.runtime.probe import Clock, Sink
 
 if TYPE_CHECKING:  # loaded on first use (below): they import JAX
     from jaxpace import launch, report, sim, sinks, topology
-    from jaxpace._dropins import (
+    from jaxpace.collectives.dropins import (
         all_gather,
         all_to_all,
         pmax,
@@ -20,8 +20,8 @@ if TYPE_CHECKING:  # loaded on first use (below): they import JAX
         psum,
         psum_scatter,
     )
-    from jaxpace._runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
-    from jaxpace._runtime.pauses import expected_pause
+    from jaxpace.runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
+    from jaxpace.runtime.pauses import expected_pause
     from jaxpace.topology import make_mesh
 
 __version__ = "0.1.0"
@@ -64,20 +64,20 @@ __all__ = [
 # which `jaxpace report`, `jaxpace simulate` and `jaxpace --help` never need; `report`, `sim`
 # and `sinks` pull in rich/HTML code that a training process never needs.
 _LAZY = {
-    "all_gather": ("jaxpace._dropins", "all_gather"),
-    "all_to_all": ("jaxpace._dropins", "all_to_all"),
-    "pmax": ("jaxpace._dropins", "pmax"),
-    "pmean": ("jaxpace._dropins", "pmean"),
-    "pmin": ("jaxpace._dropins", "pmin"),
-    "ppermute": ("jaxpace._dropins", "ppermute"),
-    "psum": ("jaxpace._dropins", "psum"),
-    "psum_scatter": ("jaxpace._dropins", "psum_scatter"),
-    "Pacer": ("jaxpace._runtime", "Pacer"),
-    "PacerConfig": ("jaxpace._runtime", "PacerConfig"),
-    "SiteStats": ("jaxpace._runtime", "SiteStats"),
-    "configure": ("jaxpace._runtime", "configure"),
-    "default_pacer": ("jaxpace._runtime", "default_pacer"),
-    "expected_pause": ("jaxpace._runtime.pauses", "expected_pause"),
+    "all_gather": ("jaxpace.collectives.dropins", "all_gather"),
+    "all_to_all": ("jaxpace.collectives.dropins", "all_to_all"),
+    "pmax": ("jaxpace.collectives.dropins", "pmax"),
+    "pmean": ("jaxpace.collectives.dropins", "pmean"),
+    "pmin": ("jaxpace.collectives.dropins", "pmin"),
+    "ppermute": ("jaxpace.collectives.dropins", "ppermute"),
+    "psum": ("jaxpace.collectives.dropins", "psum"),
+    "psum_scatter": ("jaxpace.collectives.dropins", "psum_scatter"),
+    "Pacer": ("jaxpace.runtime", "Pacer"),
+    "PacerConfig": ("jaxpace.runtime", "PacerConfig"),
+    "SiteStats": ("jaxpace.runtime", "SiteStats"),
+    "configure": ("jaxpace.runtime", "configure"),
+    "default_pacer": ("jaxpace.runtime", "default_pacer"),
+    "expected_pause": ("jaxpace.runtime.pauses", "expected_pause"),
     "make_mesh": ("jaxpace.topology", "make_mesh"),
     "launch": ("jaxpace.launch", None),
     "topology": ("jaxpace.topology", None),

@@ -163,7 +163,7 @@ def _printer(console: Any) -> Any:
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
     """`text` (lines) wrapped at the report's piped width, continuation lines indented."""
-    from jaxpace.report.terminal import PIPE_WIDTH, wrap_text
+    from jaxpace.report.render.terminal import PIPE_WIDTH, wrap_text
 
     return [w for ln in text.split("\n") for w in wrap_text(ln, PIPE_WIDTH, indent, indent + "  ")]
 
@@ -313,7 +313,7 @@ def html_sections(rows: dict[str, dict[str, float]], lines: list[str]) -> list[t
 
 def _ab_table(rows: dict[str, dict[str, float]]) -> list[str]:
     """The A/B table as fixed-width text lines (title first)."""
-    from jaxpace.report.terminal import text_table
+    from jaxpace.report.render.terminal import text_table
 
     return text_table(ab_rows(rows), AB_TITLE)
 

@@ -17,7 +17,7 @@ waits in-band (`jp.adaptive`), `earliness_s`: every rank's earliness at the
 previous step (the last to arrive has 0), and `step_time_s`, the exchanged
 median step time. The culprit is the report's decision over the last 64
 exchanged steps (late against per-step noise and outside the fleet's own
-spread; `jaxpace._culprit`), -1 when nobody is named; it needs that
+spread; `jaxpace.diagnosis.culprit`), -1 when nobody is named; it needs that
 exchange: measure-only runs export -1 for it.
 
 Cardinality does not grow with the job: each process exports only its own
@@ -50,9 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace._culprit import decide_earliness
-from jaxpace._runtime import monitoring as _monitoring
+from jaxpace.diagnosis.culprit import decide_earliness
 from jaxpace.errors import ConfigError
+from jaxpace.runtime import monitoring as _monitoring
 
 __all__ = [
     "FleetView",
@@ -233,7 +233,7 @@ class _Window:
     def culprit(self, mean: np.ndarray) -> tuple[int, float]:
         """(culprit, fraction of the window's steps it was last), or (-1, -1.0) for nobody.
 
-        The culprit is the report's decision (`jaxpace._culprit.decide_earliness`)
+        The culprit is the report's decision (`jaxpace.diagnosis.culprit.decide_earliness`)
         over the window: late against per-step noise and outside the fleet's own
         spread. -1 when nobody is named or nothing was exchanged (docs/api.md).
         """
@@ -507,7 +507,7 @@ class JaxMonitoringSink:
     the last 64 steps), a `/jaxpace/culprit/changed` event. Listeners that JAX
     and Orbax users already register (`jax.monitoring.register_*_listener`)
     receive them on the pacer's sink thread. Names and metadata:
-    `jaxpace._runtime.monitoring` and docs/api.md.
+    `jaxpace.runtime.monitoring` and docs/api.md.
     """
 
     def __init__(self) -> None:

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxpace as jp  # noqa: E402
-from jaxpace._testing import set_fault_hook  # noqa: E402
+from jaxpace.runtime.testing import set_fault_hook  # noqa: E402
 
 got = []
 if "--handler" in sys.argv:

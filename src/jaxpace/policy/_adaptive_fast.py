@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxpace import _kernels as kernels
-from jaxpace._exchange import sanitize_seconds
+from jaxpace.collectives.exchange import sanitize_seconds
+from jaxpace.native import kernels
 from jaxpace.policy import _window_order
 from jaxpace.policy.base import Observation
 from jaxpace.policy.quantile import quantile_read

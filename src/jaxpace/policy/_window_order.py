@@ -6,7 +6,7 @@ An order `o` has the shape of its windows `h` `(sites, window, ranks)`: `o[s, w,
 rank of `h[s, w, r]` among its window's entries (NaN last). `odd` `(sites, window)` counts
 the NaN entries of each row (a window with any is read with `np.nanquantile`'s arithmetic).
 
-Compiled twins in kernels.cc (loaded by `jaxpace._kernels`): `insert` at one row for
+Compiled twins in kernels.cc (loaded by `jaxpace.native.kernels`): `insert` at one row for
 every site is `jaxpace_order_insert_i8`; `_order_quantile`'s two reads are
 `jaxpace_order_pick_i8`; `insert` followed by `_order_quantile` is
 `jaxpace_window_step_i8` (called from `_adaptive_fast._insert_estimate`).
@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from jaxpace import _kernels as kernels
+from jaxpace.native import kernels
 from jaxpace.policy.quantile import (
     nanquantile_lerp,
     nanquantile_read,

@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxpace._exchange import sanitize_seconds
 from jaxpace._validate import check_bool, check_number
+from jaxpace.collectives.exchange import sanitize_seconds
 from jaxpace.errors import ConfigError
 from jaxpace.policy import _adaptive_fast
 from jaxpace.policy.base import (

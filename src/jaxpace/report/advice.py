@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING
 
 from jaxpace.report.reach import forecast_support
-from jaxpace.report.text import format_ms
+from jaxpace.report.render.text import format_ms
 
 if TYPE_CHECKING:
     from jaxpace.report.model import Report

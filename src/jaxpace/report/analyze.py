@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-import jaxpace.report.sources as sources
+import jaxpace.records.sources as sources
 import jaxpace.report.stages as stages
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, RecordsError
+from jaxpace.records.reader import Records
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, Report
-from jaxpace.report.records import Records
 
 __all__ = ["analyze", "load_step_records"]
 
@@ -75,7 +75,7 @@ def analyze(
     Args:
       records: `Records`, a run directory or JSONL path, or record dicts (as
         `Pacer.records()` returns); or a directory or file of `jax.profiler`
-        traces or NCCL Inspector logs (`jaxpace.report.sources`).
+        traces or NCCL Inspector logs (`jaxpace.records.sources`).
       warmup_steps: steps excluded at the start (compilation, caches). Default:
         5, but at most a quarter of the steps.
       site: the collective site to analyze; default: the one with most records.

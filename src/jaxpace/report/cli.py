@@ -6,17 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxpace._record_format import RECORDS_GLOB
 from jaxpace.errors import RecordsError
+from jaxpace.records.format import RECORDS_GLOB
+from jaxpace.records.reader import find_runs
+from jaxpace.records.safe_io import check_output_path
+from jaxpace.records.sources import detect
 from jaxpace.report.analyze import analyze
-from jaxpace.report.html import write_html
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
-from jaxpace.report.records import find_runs
-from jaxpace.report.safe_io import check_output_path
-from jaxpace.report.sources import detect
+from jaxpace.report.render.html import write_html
+from jaxpace.report.render.terminal import print_summary, printable
+from jaxpace.report.render.trace import write_trace
 from jaxpace.report.stalls import format_stalls, load_stalls
-from jaxpace.report.terminal import print_summary, printable
-from jaxpace.report.trace import write_trace
 
 __all__ = ["cli_main", "configure_parser"]
 

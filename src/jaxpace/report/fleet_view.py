@@ -2,7 +2,7 @@
 
 Healthy devices of one kind run persistently a few percent apart; these rows
 show that spread whether or not anyone is named, so a reader sees how far the
-slowest rank sits from it (`Report.fleet`, `jaxpace._culprit`).
+slowest rank sits from it (`Report.fleet`, `jaxpace.diagnosis.culprit`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from jaxpace._culprit import SMALL_JOB_STEP_FRACTION
-from jaxpace._stats import num_text
-from jaxpace.report.text import format_ms
+from jaxpace.diagnosis.culprit import SMALL_JOB_STEP_FRACTION
+from jaxpace.diagnosis.stats import num_text
+from jaxpace.report.render.text import format_ms
 
 if TYPE_CHECKING:
     from jaxpace.report.model import FleetSpread, Report

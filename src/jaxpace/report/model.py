@@ -84,7 +84,7 @@ class RankStats:
       ci_low_s, ci_high_s: 95% confidence interval of `excess_lateness_s`
         (Student t with the batch-means error of `z`).
       compute_s, delay_s, sync_wait_s, transfer_s: mean phase times per step.
-      late: named (the decision of `jaxpace._culprit`): significant against
+      late: named (the decision of `jaxpace.diagnosis.culprit`): significant against
         per-step noise (`p_adjusted` or `last_p_adjusted` below
         `stages.culprit.ALPHA`), an outlier of the fleet's own spread
         (`fleet_sd` above the fleet threshold, or the small-job rule), and above
@@ -155,7 +155,7 @@ class FleetSpread:
     """How the ranks differ persistently: the fleet's own per-rank spread.
 
     Healthy devices run persistently a few percent apart; a rank is a culprit
-    only beyond that spread (`jaxpace._culprit`).
+    only beyond that spread (`jaxpace.diagnosis.culprit`).
 
     Attributes:
       rule: `"fleet spread"` (>= 16 ranks: outliers beyond `threshold` robust
@@ -522,7 +522,7 @@ class Report:
 
     def summary_table(self) -> Any:
         """The terminal summary as a `rich` renderable (a group of tables)."""
-        from jaxpace.report.terminal import summary_renderable
+        from jaxpace.report.render.terminal import summary_renderable
 
         return summary_renderable(self)
 

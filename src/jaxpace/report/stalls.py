@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jaxpace.report.safe_io import read_capped
+from jaxpace.records.safe_io import read_capped
 
 __all__ = ["format_stalls", "load_stalls"]
 

@@ -2,7 +2,7 @@
 bucketed compute and all-reduces with the couplings that let pacing matter.
 
 `_engine` runs steps of this cluster and drives the pacing policy between them. The bucket
-loop and the node coupling have compiled twins in jaxpace/_kernels/kernels.cc
+loop and the node coupling have compiled twins in jaxpace/native/kernels.cc
 (`jaxpace_run_buckets`, `jaxpace_node_coupled`), the same bits.
 """
 
@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 import jaxpace.sim._collective_cost as coll
-from jaxpace import _kernels as kernels
+from jaxpace.native import kernels
 from jaxpace.sim._scenario import Scenario
 
 __all__ = ["collective_cost_s"]

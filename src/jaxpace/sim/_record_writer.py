@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 import jaxpace.sim._collective_cost as coll
-from jaxpace._record_format import header_record, make_dirs, records_filename
 from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
-from jaxpace.report.records import Records
+from jaxpace.records.format import header_record, make_dirs, records_filename
+from jaxpace.records.reader import Records
 from jaxpace.sim._cluster import _Draws, _Setup
 from jaxpace.sim._engine import SimResult, _result, _run, resolve_policy
 from jaxpace.sim._scenario import Scenario, load_scenario

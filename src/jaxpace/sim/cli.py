@@ -548,7 +548,7 @@ def cli_main(args: argparse.Namespace) -> int:
 
 def _note_engine() -> None:
     """One stderr line when the compiled kernels are missing: same results, slower."""
-    from jaxpace import _kernels as kernels
+    from jaxpace.native import kernels
 
     ok, why = kernels.available()
     if not ok and "JAXPACE_KERNELS" not in why:

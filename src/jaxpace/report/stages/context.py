@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from jaxpace.records.reader import Records
 from jaxpace.report.model import RunContext, SiteData
-from jaxpace.report.records import Records
 from jaxpace.report.stages.culprit import CulpritRanking
 
 __all__ = ["PACING_POLICIES", "context_notes", "refuse_invariant", "run_context"]

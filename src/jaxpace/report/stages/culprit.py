@@ -1,6 +1,6 @@
 """Stage 3: rank the ranks by culpability; name persistent culprits and late groups.
 
-Who is a culprit is decided in one place, `jaxpace._culprit.decide`, which the
+Who is a culprit is decided in one place, `jaxpace.diagnosis.culprit.decide`, which the
 runtime's live view (`Pacer.stats()`, the Prometheus sink) calls too: a rank
 is named only when its lateness is significant against per-step noise *and*
 it is an outlier of the fleet's own per-rank spread (healthy devices differ
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jaxpace._culprit import (
+from jaxpace.diagnosis.culprit import (
     ALPHA,
     SMALL_JOB_STEP_FRACTION,
     Decision,
@@ -36,7 +36,7 @@ from jaxpace._culprit import (
     noise_floor,
     short_run_consistent,
 )
-from jaxpace._stats import (
+from jaxpace.diagnosis.stats import (
     batch_means_se,
     col_mean,
     holm,
@@ -55,8 +55,8 @@ from jaxpace.report.model import (
     SiteData,
     SlowRank,
 )
+from jaxpace.report.render.text import format_ms, ranges
 from jaxpace.report.stages.steps import StepSelection
-from jaxpace.report.text import format_ms, ranges
 
 __all__ = [
     "ALPHA",
@@ -290,12 +290,12 @@ def late_groups(
     mean over steps is tested with a batch-means t statistic, Holm-corrected
     over every group of every kind (test 1). Test 2: the group's mean
     lateness is an outlier of the spread of the groups of its kind
-    (`jaxpace._culprit.fleet_test`, at `ALPHA` over the number of kinds; with
+    (`jaxpace.diagnosis.culprit.fleet_test`, at `ALPHA` over the number of kinds; with
     fewer than 16 groups, the small-job rule: the staged test against the
     groups below, or later than the other groups' median by 10% of the
     median step `step_s` over the square root of the group's size). Test 3, in a run
     under 60 steps: its mean lateness over the other ranks is above `floor` in every
-    block of consecutive steps (`jaxpace._culprit.short_run_consistent`). A group
+    block of consecutive steps (`jaxpace.diagnosis.culprit.short_run_consistent`). A group
     passing all three is late when its median
     member is later than the median non-member by more than `floor` and more
     than half its members are.

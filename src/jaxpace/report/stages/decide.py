@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from jaxpace._culprit import CONSISTENCY_MAX_STEPS
-from jaxpace._stats import num_text, p_text
+from jaxpace.diagnosis.culprit import CONSISTENCY_MAX_STEPS
+from jaxpace.diagnosis.stats import num_text, p_text
 from jaxpace.report.model import FailureMode, PeriodicOutliers, WaitingCost
+from jaxpace.report.render.text import format_ms, ranges
 from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, rank_evidence
-from jaxpace.report.text import format_ms, ranges
 
 __all__ = ["decisions"]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace.report.records import Records
-from jaxpace.report.text import format_ms
+from jaxpace.records.reader import Records
+from jaxpace.report.render.text import format_ms
 
 __all__ = [
     "GroupLate",

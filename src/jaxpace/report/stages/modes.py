@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace._stats import num_text, p_text, robust_std
+from jaxpace.diagnosis.stats import num_text, p_text, robust_std
+from jaxpace.records.reader import Records
 from jaxpace.report.model import (
     FAILURE_MODES,
     FailureMode,
@@ -17,10 +18,9 @@ from jaxpace.report.model import (
     IterationStats,
     SiteData,
 )
-from jaxpace.report.records import Records
+from jaxpace.report.render.text import format_ms, ranges
 from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, late_groups, rank_evidence
 from jaxpace.report.stages.steps import StepSelection, iteration_stats
-from jaxpace.report.text import format_ms, ranges
 
 __all__ = [
     "amplification_mode",

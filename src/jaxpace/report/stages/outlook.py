@@ -8,7 +8,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from jaxpace._stats import mean_finite
+from jaxpace.diagnosis.stats import mean_finite
 from jaxpace.report.model import (
     FORECAST_RANKS,
     Forecast,

@@ -6,12 +6,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxpace._exchange import earliness
+from jaxpace.collectives.exchange import earliness
 from jaxpace.errors import RecordsError
+from jaxpace.records.reader import Records
 from jaxpace.report.model import SiteData
-from jaxpace.report.records import Records
+from jaxpace.report.render.text import ranges
 from jaxpace.report.stages.links import group_columns, site_info
-from jaxpace.report.text import ranges
 
 __all__ = ["pick_site", "site_data", "site_groups"]
 

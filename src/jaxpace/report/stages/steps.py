@@ -7,11 +7,11 @@ import math
 
 import numpy as np
 
-from jaxpace._stats import robust_std
 from jaxpace._validate import check_number
+from jaxpace.diagnosis.stats import robust_std
 from jaxpace.errors import ConfigError
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, IterationStats, PeriodicOutliers, SiteData
-from jaxpace.report.text import format_ms
+from jaxpace.report.render.text import format_ms
 
 __all__ = [
     "StepSelection",

@@ -1,0 +1,558 @@
+"""Reading timing records (docs/records.md) into columns, and writing them back.
+
+The format itself (version, file names, the header and step dicts) is defined
+once in `jaxpace.records.format`; this module only parses and validates it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxpace.errors import RecordsError
+from jaxpace.records.format import (
+    FORMAT_VERSION,
+    INT_STEP_FIELDS,
+    RECORDS_GLOB,
+    REQUIRED_STEP_FIELDS,
+    records_filename,
+    step_record,
+)
+from jaxpace.records.format import (
+    write_jsonl as _write_jsonl_file,
+)
+from jaxpace.records.line_reader import MAX_LINE_BYTES, read_file  # noqa: F401 (MAX_LINE_BYTES: re-exported)
+from jaxpace.records.safe_io import check_declared_count
+
+__all__ = ["Records", "find_runs", "load_records"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Records:
+    """Timing records of one run, columnar (one array entry per site, step and rank).
+
+    Build with `load_records` (files, a directory, or a list of dicts as
+    `Pacer.records()` returns); `jaxpace.report.analyze` consumes it.
+
+    Attributes:
+      headers: header dicts (docs/records.md), one per process, by `process_index`.
+      sites: the distinct collective sites, sorted.
+      columns: `site` (int index into `sites`), `step`, `rank`, `process`,
+        `arrive_ns`, `done_ns`, `wait_ns`, `delay_ns` (int64 arrays) and
+        `engaged` (bool array), all of one length.
+      run_id: the run id every header agrees on, or None without headers.
+      process_count: processes the run had (from the headers), or None.
+      granularity: `"process"` or `"device"`.
+      partial: True when something was missing (a truncated file, a process
+        without a file); `notes` says what.
+      notes: human-readable remarks about the input.
+      sources: the files read (or `"<memory>"`).
+    """
+
+    headers: tuple[dict[str, Any], ...]
+    sites: tuple[str, ...]
+    columns: dict[str, np.ndarray]
+    run_id: str | None = None
+    process_count: int | None = None
+    granularity: str = "process"
+    partial: bool = False
+    notes: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.columns["step"].shape[0])
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """Sorted distinct ranks present in the records."""
+        return np.unique(self.columns["rank"])
+
+    def hosts(self) -> dict[int, str]:
+        """Maps each rank to the host of the process that wrote its records."""
+        host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in self.headers}
+        out: dict[int, str] = {}
+        ranks, first = np.unique(self.columns["rank"], return_index=True)
+        for r, i in zip(ranks.tolist(), first.tolist(), strict=True):
+            out[int(r)] = host_of_proc.get(int(self.columns["process"][i]), "?")
+        return out
+
+    def process_of_rank(self) -> dict[int, int]:
+        """Maps each rank to the process that wrote its records."""
+        ranks, first = np.unique(self.columns["rank"], return_index=True)
+        procs = self.columns["process"][first]
+        return {int(r): int(p) for r, p in zip(ranks.tolist(), procs.tolist(), strict=True)}
+
+    def rank_groups(self) -> dict[str, dict[int, str]]:
+        """Topology groups from the headers: kind (`numa`, `nic`, ...) -> rank -> label."""
+        out: dict[str, dict[int, str]] = {}
+        for h in self.headers:
+            topo = h.get("topology") or {}
+            groups = topo.get("rank_groups") if isinstance(topo, Mapping) else None
+            if not isinstance(groups, Mapping):
+                continue
+            for kind, mapping in groups.items():
+                if isinstance(mapping, Mapping):
+                    dst = out.setdefault(str(kind), {})
+                    for r, label in mapping.items():
+                        dst[int(r)] = str(label)
+        return out
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The records as dicts in the JSONL format: headers first, then steps."""
+        c = self.columns
+        out: list[dict[str, Any]] = [dict(h) for h in self.headers]
+        cols = {k: c[k].tolist() for k in INT_STEP_FIELDS}
+        engaged = c["engaged"].tolist()
+        site = c["site"].tolist()
+        device = c.get("device")
+        dev = device.tolist() if device is not None else [-1] * len(self)
+        for i in range(len(self)):
+            out.append(
+                step_record(
+                    site=self.sites[site[i]],
+                    step=cols["step"][i],
+                    rank=cols["rank"][i],
+                    process=cols["process"][i],
+                    device=None if dev[i] < 0 else dev[i],
+                    arrive_ns=cols["arrive_ns"][i],
+                    done_ns=cols["done_ns"][i],
+                    wait_ns=cols["wait_ns"][i],
+                    delay_ns=cols["delay_ns"][i],
+                    engaged=engaged[i],
+                )
+            )
+        return out
+
+    def write_jsonl(self, directory: str | os.PathLike) -> list[Path]:
+        """Writes one `records-p{process}.jsonl` per process, as `Pacer.export` does.
+
+        Returns:
+          The paths written.
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        by_proc: dict[int, list[dict[str, Any]]] = {}
+        for h in self.headers:
+            by_proc.setdefault(int(h["process_index"]), []).append(h)
+        for rec in self.to_dicts()[len(self.headers) :]:
+            by_proc.setdefault(int(rec["process"]), []).append(rec)
+        return [
+            Path(_write_jsonl_file(d / records_filename(p), recs))
+            for p, recs in sorted(by_proc.items())
+        ]
+
+
+# The step columns of `Records`, in the order `build` makes them.
+_COLUMN_DTYPES: dict[str, Any] = {
+    **{k: np.int64 for k in INT_STEP_FIELDS},
+    "site": np.int64,
+    "engaged": bool,
+    "device": np.int64,
+}
+
+
+class _Builder:
+    """Accumulates parsed lines, then validates and freezes them into `Records`."""
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[dict[str, Any], str]] = []  # (header, where)
+        self.site_index: dict[str, int] = {}
+        # Step columns in file order. The fast reader writes its rows straight into
+        # `store` (arrays grown by doubling; `expected_rows` sizes them once); rows
+        # read a line at a time by `add_step` stay Python lists (`segments`: their
+        # first row and lists) until `build` converts them, as before the fast
+        # reader existed (so an integer too large for int64 fails there).
+        self.store: dict[str, np.ndarray] = {}
+        self.segments: list[tuple[int, dict[str, list]]] = []
+        self.rows = 0
+        self.expected_rows = 0
+        self.notes: list[str] = []
+        self.partial = False
+        self.sources: list[str] = []
+        self.negative = 0  # step records skipped for a negative wait_ns/delay_ns
+        self.negative_first: str | None = None
+        self.buffer: bytearray | None = None  # the fast reader's, reused file to file
+
+    def add_header(self, rec: Mapping[str, Any], where: str) -> None:
+        fmt = rec.get("format")
+        if fmt != FORMAT_VERSION:
+            raise RecordsError(
+                f"{where}: header has `format` {fmt!r}, expected {FORMAT_VERSION}. "
+                "This file was written by a different jaxpace version; read it with "
+                "the version that wrote it (see the header's `jaxpace_version`)."
+            )
+        for key in ("run_id", "process_index", "process_count"):
+            if key not in rec:
+                raise RecordsError(
+                    f"{where}: header lacks `{key}`; expected the fields of docs/records.md "
+                    "(`type`, `format`, `run_id`, `process_index`, `process_count`, `host`, ...)."
+                )
+        _check_int(rec, "process_index", where)
+        _check_int(rec, "process_count", where)
+        check_declared_count(rec["process_count"], "process_count", where)
+        if not 0 <= rec["process_index"] < rec["process_count"]:
+            raise RecordsError(
+                f"{where}: `process_index` is {rec['process_index']}, expected an integer in "
+                f"[0, {rec['process_count']}) (below `process_count`). The header is corrupt; "
+                "fix it or point at the run's own files."
+            )
+        if "truncated" in rec:
+            _check_truncated(rec["truncated"], where)
+        if "interleaved_phases" in rec:
+            _check_int(rec, "interleaved_phases", where)
+            if rec["interleaved_phases"] < 1:
+                raise RecordsError(f"{where}: `interleaved_phases` must be >= 1.")
+        self.headers.append((dict(rec), where))
+
+    def add_step(self, rec: Mapping[str, Any], where: str) -> None:
+        missing = [k for k in REQUIRED_STEP_FIELDS if k not in rec]
+        if missing:
+            raise RecordsError(
+                f"{where}: step record lacks {', '.join(f'`{k}`' for k in missing)}; "
+                f"expected the fields {', '.join(f'`{k}`' for k in REQUIRED_STEP_FIELDS)} "
+                "(docs/records.md)."
+            )
+        for k in INT_STEP_FIELDS:
+            _check_int(rec, k, where)
+        site = rec["site"]
+        if not isinstance(site, str):
+            raise RecordsError(f"{where}: `site` must be a string, got {site!r}.")
+        if rec["wait_ns"] < 0 or rec["delay_ns"] < 0:
+            # A clock that went backwards, or an edited file: the runtime drops such a
+            # record rather than trust it; the reader does the same, counts and notes it.
+            self.negative += 1
+            if self.negative_first is None:
+                self.negative_first = where
+            return
+        idx = self.site_index.setdefault(site, len(self.site_index))
+        cols = self._list_part()
+        for k in INT_STEP_FIELDS:
+            cols[k].append(rec[k])
+        cols["site"].append(idx)
+        cols["engaged"].append(bool(rec["engaged"]))
+        dev = rec.get("device")
+        cols["device"].append(-1 if dev is None else int(dev))
+        self.rows += 1
+
+    def _list_part(self) -> dict[str, list]:
+        if self.segments:
+            first, lists = self.segments[-1]
+            if first + len(lists["step"]) == self.rows:
+                return lists
+        lists = {k: [] for k in _COLUMN_DTYPES}
+        self.segments.append((self.rows, lists))
+        return lists
+
+    def add_columns(self, cols: dict[str, np.ndarray]) -> None:
+        """Appends step records already parsed and checked, as arrays (`site`: index
+        into `site_index`; negative durations already dropped)."""
+        n = int(cols["step"].shape[0])
+        if not n:
+            return
+        self._reserve(self.rows + n)
+        for k, a in self.store.items():
+            a[self.rows : self.rows + n] = cols[k]
+        self.rows += n
+
+    def _reserve(self, rows: int) -> None:
+        cap = self.store["step"].shape[0] if self.store else 0
+        if rows <= cap:
+            return
+        new_cap = max(rows, 2 * cap, self.expected_rows)
+        old, self.store = self.store, {}
+        for k, dtype in _COLUMN_DTYPES.items():
+            self.store[k] = np.empty(new_cap, dtype=dtype)  # pages are touched as filled
+            if k in old:
+                self.store[k][: self.rows] = old[k][: self.rows]
+
+    def _column(self, key: str) -> np.ndarray:
+        """Column `key` of every row, in order (the line-at-a-time rows converted here)."""
+        dtype = _COLUMN_DTYPES[key]
+        if not self.store and len(self.segments) == 1:
+            return np.asarray(self.segments[0][1][key], dtype=dtype)
+        self._reserve(self.rows)
+        out = self.store[key][: self.rows] if self.store else np.zeros(0, dtype)
+        for first, lists in self.segments:
+            out[first : first + len(lists[key])] = np.asarray(lists[key], dtype=dtype)
+        return out
+
+    def add(self, rec: Any, where: str) -> None:
+        if not isinstance(rec, Mapping):
+            raise RecordsError(
+                f"{where}: expected a JSON object, got {type(rec).__name__}; every line of a "
+                "records file is an object with a `type` of `header` or `step`."
+            )
+        kind = rec.get("type")
+        if kind == "step":
+            self.add_step(rec, where)
+        elif kind == "header":
+            self.add_header(rec, where)
+        else:
+            raise RecordsError(
+                f"{where}: unknown record `type` {kind!r}; expected `header` or `step` "
+                "(docs/records.md)."
+            )
+
+    def build(self, *, require_headers: bool) -> Records:
+        if not self.rows and not self.headers:
+            raise RecordsError(
+                f"no timing records in {', '.join(self.sources) or 'the input'}. Point "
+                "`jaxpace report` at a run directory written by `Pacer.export`."
+            )
+        if require_headers and not self.headers:
+            raise RecordsError("no header line found; expected docs/records.md files.")
+        run_ids = sorted({str(h["run_id"]) for h, _ in self.headers})
+        if len(run_ids) > 1:
+            where = "; ".join(f"{w}: `{h['run_id']}`" for h, w in self.headers)
+            raise RecordsError(
+                f"records of {len(run_ids)} different runs are mixed: run ids "
+                f"{', '.join(f'`{r}`' for r in run_ids)} ({where}). Put each run's files in "
+                "its own directory and report on one at a time."
+            )
+        by_proc: dict[int, tuple[dict, str]] = {}
+        for h, w in self.headers:
+            p = int(h["process_index"])
+            if p in by_proc:
+                raise RecordsError(
+                    f"two headers claim `process_index` {p}: {by_proc[p][1]} and {w}. A run "
+                    "directory holds one file per process; remove the duplicate."
+                )
+            by_proc[p] = (h, w)
+        headers = tuple(h for _, (h, _) in sorted(by_proc.items()))
+        counts = {int(h["process_count"]) for h in headers}
+        if len(counts) > 1:
+            raise RecordsError(
+                f"headers disagree on `process_count`: {sorted(counts)}; the files do not "
+                "belong to one run."
+            )
+        process_count = counts.pop() if counts else None
+        notes = list(self.notes)
+        partial = self.partial
+        if self.negative:
+            partial = True
+            notes.append(
+                f"PARTIAL: skipped {self.negative} step record(s) with a negative `wait_ns` "
+                f"or `delay_ns` (first at {self.negative_first}): durations cannot be "
+                "negative, so these came from a clock that went backwards or an edited "
+                "file and are not trusted."
+            )
+        notes += _truncation_notes(headers)
+        missing = _missing_note(process_count, by_proc)
+        if missing:
+            partial = True
+            notes.append(missing)
+        granularities = {str(h.get("granularity", "process")) for h in headers}
+        granularity = "device" if "device" in granularities else "process"
+        sites = tuple(sorted(self.site_index, key=self.site_index.get))
+        order = np.argsort(np.array(sites, dtype=object)) if sites else np.zeros(0, int)
+        remap = np.empty(len(sites), dtype=np.int64)
+        remap[order] = np.arange(len(sites))
+        columns = {k: self._column(k) for k in INT_STEP_FIELDS}
+        columns["site"] = remap[self._column("site")]
+        columns["engaged"] = self._column("engaged")
+        columns["device"] = self._column("device")
+        unknown = sorted(set(np.unique(columns["process"]).tolist()) - set(by_proc))
+        if by_proc and unknown:
+            notes.append(
+                f"step records name process {', '.join(map(str, unknown))} without a header "
+                "for it; their hosts are unknown."
+            )
+        return Records(
+            headers=headers,
+            sites=tuple(sorted(sites)),
+            columns=columns,
+            run_id=run_ids[0] if run_ids else None,
+            process_count=process_count,
+            granularity=granularity,
+            partial=partial,
+            notes=tuple(notes),
+            sources=tuple(self.sources),
+        )
+
+
+def _missing_note(process_count: int | None, by_proc: Mapping[int, Any]) -> str | None:
+    """The PARTIAL note for processes the headers announce but no file holds (or None).
+
+    Lists at most 20 of them, never building a set of `process_count` items.
+    """
+    if process_count is None:
+        return None
+    n_missing = process_count - len(by_proc)  # every index is < process_count
+    if not n_missing:
+        return None
+    shown = []
+    for p in range(process_count):
+        if p not in by_proc:
+            shown.append(p)
+            if len(shown) == 20:
+                break
+    more = f", and {n_missing - len(shown)} more" if n_missing > len(shown) else ""
+    return (
+        f"PARTIAL: records of {n_missing} of {process_count} processes are "
+        f"missing (process {', '.join(map(str, shown))}{more}); their ranks are "
+        "absent, so lateness is relative to the ranks that reported."
+    )
+
+
+def _check_truncated(t: Any, where: str) -> None:
+    """The header's `truncated` field: `{"capacity": int, "first_step": {site: int}}`."""
+    ok = (
+        isinstance(t, Mapping)
+        and isinstance(t.get("capacity"), int)
+        and not isinstance(t.get("capacity"), bool)
+        and isinstance(t.get("first_step"), Mapping)
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for v in t["first_step"].values()
+        )
+    )
+    if not ok:
+        raise RecordsError(
+            f"{where}: header field `truncated` must be "
+            '`{"capacity": N, "first_step": {"site": step, ...}}` (docs/records.md), got '
+            f"{str(t)[:80]!r}. The header is corrupt; fix it or point at the run's own files."
+        )
+
+
+def _truncation_notes(headers: tuple[dict, ...]) -> list[str]:
+    """One `TRUNCATED:` note when any process kept only the last `capacity` steps of a site."""
+    first: dict[str, int] = {}
+    caps = set()
+    for h in headers:
+        t = h.get("truncated")
+        if t:
+            caps.add(int(t["capacity"]))
+            for site, step in t["first_step"].items():
+                first[str(site)] = max(first.get(str(site), 0), int(step))
+    if not first:
+        return []
+    where = "; ".join(
+        f"`{site}` from step {step} (steps 0-{step - 1} dropped)"
+        for site, step in sorted(first.items())[:8]
+    )
+    more = f"; and {len(first) - 8} more sites" if len(first) > 8 else ""
+    return [
+        f"TRUNCATED: the records hold only the last {'/'.join(map(str, sorted(caps)))} steps "
+        f"per site and rank (the ring buffer's `capacity`): {where}{more}. The report covers "
+        "the steps kept. To keep more, pass `jp.Pacer(capacity=...)` or "
+        "`jp.configure(capacity=...)` (memory grows with it, docs/records.md), or export "
+        "more often."
+    ]
+
+
+def _check_int(rec: Mapping[str, Any], key: str, where: str) -> None:
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RecordsError(f"{where}: `{key}` must be an integer, got {v!r}.")
+
+
+def find_runs(directory: str | os.PathLike, max_depth: int = 3) -> list[Path]:
+    """Subdirectories of `directory` (up to `max_depth` levels down) holding `*.jsonl` files.
+
+    A folder of several runs, such as `jaxpace demo`'s output (`diagnose/off`,
+    `ab/off`, ...), has no records itself; these are the runs inside it, sorted.
+
+    >>> find_runs("/nonexistent")
+    []
+    """
+    found: list[Path] = []
+    level = [Path(directory)]
+    for _ in range(max_depth):
+        nxt = []
+        for d in level:
+            try:
+                subs = sorted(p for p in d.iterdir() if p.is_dir() and not p.is_symlink())
+            except OSError:
+                continue
+            for sub in subs:
+                (found if any(sub.glob(RECORDS_GLOB)) else nxt).append(sub)
+        level = nxt
+    return sorted(found)
+
+
+def _no_records_message(path: Path) -> str:
+    runs = find_runs(path)
+    if not runs:
+        return (
+            f"no `*.jsonl` records files in directory {path}. Expected the files "
+            "`Pacer.export` writes (`records-p0.jsonl`, ...)."
+        )
+    listed = "\n".join(f"  jaxpace report {r}" for r in runs)
+    return (
+        f"{path} has no records files itself but holds {len(runs)} runs; report one of "
+        f"them:\n{listed}"
+    )
+
+
+# No step line is shorter (every required field, no spaces): files of N bytes hold
+# at most N / this many records, which sizes the columns once.
+_MIN_STEP_LINE_BYTES = 100
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # reading it says what is wrong
+        return 0
+
+
+def load_records(
+    source: str | os.PathLike | Iterable[Mapping[str, Any]] | Records,
+) -> Records:
+    """Reads timing records from a JSONL file, a run directory, or a list of dicts.
+
+    A directory contributes every `*.jsonl` file in it (one per process). A last
+    line cut short (a killed process) is skipped and the result marked
+    `partial`; so is a run whose headers announce more processes than have
+    files. Anything else malformed raises.
+
+    Args:
+      source: a path to one JSONL file or a directory of them; or an iterable
+        of record dicts (headers optional), e.g. `Pacer.records()`; or
+        `Records` (returned as is).
+
+    Returns:
+      The `Records` of one run.
+
+    Raises:
+      RecordsError: unreadable or malformed input (names file and line), files of
+        different runs mixed, or no records at all.
+
+    >>> from jaxpace.report import synthetic_records
+    >>> recs = load_records(synthetic_records(num_ranks=2, num_steps=3))
+    >>> len(recs), recs.ranks.tolist(), recs.partial
+    (6, [0, 1], False)
+    """
+    if isinstance(source, Records):
+        return source
+    builder = _Builder()
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        if path.is_dir():
+            files = sorted(path.glob(RECORDS_GLOB))
+            if not files:
+                raise RecordsError(_no_records_message(path))
+        elif path.is_file() or os.path.lexists(path):
+            files = [path]  # anything but a regular file is refused when opened
+        else:
+            raise RecordsError(
+                f"records path {path} does not exist; pass a run directory or a JSONL file."
+            )
+        builder.expected_rows = sum(_size(f) for f in files) // _MIN_STEP_LINE_BYTES + 1
+        for f in files:
+            read_file(builder, f)
+        return builder.build(require_headers=True)
+    if isinstance(source, Mapping) or not isinstance(source, Iterable):
+        raise RecordsError(
+            f"cannot read records from a {type(source).__name__}; pass a path, a run "
+            "directory, or a list of record dicts."
+        )
+    builder.sources.append("<memory>")
+    for i, rec in enumerate(source):
+        builder.add(rec, f"<memory>[{i}]")
+    return builder.build(require_headers=False)

@@ -1,0 +1,1 @@
+"""What the report shows: terminal text, tables, the HTML page and the Perfetto trace."""

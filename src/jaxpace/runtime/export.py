@@ -1,0 +1,261 @@
+"""A pacer's records: the JSONL rows (docs/records.md), export, and gather across processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import zlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from jaxpace import _jax_compat
+from jaxpace.errors import ConfigError
+from jaxpace.records import format as _record_format
+from jaxpace.runtime.consensus import KEY_GENERATIONS
+from jaxpace.runtime.inflight import settle
+
+if TYPE_CHECKING:
+    from jaxpace.runtime.pacer import Pacer
+
+__all__ = ["check_header_extra", "export", "export_all", "gather", "header", "records"]
+
+log = logging.getLogger("jaxpace")
+
+# The fields `header_record` writes itself (docs/records.md, "header").
+_HEADER_FIELDS = (
+    "type", "format", "run_id", "process_index", "process_count", "host", "pid",
+    "granularity", "jaxpace_version", "policy", "local_devices", "topology", "truncated",
+    "platform", "sample_every", "sites",
+)  # fmt: skip
+
+
+def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """This process's finished records as dicts: its header, then steps by site, rank, step.
+
+    First waits (bounded) for the steps this process dispatched (`inflight.settle`).
+    `header_extra` adds fields to the header (see `check_header_extra`).
+    """
+    import jax
+
+    extra = check_header_extra(header_extra)
+    settle(pacer)
+    proc = jax.process_index()
+    out: list[dict[str, Any]] = [{**header(pacer), **extra}]
+    first_kept: dict[str, int] = {}  # site -> first step still in every rank's ring
+    for name, site in sorted(pacer.sites.items()):
+        site.flush()  # native probes: drain what the handlers finished
+        for r in sorted(site.ranks):
+            st = site.ranks[r]
+            with st.lock:
+                rows = st.recorder.completed()
+            cap = st.recorder.capacity
+            if rows.size and int(rows["step"][-1]) >= cap:  # the ring wrapped: say so
+                first = int(rows["step"][-1]) - cap + 1
+                first_kept[name] = max(first_kept.get(name, 0), first)
+            for row in rows:
+                out.append(
+                    _record_format.step_record(
+                        site=name,
+                        step=int(row["step"]),
+                        rank=int(r),
+                        process=proc,
+                        arrive_ns=int(row["arrive_ns"]),
+                        done_ns=int(row["done_ns"]),
+                        delay_ns=int(row["delay_ns"]),
+                        engaged=bool(row["engaged"]),
+                    )
+                )
+    if first_kept:
+        # docs/records.md, "truncated": steps before these were overwritten in the ring.
+        out[0]["truncated"] = {"capacity": pacer.config.capacity, "first_step": first_kept}
+        log.warning(
+            "jaxpace: the records keep only the last %d steps per site and rank (`capacity`); "
+            "%s. Pass `Pacer(capacity=...)` / `jp.configure(capacity=...)` to keep more.",
+            pacer.config.capacity,
+            ", ".join(f"{k} from step {v}" for k, v in sorted(first_kept.items())),
+        )
+    return out
+
+
+def check_header_extra(extra: Any) -> dict[str, Any]:
+    """`Pacer.export(header_extra=...)`: JSON fields that do not replace the header's own.
+
+    `interleaved_phases` (an integer >= 1) is read by the report (docs/records.md).
+    """
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping) or not all(isinstance(k, str) for k in extra):
+        raise ConfigError(
+            f"`header_extra` must be a dict with string keys, got {extra!r}. Pass e.g. "
+            '`header_extra={"interleaved_phases": 3}`, or leave it out.'
+        )
+    clash = sorted(set(extra) & set(_HEADER_FIELDS))
+    if clash:
+        raise ConfigError(
+            f"`header_extra` may not replace the header's own fields {clash}. Pass "
+            "other names (docs/records.md lists the header's fields)."
+        )
+    n = extra.get("interleaved_phases", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(
+            f"`header_extra['interleaved_phases']` must be an integer >= 1, got {n!r}. Pass "
+            "how many runs this process interleaved step by step (1: not interleaved)."
+        )
+    try:
+        json.dumps(dict(extra), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"`header_extra` must be JSON-serializable ({e}). Pass strings, numbers, "
+            "lists and dicts only."
+        ) from None
+    return dict(extra)
+
+
+def header(pacer: Pacer) -> dict[str, Any]:
+    import jax
+
+    from jaxpace import __version__
+
+    return _record_format.header_record(
+        run_id=pacer.run_id or "local",
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        granularity=pacer.config.granularity,
+        jaxpace_version=__version__,
+        policy=pacer.policy.name,
+        local_devices=[d.id for d in jax.local_devices()],
+        rank_groups=_rank_groups(pacer),
+        platform=_platform(),
+        sample_every=int(pacer.config.sample_every),
+        # Per site: what changes what its numbers mean (probe, an invariant operand, the
+        # policy stopping), its collective and who takes part with whom (groups, pairs).
+        sites=_site_context(pacer),
+    )
+
+
+def _platform() -> str:
+    """`cpu`, `gpu` or `tpu` (or what JAX calls it): the devices this process's ranks ran on."""
+    import jax
+
+    try:
+        p = str(jax.local_devices()[0].platform).lower()
+    except Exception:  # noqa: BLE001 - no backend: say so rather than fail the export
+        return "unknown"
+    return "gpu" if p in ("cuda", "rocm") else p
+
+
+def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
+    """Per site, what changes what its numbers mean (docs/records.md, header `sites`).
+
+    `probe`: which probes timed it; `invariant_over`: the axis its operand was
+    already reduced over (the skew is hidden), else None; `backed_off` /
+    `ab_rejected`: the policy stopped pacing during the run on some rank; and the
+    site's layout (`collective`, its rank groups, ppermute's pairs; `_site_layout`).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    invariant = dict(pacer.hooks.invariant_sites)
+    for name, site in sorted(pacer.sites.items()):
+        backed_off = ab_rejected = False
+        for st in list(site.ranks.values()):
+            with st.lock:
+                status = pacer.policy.status(st.policy_state)
+            backed_off = backed_off or bool(status.backed_off)
+            ab = status.ab_effect or {}
+            ab_rejected = ab_rejected or bool(ab.get("rejected"))
+        out[name] = {
+            **(getattr(site, "layout_info", None) or {}),  # collective, groups, ppermute pairs
+            "probe": site.probe,
+            "invariant_over": invariant.get(name),
+            "backed_off": backed_off,
+            "ab_rejected": ab_rejected,
+        }
+    for name, axis in sorted(invariant.items()):
+        out.setdefault(name, {"probe": None, "invariant_over": axis})
+    return out
+
+
+def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
+    """Group labels of this process's ranks: its host, plus any the user gave."""
+    import jax
+
+    if pacer.config.granularity == "process":
+        mine = {jax.process_index()}
+    else:
+        mine = {r for site in pacer.sites.values() for r in site.ranks}
+    host = socket.gethostname()
+    groups: dict[str, dict[str, str]] = {"host": {str(r): host for r in sorted(mine)}}
+    for kind, mapping in (pacer.rank_groups or {}).items():
+        groups[str(kind)] = {str(r): str(v) for r, v in mapping.items()}
+    return groups
+
+
+def export(
+    pacer: Pacer, path: str | os.PathLike, header_extra: Mapping[str, Any] | None = None
+) -> str:
+    """Writes this process's records as JSONL and returns the path (see `Pacer.export`)."""
+    import jax
+
+    check_header_extra(header_extra)  # before creating anything
+    p = os.fspath(path)
+    ends_in_sep = p.endswith(os.sep) or bool(os.altsep and p.endswith(os.altsep))
+    if ends_in_sep or os.path.isdir(p):
+        # An existing directory (or a symlink to one), or a new one ("run/"): the file goes
+        # inside it.
+        _record_format.make_dirs(p)
+        p = os.path.join(p, _record_format.records_filename(jax.process_index()))
+    return _record_format.write_jsonl(p, records(pacer, header_extra))
+
+
+def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
+    """Every process's records on process 0 (see `Pacer.gather`)."""
+    import jax
+
+    recs = records(pacer)
+    if jax.process_count() == 1:
+        return recs
+    client = _jax_compat.distributed_client()
+    if client is None:
+        raise RuntimeError("`gather` needs `jax.distributed.initialize()` (multi-process).")
+    gen = KEY_GENERATIONS.next("gather")
+    prefix = f"jaxpace/records/{pacer.run_id}/{gen}"
+    me = jax.process_index()
+    blob = zlib.compress("\n".join(json.dumps(r, separators=(",", ":")) for r in recs).encode())
+    client.key_value_set_bytes(f"{prefix}/p{me}", blob)
+    if me != 0:
+        return None
+    out = list(recs)
+    for p in range(1, jax.process_count()):
+        try:
+            data = client.blocking_key_value_get_bytes(f"{prefix}/p{p}", int(timeout_s * 1000))
+        except Exception as e:  # noqa: BLE001 - a dead peer must not hang or crash us
+            log.warning(
+                "jaxpace: no records from process %d within %.0fs (%s)",
+                p,
+                timeout_s,
+                type(e).__name__,
+            )
+            continue
+        out.extend(json.loads(line) for line in zlib.decompress(data).decode().splitlines())
+    return out
+
+
+def export_all(pacer: Pacer, directory: str | os.PathLike, timeout_s: float = 60.0) -> str | None:
+    """`gather` to process 0 and write one records file per process there."""
+    recs = gather(pacer, timeout_s)
+    if recs is None:
+        return None
+    d = os.fspath(directory)
+    _record_format.make_dirs(d)
+    by_proc: dict[int, list[dict[str, Any]]] = {}
+    current = None
+    for r in recs:
+        if r.get("type") == "header":
+            current = int(r["process_index"])
+        by_proc.setdefault(current, []).append(r)
+    for proc, rows in by_proc.items():
+        _record_format.write_jsonl(os.path.join(d, _record_format.records_filename(proc)), rows)
+    return d
