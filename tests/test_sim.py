@@ -403,8 +403,8 @@ def test_numeric_checks_name_the_field_and_reject_bool_nan():
 
 
 def test_policy_sees_the_shared_earliness():
-    """The simulator hands the policy `jaxpace.collectives.exchange.earliness` of the waits: >= 0, min 0."""
-    from jaxpace.collectives.exchange import earliness
+    """The simulator hands the policy `jaxpace.diagnosis.earliness.earliness` of the waits: >= 0, min 0."""
+    from jaxpace.diagnosis.earliness import earliness
     from jaxpace.policy.base import PacingPolicy
 
     seen = []

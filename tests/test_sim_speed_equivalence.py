@@ -19,7 +19,7 @@ import jaxpace.policy as P
 import jaxpace.policy._adaptive_fast as F
 import jaxpace.policy._window_order as WO
 import jaxpace.sim._engine as E
-from jaxpace.collectives.exchange import earliness
+from jaxpace.diagnosis.earliness import earliness
 from jaxpace.policy.adaptive import AdaptiveState, adaptive, reference
 from jaxpace.sim import load_scenario
 from jaxpace.sim._scenario import Scenario

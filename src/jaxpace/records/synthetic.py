@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace.collectives.exchange import earliness
+from jaxpace.diagnosis.earliness import earliness
 from jaxpace.records.format import header_record
 from jaxpace.records.reader import Records
 

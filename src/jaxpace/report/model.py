@@ -1,7 +1,8 @@
-"""What `analyze` returns: the result types, the failure-mode names, and `SiteData`.
+"""What `analyze` returns: the result types and the failure-mode names.
 
-`SiteData` holds one site's dense (step x rank) arrays; the stages, the HTML
-plots and the trace read it. Nothing here computes a statistic.
+`SiteData` (one site's dense step x rank arrays, which the stages, the HTML plots and the
+trace read) lives with the records (`jaxpace.records.site_data`) and is re-exported here.
+Nothing here computes a statistic.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from jaxpace.records.site_data import SiteData
 
 if TYPE_CHECKING:
     from jaxpace.report.stages.links import SiteRow
@@ -387,30 +390,6 @@ class PacingEffect:
     unengaged_delay_s: float
     comparable: bool = True
     caveat: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class SiteData:
-    """Dense (step x rank) arrays of one site; seconds, NaN where unknown.
-
-    Built by `jaxpace.report.stages.site_data` from the complete steps (every
-    rank reported) of one site; read by the stages, the HTML plots and the trace.
-    """
-
-    steps: np.ndarray  # (S,) step numbers, complete steps only
-    ranks: np.ndarray  # (R,)
-    processes: np.ndarray  # (R,) process of each rank
-    hosts: tuple[str, ...]  # (R,)
-    arrive: np.ndarray  # (S, R) seconds since the rank's own first arrival
-    done: np.ndarray
-    wait: np.ndarray
-    delay: np.ndarray
-    engaged: np.ndarray  # (S,) bool
-    compute: np.ndarray  # (S, R)
-    step_time: np.ndarray  # (S, R)
-    transfer: np.ndarray  # (S,)
-    sync_wait: np.ndarray  # (S, R)
-    lateness: np.ndarray  # (S, R)
 
 
 @dataclasses.dataclass(frozen=True)

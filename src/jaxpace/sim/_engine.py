@@ -15,7 +15,7 @@ import numpy as np
 
 import jaxpace.sim._collective_cost as coll
 from jaxpace._validate import check_number
-from jaxpace.collectives.exchange import earliness
+from jaxpace.diagnosis.earliness import earliness
 from jaxpace.errors import ConfigError, ScenarioError
 from jaxpace.policy.adaptive import adaptive
 from jaxpace.policy.base import Observation, PacingPolicy
@@ -235,7 +235,7 @@ def simulate(
     `1 + spin_compute` times slower (coupling (b)). The step ends with the last
     bucket's collective. Each pacing site's policy then sees every rank's
     earliness (`w_i - min_j w_j`, `w` = wait including its own sleep) and the
-    step time, exactly as in the runtime (`jaxpace.collectives.exchange.earliness`).
+    step time, exactly as in the runtime (`jaxpace.diagnosis.earliness.earliness`).
     Deterministic for a seed; the random
     draws do not depend on the policy.
 
@@ -345,7 +345,7 @@ def _nbytes(tree: Any) -> int:
 
 
 def _earliness(waits: np.ndarray) -> np.ndarray:
-    """`jaxpace.collectives.exchange.earliness(waits, axis=-1)`; with every wait finite and >= 0
+    """`jaxpace.diagnosis.earliness.earliness(waits, axis=-1)`; with every wait finite and >= 0
     (as the engine's are), the same numbers in two NumPy calls instead of a dozen."""
     lo, hi = waits.min(), waits.max()
     if lo >= 0 and hi < np.inf:

@@ -22,10 +22,10 @@ import numpy as np
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import RECORDS_GLOB
 from jaxpace.records.reader import Records, find_runs
+from jaxpace.records.site_data import SiteData
 from jaxpace.records.sources import jaxpace_records as records
 from jaxpace.records.sources import nccl_inspector, xprof
 from jaxpace.records.sources.common import Loaded
-from jaxpace.report.model import SiteData
 
 __all__ = ["SOURCES", "Loaded", "detect", "load", "untimed"]
 

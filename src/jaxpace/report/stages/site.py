@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxpace.collectives.exchange import earliness
+from jaxpace.diagnosis.earliness import earliness
 from jaxpace.errors import RecordsError
 from jaxpace.records.reader import Records
 from jaxpace.report.model import SiteData
