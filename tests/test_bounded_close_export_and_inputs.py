@@ -362,7 +362,7 @@ def test_negative_durations_in_records_are_skipped_counted_and_noted(field, tmp_
     assert rep.partial and any("negative" in n for n in rep.notes)
     # From a file too, with the file and line named.
     d = tmp_path / "run"
-    _record_format.write_jsonl(d / _record_format.records_filename(0), dicts)
+    _record_format.write_jsonl(d / _record_format.records_filename(0, "jsonl"), dicts)
     loaded = jp.report.load_records(d)
     assert any("records-p0.jsonl:" in n and "negative" in n for n in loaded.notes)
 

@@ -137,7 +137,7 @@ def test_records_on_disk_are_the_runtime_format_and_jaxpace_report_reads_them(tm
         "pure-bsp", nodes=2, steps=40, seed=1, policy="fixed:0.001",
         faults=Faults(late_ranks=(3,), late_s=0.02),  # 10 ms: within 16 ranks' 2% spread
     )  # fmt: skip
-    paths = write_records(run, tmp_path)
+    paths = write_records(run, tmp_path, format="jsonl")
     assert [p.name for p in paths] == ["records-p0.jsonl", "records-p1.jsonl"]
     lines = [json.loads(x) for x in paths[1].read_text().splitlines()]
     head, steps = lines[0], lines[1:]
@@ -267,7 +267,7 @@ def test_batched_adaptive_gives_every_site_its_own_update(kw):
 
 def test_fast_writer_writes_the_same_bytes_as_records_write_jsonl(tmp_path):
     run = simulate_records("pure-bsp", nodes=2, steps=5, seed=3, policy="fixed:0.001")
-    fast = write_records(run, tmp_path / "fast")
+    fast = write_records(run, tmp_path / "fast", format="jsonl")
     slow = run.records.write_jsonl(tmp_path / "slow")
     assert [p.name for p in fast] == [p.name for p in slow]
     for a, b in zip(fast, slow, strict=True):

@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpace as jp
+from jaxpace.records.reader import load_records
 
 USE_IT = REPO / "examples" / "use_it.py"
 
@@ -140,8 +141,8 @@ def _env(**extra):
 
 
 def _records(out, p):
-    lines = (out / f"records-p{p}.jsonl").read_text().splitlines()
-    return [json.loads(s) for s in lines if json.loads(s).get("type") == "step"]
+    dicts = load_records(out / f"records-p{p}.parquet").to_dicts()  # the native format
+    return [d for d in dicts if d.get("type") == "step"]
 
 
 def test_use_it_runs_as_written_single_process(tmp_path):
@@ -167,7 +168,7 @@ def test_use_it_under_launch_joins_one_job(tmp_path, launch):
     for p in range(2):
         steps = _records(out, p)
         assert len(steps) == 20 and {r["rank"] for r in steps} == {p}
-    header = json.loads((out / "records-p1.jsonl").read_text().splitlines()[0])
+    header = load_records(out / "records-p1.parquet").headers[0]
     assert header["process_count"] == 2
 
 

@@ -8,7 +8,6 @@ confidence (and GPU advice) while process 1 was the slow one.
 from __future__ import annotations
 
 import io
-import json
 import sys
 
 import jax
@@ -21,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from rich.console import Console
 
 import jaxpace as jp
+from jaxpace.records.reader import load_records
 from jaxpace.report import analyze, print_summary, synthetic_records
 from jaxpace.report.advice import next_steps
 from jaxpace.report.render.html import render_report_html
@@ -106,8 +106,7 @@ def test_two_processes_without_pcast_report_no_culprit(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "already invariant over 'data'" in proc.stdout + proc.stderr
     for p in (0, 1):
-        with open(out / f"records-p{p}.jsonl") as f:
-            header = json.loads(f.readline())
+        header = load_records(out / f"records-p{p}.parquet").headers[0]  # the native format
         assert header["sites"]["grads"]["invariant_over"] == "data"
         assert header["platform"] == "cpu"
     rep = analyze(out)

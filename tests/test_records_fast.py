@@ -153,7 +153,7 @@ def test_writer_output_is_read_fast_and_identically(tmp_path, monkeypatch):
                     )
                 )
                 n += 1
-        _record_format.write_jsonl(d / _record_format.records_filename(p), recs)
+        _record_format.write_jsonl(d / _record_format.records_filename(p, "jsonl"), recs)
     counter = _Counter(monkeypatch)
     got = load_records(d)
     assert counter.fast == n and counter.slow == 3  # every step line; the headers per line
@@ -178,7 +178,7 @@ def test_simulator_records(tmp_path, monkeypatch):
     from jaxpace.sim import simulate_records, write_records
 
     run = simulate_records("pure-bsp", nodes=2, steps=30, seed=0, policy="adaptive")
-    write_records(run, tmp_path / "sim")
+    write_records(run, tmp_path / "sim", format="jsonl")
     counter = _Counter(monkeypatch)
     load_records(tmp_path / "sim")
     assert counter.fast == len(run.records)

@@ -119,9 +119,8 @@ def _measured_pacer():
 def test_export_header_extra_reaches_the_header_and_is_checked(tmp_path):
     pacer = _measured_pacer()
     path = pacer.export(f"{tmp_path}/run/", header_extra={"interleaved_phases": 3})
-    assert path.endswith("records-p0.jsonl")
-    with open(path) as f:
-        header = json.loads(f.readline())
+    assert path.endswith("records-p0.parquet")  # the native format
+    header = report.load_records(path).headers[0]
     assert header["type"] == "header" and header["interleaved_phases"] == 3
     assert "interleaved_phases" not in pacer.records()[0]  # only where asked
     for bad, match in (

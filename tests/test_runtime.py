@@ -61,7 +61,7 @@ def test_export_all_writes_per_process_files(tmp_path):
     _run(pacer, steps=2)
     d = pacer.export_all(tmp_path / "run")
     files = sorted(p.name for p in (tmp_path / "run").iterdir())
-    assert d is not None and files == ["records-p0.jsonl"]
+    assert d is not None and files == ["records-p0.parquet"]
     rep = jp.report.analyze(tmp_path / "run", warmup_steps=0)
     assert rep.num_ranks == 8
 

@@ -46,6 +46,6 @@ for _ in range(STEPS):
         time.sleep(LAG_S)
     w = step(w, x)
     jax.block_until_ready(w)
-pacer.export(out + "/")  # a directory: records-p{i}.jsonl inside
+pacer.export(out + "/")  # a directory: records-p{i}.parquet inside
 pacer.close(timeout_s=10.0)
 print(f"p{pid} exported", flush=True)

@@ -93,7 +93,7 @@ def run_phase(policy_name, tag):
         )
     pacer.export(os.path.join(args.out, tag, f"records-p{pid}.jsonl"))
     # Also gather every process's records to process 0 (no shared filesystem needed).
-    pacer.export_all(os.path.join(args.out, tag + "-gathered"), timeout_s=60)
+    pacer.export_all(os.path.join(args.out, tag + "-gathered"), timeout_s=60, format="jsonl")
     st = pacer.stats()["grads"]
     recs = [r for r in pacer.records() if r["type"] == "step"]
     return {

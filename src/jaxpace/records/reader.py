@@ -7,7 +7,9 @@ once in `jaxpace.records.format`; this module only parses and validates it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,17 +19,20 @@ import numpy as np
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import (
     FORMAT_VERSION,
+    HEADER_KEY,
     INT_STEP_FIELDS,
-    RECORDS_GLOB,
     REQUIRED_STEP_FIELDS,
+    has_records,
     records_filename,
+    records_files,
     step_record,
+    write_parquet,
 )
 from jaxpace.records.format import (
     write_jsonl as _write_jsonl_file,
 )
 from jaxpace.records.line_reader import MAX_LINE_BYTES, read_file  # noqa: F401 (MAX_LINE_BYTES: re-exported)
-from jaxpace.records.safe_io import check_declared_count
+from jaxpace.records.safe_io import check_declared_count, open_regular
 
 __all__ = ["Records", "find_runs", "load_records"]
 
@@ -142,9 +147,40 @@ class Records:
         for rec in self.to_dicts()[len(self.headers) :]:
             by_proc.setdefault(int(rec["process"]), []).append(rec)
         return [
-            Path(_write_jsonl_file(d / records_filename(p), recs))
+            Path(_write_jsonl_file(d / records_filename(p, "jsonl"), recs))
             for p, recs in sorted(by_proc.items())
         ]
+
+    def write_parquet(self, directory: str | os.PathLike) -> list[Path]:
+        """Writes one `records-p{process}.parquet` per process (the native format).
+
+        Returns:
+          The paths written.
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        c = self.columns
+        proc = c["process"]
+        order = np.argsort(proc, kind="stable")
+        procs = sorted(
+            {int(h["process_index"]) for h in self.headers} | set(np.unique(proc).tolist())
+        )
+        by_proc = {int(h["process_index"]): h for h in self.headers}
+        bounds = np.searchsorted(proc[order], [*procs, max(procs, default=0) + 1], side="left")
+        out = []
+        for i, p in enumerate(procs):
+            idx = order[bounds[i] : bounds[i + 1]]
+            idx = idx[proc[idx] == p]
+            header = by_proc.get(p)
+            if header is None:
+                raise RecordsError(
+                    f"step records of process {p} have no header; a Parquet records file "
+                    "holds its header in its metadata. Add the process's header."
+                )
+            cols = {k: c[k][idx] for k in (*INT_STEP_FIELDS, "site", "engaged")}
+            cols["device"] = c["device"][idx] if "device" in c else np.full(idx.size, -1)
+            out.append(Path(write_parquet(d / records_filename(p), header, cols, self.sites)))
+        return out
 
 
 # The step columns of `Records`, in the order `build` makes them.
@@ -451,8 +487,103 @@ def _check_int(rec: Mapping[str, Any], key: str, where: str) -> None:
         raise RecordsError(f"{where}: `{key}` must be an integer, got {v!r}.")
 
 
+def _is_parquet(path: Path) -> bool:
+    """Whether `path` is a Parquet file: by its first 4 bytes (`PAR1`), so a file's
+    name never decides how it is read (a special file is refused when read)."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return path.suffix == ".parquet"
+        with open(path, "rb") as f:
+            return f.read(4) == b"PAR1"
+    except OSError:
+        return path.suffix == ".parquet"
+
+
+def _read_parquet(builder: _Builder, path: Path) -> None:
+    """One Parquet records file into `builder`: its header from the metadata, its
+    columns checked (types, nulls, negative durations) and appended at once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    builder.sources.append(str(path))
+    where = f"{path}"
+    with open_regular(path, "records file") as f:
+        try:
+            pf = pq.ParquetFile(f)
+            table = pf.read()
+        except (pa.ArrowException, OSError, ValueError) as e:
+            builder.partial = True
+            builder.notes.append(
+                f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
+                "a process killed while writing it leaves no footer. The other files are "
+                "read."
+            )
+            return
+    meta = table.schema.metadata or {}
+    if HEADER_KEY not in meta:
+        raise RecordsError(
+            f"{where}: Parquet file without a jaxpace header (metadata key "
+            f"`{HEADER_KEY.decode()}`); expected a file written by `Pacer.export` "
+            "(docs/records.md). Point at the run's own files."
+        )
+    try:
+        header = json.loads(meta[HEADER_KEY])
+    except ValueError as e:
+        raise RecordsError(f"{where}: header metadata is not valid JSON ({e}).") from None
+    if not isinstance(header, Mapping) or header.get("type") != "header":
+        raise RecordsError(f'{where}: header metadata is not a header (`"type": "header"`).')
+    builder.add_header(header, f"{where}:header")
+    names = set(table.column_names)
+    missing = [k for k in ("site", *INT_STEP_FIELDS, "engaged") if k not in names]
+    if missing:
+        raise RecordsError(
+            f"{where}: Parquet records lack the column(s) "
+            f"{', '.join(f'`{k}`' for k in missing)}; expected the columns of docs/records.md."
+        )
+    n = table.num_rows
+    cols: dict[str, np.ndarray] = {}
+    for k in (*INT_STEP_FIELDS, "device", "engaged"):
+        if k not in names:  # `device` is optional
+            cols[k] = np.full(n, -1, np.int64)
+            continue
+        col = table.column(k)
+        want = pa.bool_() if k == "engaged" else pa.int64()
+        if col.type != want and not (k != "engaged" and pa.types.is_integer(col.type)):
+            raise RecordsError(
+                f"{where}: column `{k}` has type {col.type}, expected {want} (docs/records.md)."
+            )
+        if k != "device" and col.null_count:
+            raise RecordsError(f"{where}: column `{k}` has {col.null_count} null values.")
+        if k == "device":
+            col = col.fill_null(-1)
+        cols[k] = col.to_numpy().astype(bool if k == "engaged" else np.int64, copy=False)
+    site = table.column("site").combine_chunks()
+    if pa.types.is_dictionary(site.type):
+        names_arr = site.dictionary.to_pylist()
+        idx = site.indices.to_numpy(zero_copy_only=False)
+    elif pa.types.is_string(site.type) or pa.types.is_large_string(site.type):
+        enc = site.dictionary_encode()
+        names_arr, idx = enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False)
+    else:
+        raise RecordsError(f"{where}: column `site` has type {site.type}, expected strings.")
+    if site.null_count:
+        raise RecordsError(f"{where}: column `site` has {site.null_count} null values.")
+    remap = np.array(
+        [builder.site_index.setdefault(s, len(builder.site_index)) for s in names_arr], np.int64
+    )
+    cols["site"] = remap[idx] if remap.size else np.zeros(0, np.int64)
+    bad = (cols["wait_ns"] < 0) | (cols["delay_ns"] < 0)
+    if bad.any():
+        builder.negative += int(bad.sum())
+        if builder.negative_first is None:
+            builder.negative_first = f"{where}: row {int(np.flatnonzero(bad)[0])}"
+        cols = {k: v[~bad] for k, v in cols.items()}
+    builder.add_columns(cols)
+
+
 def find_runs(directory: str | os.PathLike, max_depth: int = 3) -> list[Path]:
-    """Subdirectories of `directory` (up to `max_depth` levels down) holding `*.jsonl` files.
+    """Subdirectories of `directory` (up to `max_depth` levels down) holding records files.
 
     A folder of several runs, such as `jaxpace demo`'s output (`diagnose/off`,
     `ab/off`, ...), has no records itself; these are the runs inside it, sorted.
@@ -470,7 +601,7 @@ def find_runs(directory: str | os.PathLike, max_depth: int = 3) -> list[Path]:
             except OSError:
                 continue
             for sub in subs:
-                (found if any(sub.glob(RECORDS_GLOB)) else nxt).append(sub)
+                (found if has_records(sub) else nxt).append(sub)
         level = nxt
     return sorted(found)
 
@@ -479,8 +610,8 @@ def _no_records_message(path: Path) -> str:
     runs = find_runs(path)
     if not runs:
         return (
-            f"no `*.jsonl` records files in directory {path}. Expected the files "
-            "`Pacer.export` writes (`records-p0.jsonl`, ...)."
+            f"no records files (`*.parquet`, `*.jsonl`) in directory {path}. Expected the "
+            "files `Pacer.export` writes (`records-p0.parquet`, ... or `records-p0.jsonl`, ...)."
         )
     listed = "\n".join(f"  jaxpace report {r}" for r in runs)
     return (
@@ -504,15 +635,15 @@ def _size(path: Path) -> int:
 def load_records(
     source: str | os.PathLike | Iterable[Mapping[str, Any]] | Records,
 ) -> Records:
-    """Reads timing records from a JSONL file, a run directory, or a list of dicts.
+    """Reads timing records from a Parquet or JSONL file, a run directory, or a list of dicts.
 
-    A directory contributes every `*.jsonl` file in it (one per process). A last
-    line cut short (a killed process) is skipped and the result marked
-    `partial`; so is a run whose headers announce more processes than have
-    files. Anything else malformed raises.
+    A directory contributes every `*.parquet` and `*.jsonl` file in it (one per
+    process). A last line cut short (a killed process) or a Parquet file without
+    its footer is skipped and the result marked `partial`; so is a run whose
+    headers announce more processes than have files. Anything else malformed raises.
 
     Args:
-      source: a path to one JSONL file or a directory of them; or an iterable
+      source: a path to one records file or a directory of them; or an iterable
         of record dicts (headers optional), e.g. `Pacer.records()`; or
         `Records` (returned as is).
 
@@ -534,7 +665,7 @@ def load_records(
     if isinstance(source, str | os.PathLike):
         path = Path(source)
         if path.is_dir():
-            files = sorted(path.glob(RECORDS_GLOB))
+            files = records_files(path)
             if not files:
                 raise RecordsError(_no_records_message(path))
         elif path.is_file() or os.path.lexists(path):
@@ -545,7 +676,10 @@ def load_records(
             )
         builder.expected_rows = sum(_size(f) for f in files) // _MIN_STEP_LINE_BYTES + 1
         for f in files:
-            read_file(builder, f)
+            if _is_parquet(f):
+                _read_parquet(builder, f)
+            else:
+                read_file(builder, f)
         return builder.build(require_headers=True)
     if isinstance(source, Mapping) or not isinstance(source, Iterable):
         raise RecordsError(

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from jaxpace.errors import RecordsError
-from jaxpace.records.format import RECORDS_GLOB
+from jaxpace.records.format import has_records
 from jaxpace.records.reader import find_runs
 from jaxpace.records.safe_io import check_output_path
 from jaxpace.records.sources import detect
@@ -110,7 +110,7 @@ def cli_main(args: argparse.Namespace) -> int:
 def _runs_inside(run_dir: str) -> list[Path]:
     """The runs inside a folder without records of its own (else [])."""
     base = Path(run_dir)
-    if base.is_dir() and not any(base.glob(RECORDS_GLOB)):
+    if base.is_dir() and not has_records(base):
         return find_runs(base)
     return []
 
@@ -147,7 +147,7 @@ def _one_run(run_dir: str) -> str:
     base = Path(run_dir)
     if detect(base) != "records":  # a profiler trace or Inspector logs: one run
         return run_dir
-    if base.is_dir() and not any(base.glob(RECORDS_GLOB)):
+    if base.is_dir() and not has_records(base):
         runs = find_runs(base)
         if len(runs) == 1:
             print(f"{base} holds one run: reporting {runs[0]}")

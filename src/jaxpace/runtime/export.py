@@ -1,4 +1,4 @@
-"""A pacer's records: the JSONL rows (docs/records.md), export, and gather across processes."""
+"""A pacer's records (docs/records.md): the rows, export (Parquet or JSONL), and gather across processes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import socket
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from jaxpace import _jax_compat
 from jaxpace.errors import ConfigError
@@ -31,18 +33,16 @@ _HEADER_FIELDS = (
 )  # fmt: skip
 
 
-def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """This process's finished records as dicts: its header, then steps by site, rank, step.
+def _collect(pacer: Pacer, header_extra: Mapping[str, Any] | None) -> tuple[dict, list]:
+    """This process's header and its finished rows: `[(site, rank, rows), ...]` by site and
+    rank (`rows` the recorder's structured array, steps in order).
 
     First waits (bounded) for the steps this process dispatched (`inflight.settle`).
-    `header_extra` adds fields to the header (see `check_header_extra`).
     """
-    import jax
-
     extra = check_header_extra(header_extra)
     settle(pacer)
-    proc = jax.process_index()
-    out: list[dict[str, Any]] = [{**header(pacer), **extra}]
+    head: dict[str, Any] = {**header(pacer), **extra}
+    parts = []
     first_kept: dict[str, int] = {}  # site -> first step still in every rank's ring
     for name, site in sorted(pacer.sites.items()):
         site.flush()  # native probes: drain what the handlers finished
@@ -54,29 +54,72 @@ def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list
             if rows.size and int(rows["step"][-1]) >= cap:  # the ring wrapped: say so
                 first = int(rows["step"][-1]) - cap + 1
                 first_kept[name] = max(first_kept.get(name, 0), first)
-            for row in rows:
-                out.append(
-                    _record_format.step_record(
-                        site=name,
-                        step=int(row["step"]),
-                        rank=int(r),
-                        process=proc,
-                        arrive_ns=int(row["arrive_ns"]),
-                        done_ns=int(row["done_ns"]),
-                        delay_ns=int(row["delay_ns"]),
-                        engaged=bool(row["engaged"]),
-                    )
-                )
+            parts.append((name, int(r), rows))
     if first_kept:
         # docs/records.md, "truncated": steps before these were overwritten in the ring.
-        out[0]["truncated"] = {"capacity": pacer.config.capacity, "first_step": first_kept}
+        head["truncated"] = {"capacity": pacer.config.capacity, "first_step": first_kept}
         log.warning(
             "jaxpace: the records keep only the last %d steps per site and rank (`capacity`); "
             "%s. Pass `Pacer(capacity=...)` / `jp.configure(capacity=...)` to keep more.",
             pacer.config.capacity,
             ", ".join(f"{k} from step {v}" for k, v in sorted(first_kept.items())),
         )
+    return head, parts
+
+
+def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """This process's finished records as dicts: its header, then steps by site, rank, step.
+
+    First waits (bounded) for the steps this process dispatched (`inflight.settle`).
+    `header_extra` adds fields to the header (see `check_header_extra`).
+    """
+    import jax
+
+    head, parts = _collect(pacer, header_extra)
+    proc = jax.process_index()
+    out: list[dict[str, Any]] = [head]
+    for name, r, rows in parts:
+        for row in rows:
+            out.append(
+                _record_format.step_record(
+                    site=name,
+                    step=int(row["step"]),
+                    rank=r,
+                    process=proc,
+                    arrive_ns=int(row["arrive_ns"]),
+                    done_ns=int(row["done_ns"]),
+                    delay_ns=int(row["delay_ns"]),
+                    engaged=bool(row["engaged"]),
+                )
+            )
     return out
+
+
+def _columns(parts: list, process: int) -> tuple[dict[str, np.ndarray], list[str]]:
+    """`_collect`'s rows as the step columns of `format.write_parquet` (no dict per row)."""
+    sites = sorted({name for name, _, _ in parts})
+    index = {s: i for i, s in enumerate(sites)}
+    keep = [(name, r, rows) for name, r, rows in parts if rows.size]
+    n = sum(int(rows.size) for _, _, rows in keep)
+
+    def cat(f) -> np.ndarray:
+        return np.concatenate([f(*t) for t in keep]) if keep else np.zeros(0, np.int64)
+
+    arrive = cat(lambda _n, _r, rows: rows["arrive_ns"].astype(np.int64))
+    done = cat(lambda _n, _r, rows: rows["done_ns"].astype(np.int64))
+    cols = {
+        "site": cat(lambda name, _r, rows: np.full(rows.size, index[name], np.int64)),
+        "step": cat(lambda _n, _r, rows: rows["step"].astype(np.int64)),
+        "rank": cat(lambda _n, r, rows: np.full(rows.size, r, np.int64)),
+        "process": np.full(n, process, np.int64),
+        "arrive_ns": arrive,
+        "done_ns": done,
+        "wait_ns": done - arrive,
+        "delay_ns": cat(lambda _n, _r, rows: rows["delay_ns"].astype(np.int64)),
+        "engaged": cat(lambda _n, _r, rows: rows["engaged"].astype(bool)).astype(bool),
+        "device": np.full(n, -1, np.int64),
+    }
+    return cols, sites
 
 
 def check_header_extra(extra: Any) -> dict[str, Any]:
@@ -193,21 +236,49 @@ def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
     return groups
 
 
+def _format_of(path: str, format: str | None) -> str:
+    """The format to write: `format`, else the path's suffix (`.jsonl`), else Parquet."""
+    if format is not None:
+        try:
+            _record_format.check_format(format)
+        except ValueError as e:
+            raise ConfigError(f"`Pacer.export`: {e}") from None
+        suffix = os.path.splitext(path)[1]
+        other = {".jsonl": "jsonl", ".parquet": "parquet"}.get(suffix)
+        if other is not None and other != format:
+            raise ConfigError(
+                f"`Pacer.export({path!r}, format={format!r})`: the file name says "
+                f"{other}. Name the file `*.{format}` or pass `format={other!r}`."
+            )
+        return format
+    return "jsonl" if path.endswith(".jsonl") else _record_format.DEFAULT_FORMAT
+
+
 def export(
-    pacer: Pacer, path: str | os.PathLike, header_extra: Mapping[str, Any] | None = None
+    pacer: Pacer,
+    path: str | os.PathLike,
+    header_extra: Mapping[str, Any] | None = None,
+    format: str | None = None,
 ) -> str:
-    """Writes this process's records as JSONL and returns the path (see `Pacer.export`)."""
+    """Writes this process's records (Parquet, or JSONL) and returns the path (see
+    `Pacer.export`)."""
     import jax
 
     check_header_extra(header_extra)  # before creating anything
     p = os.fspath(path)
+    fmt = _format_of(p, format)
     ends_in_sep = p.endswith(os.sep) or bool(os.altsep and p.endswith(os.altsep))
     if ends_in_sep or os.path.isdir(p):
         # An existing directory (or a symlink to one), or a new one ("run/"): the file goes
         # inside it.
         _record_format.make_dirs(p)
-        p = os.path.join(p, _record_format.records_filename(jax.process_index()))
-    return _record_format.write_jsonl(p, records(pacer, header_extra))
+        p = os.path.join(p, _record_format.records_filename(jax.process_index(), fmt))
+    if fmt == "jsonl":
+        return _record_format.write_jsonl(p, records(pacer, header_extra))
+    _record_format.check_replaceable(p)  # before collecting (as `write_jsonl` does)
+    head, parts = _collect(pacer, header_extra)
+    cols, sites = _columns(parts, jax.process_index())
+    return _record_format.write_parquet(p, head, cols, sites)
 
 
 def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
@@ -243,8 +314,18 @@ def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None
     return out
 
 
-def export_all(pacer: Pacer, directory: str | os.PathLike, timeout_s: float = 60.0) -> str | None:
-    """`gather` to process 0 and write one records file per process there."""
+def export_all(
+    pacer: Pacer,
+    directory: str | os.PathLike,
+    timeout_s: float = 60.0,
+    format: str = _record_format.DEFAULT_FORMAT,
+) -> str | None:
+    """`gather` to process 0 and write one records file per process there (Parquet, or
+    `format="jsonl"`)."""
+    try:
+        _record_format.check_format(format)
+    except ValueError as e:
+        raise ConfigError(f"`Pacer.export_all`: {e}") from None
     recs = gather(pacer, timeout_s)
     if recs is None:
         return None
@@ -257,5 +338,7 @@ def export_all(pacer: Pacer, directory: str | os.PathLike, timeout_s: float = 60
             current = int(r["process_index"])
         by_proc.setdefault(current, []).append(r)
     for proc, rows in by_proc.items():
-        _record_format.write_jsonl(os.path.join(d, _record_format.records_filename(proc)), rows)
+        _record_format.write_records(
+            os.path.join(d, _record_format.records_filename(proc, format)), rows, format
+        )
     return d

@@ -438,11 +438,18 @@ class Pacer:
         """This process's finished records as dicts (the JSONL format, docs/records.md)."""
         return _export.records(self)
 
-    def export(self, path: str | os.PathLike, *, header_extra: dict[str, Any] | None = None) -> str:
-        """Writes this process's records as JSONL (docs/records.md) and returns the path.
+    def export(
+        self,
+        path: str | os.PathLike,
+        *,
+        header_extra: dict[str, Any] | None = None,
+        format: str | None = None,
+    ) -> str:
+        """Writes this process's records (docs/records.md) and returns the path.
 
-        If `path` is a directory, or ends in "/" (a new directory, created),
-        writes `records-p{process_index}.jsonl` in it. Missing parent
+        The format is Parquet (the native format), or JSONL with `format="jsonl"` or a
+        path ending in `.jsonl`. If `path` is a directory, or ends in "/" (a new
+        directory, created), writes `records-p{process_index}.parquet` (`.jsonl`) in it. Missing parent
         directories are created. The write is atomic (unique temporary file,
         then one rename; concurrent exports: the last wins). Only a regular
         file or a new path is replaced: a symlink, device node, FIFO, socket or
@@ -454,7 +461,7 @@ class Pacer:
         interleaved step by step (the report then does not take the time from
         one exit of a site to the next as this run's iteration; docs/records.md).
         """
-        return _export.export(self, path, header_extra)
+        return _export.export(self, path, header_extra, format)
 
     def gather(self, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
         """Collects every process's records on process 0, at the end of a run.
@@ -473,13 +480,16 @@ class Pacer:
         """
         return _export.gather(self, timeout_s)
 
-    def export_all(self, directory: str | os.PathLike, timeout_s: float = 60.0) -> str | None:
-        """`gather` to process 0 and write `records-p{i}.jsonl` for every process there.
+    def export_all(
+        self, directory: str | os.PathLike, timeout_s: float = 60.0, *, format: str = "parquet"
+    ) -> str | None:
+        """`gather` to process 0 and write `records-p{i}.parquet` (or, with
+        `format="jsonl"`, `.jsonl`) for every process there.
 
         Use when processes do not share a filesystem. Returns the directory on
         process 0, None elsewhere.
         """
-        return _export.export_all(self, directory, timeout_s)
+        return _export.export_all(self, directory, timeout_s, format)
 
     def write_trace(self, path: str | os.PathLike) -> str:
         """Writes a Perfetto / Chrome trace JSON of this process's records."""

@@ -7,13 +7,12 @@ the collective's exit, the sleep. Each process gets its own clock offset, and
 the headers carry the scenario's topology as `rank_groups` (host, NUMA node,
 NIC, leaf switch). `Faults` injects labelled problems on top of the scenario;
 `GroundTruth` says what a correct diagnosis names. `write_records` writes one
-JSONL file per process, fast enough for 8192 ranks x 1000 steps.
+records file per process (Parquet, or JSONL), fast enough for 8192 ranks x 1000 steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,14 @@ import numpy as np
 import jaxpace.sim._collective_cost as coll
 from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
-from jaxpace.records.format import header_record, make_dirs, records_filename
+from jaxpace.records.format import (
+    DEFAULT_FORMAT,
+    check_format,
+    header_record,
+    make_dirs,
+    records_filename,
+    write_columns,
+)
 from jaxpace.records.reader import Records
 from jaxpace.sim._cluster import _Draws, _Setup
 from jaxpace.sim._engine import SimResult, _result, _run, resolve_policy
@@ -436,18 +442,20 @@ def _to_records(
     )
 
 
-def write_records(records: Records | SimRecords, directory: str | os.PathLike) -> list[Path]:
-    """Writes `records-p{process}.jsonl` per process (docs/records.md), vectorized.
+def write_records(
+    records: Records | SimRecords, directory: str | os.PathLike, format: str = DEFAULT_FORMAT
+) -> list[Path]:
+    """Writes `records-p{process}.parquet` (or `.jsonl`) per process (docs/records.md).
 
-    Same lines as `Records.write_jsonl`, formatted column-wise (several times
-    faster at millions of records). Each file is written to a temporary name
-    and renamed into place.
+    The files `Pacer.export` writes, from the columns at once (no dict per record):
+    `jaxpace.records.format.write_columns`, each file written to a temporary name and
+    renamed into place.
     """
     recs = records.records if isinstance(records, SimRecords) else records
+    check_format(format)
     d = os.fspath(directory)
     make_dirs(d)
     c = recs.columns
-    sites = np.array([json.dumps(s) for s in recs.sites], dtype=object)
     proc = c["process"]
     order = np.argsort(proc, kind="stable")
     bounds = np.searchsorted(
@@ -457,40 +465,7 @@ def write_records(records: Records | SimRecords, directory: str | os.PathLike) -
     out = []
     for p in range(bounds.size - 1):
         idx = order[bounds[p] : bounds[p + 1]]
-        lines = _step_lines(c, idx, sites)
-        path = os.path.join(d, records_filename(p))
-        tmp = path + f".{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            if p in by_proc:
-                f.write(json.dumps(by_proc[p], separators=(",", ":")) + "\n")
-            f.write(lines)
-        os.replace(tmp, path)
-        out.append(Path(path))
+        cols = {k: v[idx] for k, v in c.items()}
+        path = os.path.join(d, records_filename(p, format))
+        out.append(Path(write_columns(path, by_proc[p], cols, recs.sites, format)))
     return out
-
-
-def _step_lines(c: dict[str, np.ndarray], idx: np.ndarray, sites: np.ndarray) -> str:
-    """The JSONL text of records `idx` (one line each, `step_record`'s keys in its order).
-
-    One `%`-format per line over columns turned into Python lists at once: about
-    4x faster than NumPy string concatenation (measured on 500k records).
-    """
-    if idx.size == 0:
-        return ""
-    keys = ("step", "rank", "process", "arrive_ns", "done_ns", "wait_ns", "delay_ns")
-    cols = [c[k][idx].tolist() for k in keys]
-    dev = c["device"][idx]
-    dev_s = np.where(dev < 0, "null", dev.astype(str)).tolist()
-    eng = np.where(c["engaged"][idx], "true", "false").tolist()
-    site = sites[c["site"][idx]].tolist()
-    fmt = (
-        '{"type":"step","site":%s,"step":%d,"rank":%d,"process":%d,"device":%s,'
-        '"arrive_ns":%d,"done_ns":%d,"wait_ns":%d,"delay_ns":%d,"engaged":%s}\n'
-    )
-    step, rank, proc, arr, done, wait, delay = cols
-    return "".join(
-        [
-            fmt % row
-            for row in zip(site, step, rank, proc, dev_s, arr, done, wait, delay, eng, strict=True)
-        ]
-    )

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.records.format import RECORDS_GLOB
+from jaxpace.records.format import has_records
 from jaxpace.records.reader import Records, find_runs
 from jaxpace.records.site_data import SiteData
 from jaxpace.records.sources import jaxpace_records as records
@@ -49,7 +49,7 @@ def detect(path: str | os.PathLike) -> str:
         return "xprof"
     if name.endswith(".log"):
         return "nccl_inspector"
-    if not p.is_dir() or any(p.glob(RECORDS_GLOB)):
+    if not p.is_dir() or has_records(p):
         return "records"
     if xprof.find_traces(p):
         return "xprof"
@@ -75,7 +75,7 @@ def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> L
         if kind == "nccl_inspector":
             return nccl_inspector.load(Path(source))
         p = Path(source)
-        if p.is_dir() and not any(p.glob(RECORDS_GLOB)) and not find_runs(p):
+        if p.is_dir() and not has_records(p) and not find_runs(p):
             if next(p.rglob("*.xplane.pb"), None) is not None:
                 raise RecordsError(
                     f"{p} holds `jax.profiler` XPlane files (`*.xplane.pb`) but no Chrome "
@@ -83,7 +83,7 @@ def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> L
                 )
             raise RecordsError(
                 f"no timings in directory {p}: expected jaxpace records "
-                "(`records-p0.jsonl`, ... as `Pacer.export` writes them), `jax.profiler` "
+                "(`records-p0.parquet` or `.jsonl`, ... as `Pacer.export` writes them), `jax.profiler` "
                 "traces (`*.trace.json.gz` anywhere below it) or NCCL Inspector logs "
                 "(`<host>-pid<pid>.log`, in it or one folder down)."
             )
