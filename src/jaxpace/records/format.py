@@ -43,6 +43,7 @@ __all__ = [
     "write_jsonl",
     "write_parquet",
     "write_records",
+    "write_text",
 ]
 
 FORMAT_VERSION = 1
@@ -302,6 +303,19 @@ def jsonl_step_lines(columns: Mapping[str, np.ndarray], sites: Sequence[str]) ->
             for row in zip(site, step, rank, proc, dev_s, arr, done, wait, delay, eng, strict=True)
         ]
     )
+
+
+def write_text(path: str | os.PathLike, text: str) -> str:
+    """Writes `text` to `path` atomically (temporary file beside it, then one rename), with
+    the same refusals as `write_jsonl`; the stall record is written with it."""
+    p = os.fspath(path)
+    _check_file_path(p)
+
+    def write(fd: int, tmp: str) -> None:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+
+    return _replace_atomically(p, write)
 
 
 def write_columns(

@@ -7,6 +7,8 @@ import json
 import os
 import tempfile
 
+from jaxpace.records.format import write_text
+
 __all__ = ["stacks", "stall_filename", "write"]
 
 
@@ -17,15 +19,11 @@ def stall_filename(process_index: int) -> str:
 def write(directory: str, process_index: int, rec: dict) -> str:
     """Writes `rec` as `stall-p{process_index}.json` in `directory` (created); returns the path.
 
-    Atomic (a temporary file, then one rename). Raises `OSError` when it cannot write.
+    Atomic (`jaxpace.records.format.write_text`: a temporary file, then one rename).
+    Raises `OSError` when it cannot write (a symlink or special file at the path too).
     """
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, stall_filename(process_index))
-    fd, tmp = tempfile.mkstemp(prefix=".stall-", dir=directory)
-    with os.fdopen(fd, "w") as f:
-        json.dump(rec, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return write_text(path, json.dumps(rec, indent=1))
 
 
 def stacks() -> str:
