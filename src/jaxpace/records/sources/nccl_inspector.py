@@ -354,7 +354,7 @@ def _gap_notes(p: _Parsed, a: dict[str, np.ndarray]) -> list[str]:
             notes.append(
                 f"{missing} collectives missing inside the `coll_sn` ranges of the "
                 "communicator ranks (Inspector drops records when its ring overflows "
-                "between dumps); their steps lack some ranks and are skipped."
+                "between dumps); their steps lack some ranks and compare the ranks present."
             )
     for i, meta in enumerate(p.comm_meta):
         seen = np.unique(a["rank"][a["comm"] == i]).size

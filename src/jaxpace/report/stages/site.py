@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,11 +36,21 @@ class _Grid(NamedTuple):
     flat: np.ndarray  # their flat grid index
     steps_all: np.ndarray  # (S,) every step seen
     ranks: np.ndarray  # (R,)
-    complete: np.ndarray  # (S,) every rank reported the step
+    complete: np.ndarray  # (S,) the steps used: two or more ranks reported them
+    present: np.ndarray  # (S', R) which rank reported each used step
+
+
+# A rank missing from more than this share of the used steps is named in the notes.
+_MOSTLY_MISSING = 0.5
 
 
 def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
-    """Places the site's records on the grid; raises on duplicates or no complete step."""
+    """Places the site's records on the grid; raises on duplicates or when no step has
+    records of two ranks.
+
+    Partial steps are used: each step compares the ranks present in it. The notes
+    say how much is missing, and name a rank missing from most steps.
+    """
     c = records.columns
     sel = c["site"] == records.sites.index(site)
     step, rank = c["step"][sel], c["rank"][sel]
@@ -58,21 +68,57 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
             "step, rank) must appear once; did two files come from the same process?"
         )
     present = (counts > 0).reshape(S, R)
-    complete = present.all(axis=1)
-    if not complete.all():
-        bad = steps_all[~complete]
-        lacking = ranks[~present[~complete].all(axis=0)]
-        notes.append(
-            f"PARTIAL: {bad.size} of {S} steps of `{site}` lack records of some ranks "
-            f"(steps {ranges(bad)}; ranks {ranges(lacking)}); analyzed the "
-            f"{int(complete.sum())} complete steps."
-        )
-    if not complete.any():
+    n_present = present.sum(axis=1)
+    used = n_present >= min(2, R)  # (a one-rank run: its steps, nothing to compare)
+    if not used.any():
         raise RecordsError(
-            f"site `{site}` has no step with records from all {R} ranks ({ranges(ranks)}); "
-            "nothing to compare. Were the records of different sites or runs mixed?"
+            f"site `{site}` has no step with records of two or more ranks (ranks "
+            f"{ranges(ranks)}, {S} steps); nothing to compare. Point the report at the "
+            "whole run (every process's file)."
         )
-    return _Grid(sel, flat, steps_all, ranks, complete)
+    notes.extend(_coverage_notes(site, steps_all, ranks, present, used))
+    return _Grid(sel, flat, steps_all, ranks, used, present[used])
+
+
+def _coverage_notes(
+    site: str, steps: np.ndarray, ranks: np.ndarray, present: np.ndarray, used: np.ndarray
+) -> list[str]:
+    """`PARTIAL:` notes on what is missing at `site`: steps with fewer than two ranks
+    (not used), records missing in the used steps, ranks missing from most steps."""
+    notes = []
+    R = ranks.size
+    if not used.all():
+        notes.append(
+            f"PARTIAL: {int((~used).sum())} of {steps.size} steps of `{site}` have records of "
+            f"fewer than two ranks (steps {ranges(steps[~used])}; not compared)."
+        )
+    p = present[used]
+    n = p.sum(axis=1)
+    missing = int(p.size - n.sum())
+    if missing:
+        short = int((n < R).sum())
+        lost = p.shape[0] - p.sum(axis=0)
+        top = np.argsort(-lost, kind="stable")[:3]
+        most = ", ".join(f"rank {int(ranks[j])}: {int(lost[j])}" for j in top if lost[j] > 0)
+        notes.append(
+            f"PARTIAL: {missing} of {p.size} (step, rank) records of `{site}` are missing "
+            f"({missing / p.size:.2%}); {short} of {n.size} steps lack some ranks. Each step "
+            f"compares the ranks present in it ({int(n.min())} to {int(n.max())} of {R}, "
+            f"median {int(np.median(n))}); a rank missing from a step is neither late nor "
+            f"early there (its lateness there is the step's median). Most missing: {most}."
+        )
+        share = 1.0 - p.mean(axis=0)
+        mostly = np.flatnonzero(share > _MOSTLY_MISSING)
+        if mostly.size:
+            shown = ", ".join(
+                f"{int(ranks[j])} ({share[j]:.0%})" for j in mostly[np.argsort(-share[mostly])][:10]
+            )
+            more = f", and {mostly.size - 10} more" if mostly.size > 10 else ""
+            notes.append(
+                f"PARTIAL: rank(s) missing from most steps of `{site}`: {shown}{more} of "
+                "the steps missing; what the report says of them rests on few steps."
+            )
+    return notes
 
 
 def _int_unique(a: np.ndarray) -> np.ndarray:
@@ -95,30 +141,53 @@ def _index_in(uniq: np.ndarray, a: np.ndarray) -> np.ndarray:
     return lut[a - uniq[0]]
 
 
-def _dense(records: Records, g: _Grid, col: str, dtype: type = np.int64) -> np.ndarray:
-    """Column `col` of the site as a (complete steps x rank) array."""
-    a = np.zeros(g.steps_all.size * g.ranks.size, dtype)
+def _dense(
+    records: Records, g: _Grid, col: str, dtype: type = np.int64, fill: Any = 0
+) -> np.ndarray:
+    """Column `col` of the site as a (used steps x rank) array, `fill` where missing."""
+    a = np.full(g.steps_all.size * g.ranks.size, fill, dtype)
     column = records.columns[col]
     a[g.flat] = column if g.sel.all() else column[g.sel]  # (one site: no copy)
     a = a.reshape(g.steps_all.size, g.ranks.size)
     return a if g.complete.all() else a[g.complete]
 
 
+def _fill_missing(a: np.ndarray, missing: np.ndarray) -> np.ndarray:
+    """`a` with its `missing` cells set to their step's median over the ranks present (a
+    rank missing from a step is neither late nor early there); rows with no value stay NaN."""
+    if not missing.any():
+        return a
+    a = np.where(missing, np.nan, a)
+    rows = np.flatnonzero(missing.any(axis=1) & ~np.isnan(a).all(axis=1))
+    if rows.size:
+        med = np.nanmedian(a[rows], axis=1)
+        part = a[rows]
+        a[rows] = np.where(np.isnan(part), med[:, None], part)
+    return a
+
+
 def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
-    """Dense arrays of one site's complete steps; returns (data, notes, partial).
+    """Dense arrays of one site's steps with two or more ranks; returns (data, notes, partial).
 
     All times are durations on one rank's own clock (each rank's origin is its
-    own first arrival), so clock offsets between processes never matter.
+    own first arrival), so clock offsets between processes never matter. Each step
+    compares the ranks present in it: the lateness, transfer and sync wait of a step
+    come from those ranks only, and at a step a rank is missing from, its values are
+    the step's median over the ranks present (neither late nor early there).
     """
     notes: list[str] = []
     g = _grid(records, site, notes)
-    partial = not g.complete.all()
-    arrive_ns, done_ns = _dense(records, g, "arrive_ns"), _dense(records, g, "done_ns")
-    origin = arrive_ns.min(axis=0, keepdims=True)  # per-rank: only differences matter
-    arrive = (arrive_ns - origin) / 1e9
-    done = (done_ns - origin) / 1e9
-    wait = _dense(records, g, "wait_ns") / 1e9
-    delay = _dense(records, g, "delay_ns") / 1e9
+    missing = ~g.present
+    partial = bool(not g.complete.all() or missing.any())
+    nan = np.nan
+    # Per rank: only differences matter (int64 until each rank's origin is subtracted).
+    arrive_i, done_i = _dense(records, g, "arrive_ns"), _dense(records, g, "done_ns")
+    origin_ns = np.where(missing, np.iinfo(np.int64).max, arrive_i).min(axis=0, keepdims=True)
+    arrive = np.where(missing, nan, (arrive_i - origin_ns) / 1e9)
+    done = np.where(missing, nan, (done_i - origin_ns) / 1e9)
+    del arrive_i, done_i
+    wait = _dense(records, g, "wait_ns", np.float64, nan) / 1e9
+    delay = _dense(records, g, "delay_ns", np.float64, nan) / 1e9
     engaged = _dense(records, g, "engaged", bool).any(axis=1)
     steps = g.steps_all[g.complete]
 
@@ -151,13 +220,28 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
     entered = np.maximum(wait - delay, 0.0)
     codes = site_groups(records, site, g.ranks)
     if codes is None:
-        lateness = wait.max(axis=1, keepdims=True) - wait
-        transfer, sync_wait = entered.min(axis=1), earliness(entered, axis=-1)
+        if missing.any():
+            lateness = np.nanmax(wait, axis=1, keepdims=True) - wait
+            transfer = np.nanmin(entered, axis=1)
+            sync_wait = entered - transfer[:, None]
+        else:
+            lateness = wait.max(axis=1, keepdims=True) - wait
+            transfer, sync_wait = entered.min(axis=1), earliness(entered, axis=-1)
     else:
         lateness, transfer, sync_wait = _within_groups(wait, entered, codes)
         notes.append(_groups_note(site, codes))
-    # Every rank reported every complete step: the first one names its process.
-    processes = _dense(records, g, "process")[0]
+    if missing.any():
+        lateness = _fill_missing(lateness, missing)
+        sync_wait = _fill_missing(sync_wait, missing)
+        wait = _fill_missing(wait, missing)
+        delay = _fill_missing(delay, missing)
+        lost = missing.copy()
+        lost[1:] |= missing[:-1]  # compute and step time need the step before too
+        compute = _fill_missing(compute, lost & ~np.isnan(compute).all(axis=1, keepdims=True))
+        step_time = _fill_missing(step_time, lost & ~np.isnan(step_time).all(axis=1, keepdims=True))
+    # Each rank's process: from any of its records.
+    proc_grid = _dense(records, g, "process", np.int64, -1)
+    processes = proc_grid.max(axis=0)
     host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in records.headers}
     data = SiteData(
         steps=steps,
@@ -208,10 +292,21 @@ def _within_groups(
     """
     order = np.argsort(codes, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(codes[order]) != 0])
-    gmax = np.maximum.reduceat(wait[:, order], starts, axis=1)
-    gmin = np.minimum.reduceat(entered[:, order], starts, axis=1)
+    # fmax/fmin: a missing rank (NaN) is left out of its group's extreme.
+    gmax = np.fmax.reduceat(wait[:, order], starts, axis=1)
+    gmin = np.fmin.reduceat(entered[:, order], starts, axis=1)
     lateness = gmax[:, codes] - wait
-    return lateness, np.median(gmin, axis=1), entered - gmin[:, codes]
+    transfer = np.median(gmin, axis=1) if not np.isnan(gmin).any() else _nanmedian_rows(gmin)
+    return lateness, transfer, entered - gmin[:, codes]
+
+
+def _nanmedian_rows(a: np.ndarray) -> np.ndarray:
+    """Median of each row over its non-NaN values (NaN for a row without any), warning-free."""
+    out = np.full(a.shape[0], np.nan)
+    ok = ~np.isnan(a).all(axis=1)
+    if ok.any():
+        out[ok] = np.nanmedian(a[ok], axis=1)
+    return out
 
 
 def _groups_note(site: str, codes: np.ndarray) -> str:
