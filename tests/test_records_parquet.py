@@ -153,3 +153,22 @@ def test_import_jaxpace_loads_neither_pyarrow_nor_duckdb(code):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_protected_header_fields_cannot_change_how_own_records_are_read(tmp_path):
+    """Issue 49 item 10: `header_extra={"source_label": ..., "timed": False}` made the
+    report show jaxpace's own records as another source and drop compute and step time."""
+    pacer = _pacer(steps=12)
+    for extra in ({"source_label": "NCCL Inspector logs"}, {"timed": False}, {"source": "x"}):
+        with pytest.raises(ConfigError, match="may not set `"):
+            pacer.export(f"{tmp_path}/run/", header_extra=extra)
+    assert not (tmp_path / "run").exists()
+    # A file that says so anyway (edited, or another tool's) is still read as jaxpace's own.
+    recs = load_records(pacer.export(f"{tmp_path}/run/"))
+    dicts = recs.to_dicts()
+    dicts[0] = {**dicts[0], "source_label": "NCCL Inspector logs", "timed": False}
+    fmt.write_jsonl(tmp_path / "edited" / "records-p0.jsonl", dicts)
+    rep = analyze(tmp_path / "edited", warmup_steps=0)
+    assert rep.source == "jaxpace records"
+    assert np.isfinite(rep.data.compute[1:]).all()  # compute and step time kept
+    assert any("`source_label`, `timed` ignored" in n for n in rep.notes)

@@ -67,6 +67,11 @@ def _collect(pacer: Pacer, header_extra: Mapping[str, Any] | None) -> tuple[dict
     return head, parts
 
 
+# Header fields only the readers of other sources write (`records.sources.common`): what the
+# source was and whether it has arrival times. Never from `header_extra`.
+_RESERVED_FIELDS = ("source", "source_label", "timed")
+
+
 def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """This process's finished records as dicts: its header, then steps by site, rank, step.
 
@@ -139,6 +144,15 @@ def check_header_extra(extra: Any) -> dict[str, Any]:
         raise ConfigError(
             f"`header_extra` may not replace the header's own fields {clash}. Pass "
             "other names (docs/records.md lists the header's fields)."
+        )
+    reserved = sorted(set(extra) & set(_RESERVED_FIELDS))
+    if reserved:
+        raise ConfigError(
+            f"`header_extra` may not set {', '.join(f'`{k}`' for k in reserved)}: the report "
+            "reads these only from records converted from another source (an NCCL Inspector "
+            "log, a `jax.profiler` trace), where they say which source and whether it has "
+            "arrival times; on jaxpace's own records they would change how the report reads "
+            "them. Pass other names."
         )
     n = extra.get("interleaved_phases", 1)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:

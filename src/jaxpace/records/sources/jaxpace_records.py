@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -9,18 +10,33 @@ from typing import Any
 from jaxpace.records.reader import Records, load_records
 from jaxpace.records.sources.common import Loaded
 
-__all__ = ["load"]
+__all__ = ["CONVERTED_SOURCES", "load"]
+
+# The `source` header values of records that another source's reader made (`Loaded.records`,
+# or `jaxpace convert`'s files): only theirs say `source_label` and `timed`.
+CONVERTED_SOURCES = ("nccl_inspector", "xprof")
 
 
 def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> Loaded:
     """`load_records(source)`, labelled as jaxpace records.
 
-    `Records` that another source made (`Loaded.records`) keep that source's label
-    and timing (their headers carry `source_label` and `timed`).
+    `Records` that another source made (`Loaded.records`, or files `jaxpace convert`
+    wrote from them) keep that source's label and timing (their headers carry `source`,
+    `source_label` and `timed`); in any other records these fields are ignored, noted.
     """
     recs = load_records(source)
     first = recs.headers[0] if recs.headers else {}
-    if "source_label" in first:
+    if first.get("source") in CONVERTED_SOURCES and "source_label" in first:
         timed = all(h.get("timed", True) is not False for h in recs.headers)
         return Loaded(recs, str(first["source_label"]), timed=timed)
+    odd = sorted({k for h in recs.headers for k in ("source_label", "timed") if k in h})
+    if odd:
+        # Not a converted source: jaxpace's own records, whatever these fields say.
+        note = (
+            f"header field(s) {', '.join(f'`{k}`' for k in odd)} ignored: they are read only "
+            "from records converted from another source (`source` "
+            f"{' or '.join(f'`{s}`' for s in CONVERTED_SOURCES)}); these are jaxpace's own "
+            "records, read as such."
+        )
+        recs = dataclasses.replace(recs, notes=(*recs.notes, note))
     return Loaded(recs, "jaxpace records", timed=True)
