@@ -351,6 +351,9 @@ class RunContext:
       probe: which probes timed the analyzed site, as the runtime said, or None.
       policy_stopped: the policy backed off or its A/B guard rejected pacing
         on some process during the run.
+      unequal_sizes: why the analyzed site's ranks do not finish together (they move
+        different message sizes, e.g. an uneven all-to-all: the source's header says so),
+        so its waits are evidence only and no culprit is named from them; or None.
     """
 
     platform: str = "unknown"
@@ -360,6 +363,7 @@ class RunContext:
     invariant_over: str | None = None
     probe: str | None = None
     policy_stopped: bool = False
+    unequal_sizes: str | None = None
 
     @property
     def hours_unit(self) -> str:

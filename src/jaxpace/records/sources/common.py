@@ -94,14 +94,18 @@ def make_records(
     partial: bool,
     files: list[Path],
     run_id: str | None = None,
+    site_info: dict[str, dict[str, Any]] | None = None,
     **header: Any,
 ) -> Records:
     """`Records` of one run from its step columns and per-process hosts.
 
     `columns` holds `site` (index into `sites`), `step`, `rank`, `process`,
     `device` (-1 if unknown), `arrive_ns`, `done_ns` and `wait_ns`; the
-    pacing columns (`delay_ns`, `engaged`) are zero: nothing was paced.
+    pacing columns (`delay_ns`, `engaged`) are zero: nothing was paced. `site_info`
+    becomes the headers' `sites` (docs/records.md: what the source says of each site).
     """
+    if site_info:
+        header = {**header, "sites": site_info}
     n = columns["step"].shape[0]
     cols = {k: np.ascontiguousarray(v, dtype=np.int64) for k, v in columns.items()}
     cols["delay_ns"] = np.zeros(n, np.int64)

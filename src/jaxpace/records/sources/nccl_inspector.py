@@ -38,7 +38,18 @@ __all__ = ["LOG_GLOB", "find_logs", "load"]
 
 LOG_GLOB = "*-pid*.log"
 _NAME = re.compile(r"^(?P<host>.+)-pid(?P<pid>\d+)\.log$")
-_COLUMNS = ("comm", "rank", "coll", "sn", "exec_ns", "start_ns", "file")
+_COLUMNS = ("comm", "rank", "coll", "sn", "exec_ns", "start_ns", "file", "msg")
+
+# Bounds on what a line may say; a value outside them drops the line (counted, with its
+# file and line), so no integer overflows or wraps on the way to nanoseconds.
+MAX_RANKS = 1 << 24  # `n_ranks`, ranks
+MAX_SN = 1 << 40  # `coll_sn`
+MAX_EXEC_US = 3.6e9  # `coll_exec_time_us`: one hour
+MAX_START_US = 9e15  # kernel start timestamps (x 1000 stays inside int64 with MAX_EXEC_US)
+MAX_MSG_BYTES = 1 << 50  # `coll_msg_size_bytes`
+# A site whose ranks move message sizes this many times apart (median over its steps of
+# the largest over the smallest) is evidence only: its ranks do not finish together.
+UNEQUAL_SIZES_RATIO = 2.0
 
 
 def find_logs(path: Path) -> list[Path]:
@@ -66,17 +77,30 @@ class _Parsed:
         self.untimed = 0
 
 
-def _int(d: dict[str, Any], key: str, lo: int = 0) -> int:
+def _int(d: dict[str, Any], key: str, lo: int = 0, hi: int = MAX_SN) -> int:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"`{key}` should be an integer >= {lo}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"`{key}` should be an integer in [{lo}, {hi}], got {_short(v)}")
     return v
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _time_us(perf: dict[str, Any], key: str) -> float:
     v = perf.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"`{key}` should be a number of microseconds >= 0, got {v!r}")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or not math.isfinite(v)
+        or not 0 <= v <= MAX_EXEC_US
+    ):
+        raise ValueError(
+            f"`{key}` should be a number of microseconds in [0, {MAX_EXEC_US:.0f}] (one "
+            f"hour), got {_short(v)}"
+        )
     return float(v)
 
 
@@ -90,6 +114,11 @@ def _kernel_start_us(perf: dict[str, Any]) -> int:
         for k in ets.get("kernel_events") or ()
         if isinstance(k, dict) and isinstance(k.get("kernel_start_ts"), int)
     ]
+    if any(s > MAX_START_US for s in starts):
+        raise ValueError(
+            f"`kernel_start_ts` should be at most {MAX_START_US:.0f} microseconds, got "
+            f"{_short(max(starts))}"
+        )
     starts = [s for s in starts if s > 0]
     return min(starts) if starts else -1
 
@@ -108,7 +137,7 @@ def _comm(p: _Parsed, header: dict[str, Any]) -> tuple[int, int]:
     cid = header.get("id")
     if not isinstance(cid, str) or not cid:
         raise ValueError(f"`header.id` should be the communicator hash string, got {cid!r}")
-    rank, n = _int(header, "rank"), _int(header, "n_ranks", 1)
+    rank, n = _int(header, "rank", 0, MAX_RANKS), _int(header, "n_ranks", 1, MAX_RANKS)
     if rank >= n:
         raise ValueError(f"`header.rank` {rank} is not below `n_ranks` {n}")
     name = header.get("comm_name")
@@ -135,9 +164,12 @@ def _add(p: _Parsed, obj: Any, file_index: int) -> None:
     coll = perf.get("coll")
     if not isinstance(coll, str) or not coll:
         raise ValueError(f"`coll_perf.coll` should name the collective, got {coll!r}")
-    sn = _int(perf, "coll_sn")
+    sn = _int(perf, "coll_sn", 0, MAX_SN)
     exec_us = _time_us(perf, "coll_exec_time_us")
     start_us = _kernel_start_us(perf)
+    msg = (
+        _int(perf, "coll_msg_size_bytes", 0, MAX_MSG_BYTES) if "coll_msg_size_bytes" in perf else -1
+    )
     p.sources[str(perf.get("coll_timing_source", "unknown"))] += 1
     c = p.cols
     c["comm"].append(comm)
@@ -147,6 +179,7 @@ def _add(p: _Parsed, obj: Any, file_index: int) -> None:
     c["exec_ns"].append(round(exec_us * 1000))
     c["start_ns"].append(start_us * 1000 if start_us >= 0 else -1)
     c["file"].append(file_index)
+    c["msg"].append(msg)
     p.untimed += start_us < 0
 
 
@@ -154,9 +187,9 @@ def _add(p: _Parsed, obj: Any, file_index: int) -> None:
 # header id, rank, n_ranks; then the collective, `coll_sn`, exec time, timing
 # source and the verbose part, or the `p2p` marker.
 _FAST_LINE = re.compile(
-    rb'^\{"header":\{"id":"([^"\\]+)"(?:,"comm_name":"((?:[^"\\]|\\.)*)")?,"rank":(\d+),'
-    rb'"n_ranks":(\d+),"nnodes":\d+\},"metadata":\{[^{}]*\},"(?:coll_perf":\{"coll":"(\w+)",'
-    rb'"coll_sn":(\d+),"coll_msg_size_bytes":\d+,"coll_exec_time_us":(\d+),'
+    rb'^\{"header":\{"id":"([^"\\]+)"(?:,"comm_name":"((?:[^"\\]|\\.)*)")?,"rank":(\d{1,8}),'
+    rb'"n_ranks":(\d{1,8}),"nnodes":\d+\},"metadata":\{[^{}]*\},"(?:coll_perf":\{"coll":"(\w+)",'
+    rb'"coll_sn":(\d{1,12}),"coll_msg_size_bytes":(\d{1,15}),"coll_exec_time_us":(\d{1,10}),'
     rb'"coll_timing_source":"(\w+)"(?:,"coll_(?:algo|bus)bw_gbs":(?:[-\d.e+]+|"nan"|"-?inf"))*'
     rb'(,"event_trace_sn".*)?|(p2p)_perf":\{[^{}]*)\}\}$',
     re.M,
@@ -171,18 +204,28 @@ def _fast_block(p: _Parsed, block: bytes, file_index: int) -> bool:
     found = _FAST_LINE.findall(block)
     if not found or len(found) != block.count(b"\n"):
         return False
-    ids, names, rank_b, n_b, coll_b, sn_b, exec_b, src_b, verbose_b, p2p_b = zip(
+    ids, names, rank_b, n_b, coll_b, sn_b, msg_b, exec_b, src_b, verbose_b, p2p_b = zip(
         *found, strict=True
     )
+    # Communicators in the order their first line comes (never a set's order: the result
+    # must not depend on the hash seed); any disagreement on `n_ranks`, in the block or
+    # with what came before, and the block is read line by line, which names the line.
+    first: dict[bytes, tuple[bytes, int]] = {}
+    for cid, name, n in zip(ids, names, n_b, strict=True):
+        seen = first.setdefault(cid, (name, int(n)))
+        if seen[1] != int(n) or not 1 <= seen[1] <= MAX_RANKS:
+            return False
+    for cid, (_, n) in first.items():
+        i = p.comms.get(cid.decode())
+        if i is not None and p.comm_meta[i]["n_ranks"] != n:
+            return False
     known = {}
-    for cid, name, n in set(zip(ids, names, n_b, strict=True)):
+    for cid, (name, n) in first.items():
         try:
-            i = _register(p, cid.decode(), json.loads(b'"' + name + b'"') or "unknown", int(n))
+            label = json.loads(b'"' + name + b'"') or "unknown"
         except ValueError:
             return False
-        if i is None:
-            return False
-        known[cid] = i
+        known[cid] = _register(p, cid.decode(), label, n)
 
     has_p2p = b"p2p" in p2p_b  # (their collective fields are empty)
 
@@ -191,7 +234,9 @@ def _fast_block(p: _Parsed, block: bytes, file_index: int) -> bool:
         return np.fromiter(map(int, values), np.int64, len(col))
 
     rank = ints(rank_b)
-    if (rank >= ints(n_b)).any():
+    exec_us = ints(exec_b)
+    sn = ints(sn_b)
+    if (rank >= ints(n_b)).any() or (exec_us > MAX_EXEC_US).any() or (sn > MAX_SN).any():
         return False
     comm = np.fromiter(map(known.__getitem__, ids), np.int64, len(ids))
     keep = np.array(p2p_b) != b"p2p" if has_p2p else slice(None)
@@ -204,16 +249,19 @@ def _fast_block(p: _Parsed, block: bytes, file_index: int) -> bool:
             p.sources[src.decode()] += count
     if any(verbose_b):
         start = np.fromiter(map(_first_start, verbose_b), np.int64, len(ids))
+        if (start > MAX_START_US).any():
+            return False
     else:
         start = np.full(len(ids), -1, np.int64)
     columns = {
         "comm": comm,
         "rank": rank,
         "coll": np.fromiter(map(colls.__getitem__, coll_b), np.int64, len(ids)),
-        "sn": ints(sn_b),
-        "exec_ns": ints(exec_b) * 1000,
+        "sn": sn,
+        "exec_ns": exec_us * 1000,
         "start_ns": np.where(start >= 0, start * 1000, -1),
         "file": np.full(len(ids), file_index, np.int64),
+        "msg": ints(msg_b),
     }
     for k, v in columns.items():
         p.cols[k].frombytes(np.ascontiguousarray(v[keep], np.int64).tobytes())
@@ -222,7 +270,11 @@ def _fast_block(p: _Parsed, block: bytes, file_index: int) -> bool:
 
 
 def _first_start(verbose: bytes) -> int:
+    """The first channel's kernel start, -1 without one; one past `MAX_START_US` (the
+    line is then read the slow way, which names it) when any is out of range."""
     starts = [int(x) for x in _KERNEL_START.findall(verbose)] if verbose else []
+    if any(x > MAX_START_US for x in starts):
+        return int(MAX_START_US) + 1
     starts = [x for x in starts if x > 0]
     return min(starts) if starts else -1
 
@@ -321,11 +373,36 @@ def _sites(p: _Parsed, a: dict[str, np.ndarray], notes: list[str]) -> tuple[list
     return names, index[inv]
 
 
-def _steps(a: dict[str, np.ndarray], site: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each record's step: the rank of its `coll_sn` among its site's; and a mask
+def _lifetimes(a: dict[str, np.ndarray]) -> np.ndarray:
+    """Each record's communicator lifetime: 0, and one more each time its rank's `coll_sn`
+    goes back (the communicator was destroyed and re-created under the same hash), in the
+    order the rank's log holds them."""
+    if a["sn"].size == 0:
+        return np.zeros(0, np.int64)
+    r_span = int(a["rank"].max()) + 1
+    key = a["comm"] * r_span + a["rank"]
+    order = np.argsort(key, kind="stable")  # file order within each (communicator, rank)
+    k, sn = key[order], a["sn"][order]
+    back = np.zeros(k.size, np.int64)
+    back[1:] = (k[1:] == k[:-1]) & (sn[1:] < sn[:-1])
+    life = np.cumsum(back)
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    life -= np.repeat(life[starts], np.diff(np.r_[starts, k.size]))
+    out = np.empty_like(life)
+    out[order] = life
+    return out
+
+
+def _steps(
+    a: dict[str, np.ndarray], site: np.ndarray, life: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each record's step: the rank of its (lifetime, `coll_sn`) among its site's (a
+    re-created communicator's collectives come after the earlier lifetime's); and a mask
     keeping the first record of each (site, step, rank)."""
-    span = int(a["sn"].max()) + 1 if a["sn"].size else 1
-    uniq, inv = np.unique(site * span + a["sn"], return_inverse=True)
+    sn_span = int(a["sn"].max()) + 1 if a["sn"].size else 1
+    sn = life * sn_span + a["sn"]
+    span = int(sn.max()) + 1 if sn.size else 1
+    uniq, inv = np.unique(site * span + sn, return_inverse=True)
     site_start = np.searchsorted(uniq, (uniq // span) * span)
     step = np.arange(uniq.size) - site_start
     r_span = int(a["rank"].max()) + 1 if a["rank"].size else 1
@@ -333,6 +410,67 @@ def _steps(a: dict[str, np.ndarray], site: np.ndarray) -> tuple[np.ndarray, np.n
     keep = np.zeros(site.size, bool)
     keep[first] = True
     return step[inv], keep
+
+
+def _lifetime_notes(p: _Parsed, a: dict[str, np.ndarray], life: np.ndarray) -> list[str]:
+    """One note per communicator whose `coll_sn` restarted (re-created under its hash)."""
+    notes = []
+    if life.size == 0 or not life.any():
+        return notes
+    n_comm = len(p.comm_meta)
+    most = np.zeros(n_comm, np.int64)
+    np.maximum.at(most, a["comm"], life)
+    for i in np.flatnonzero(most).tolist():
+        meta = p.comm_meta[i]
+        notes.append(
+            f"communicator {meta['id']} ({meta['name']}) was re-created {int(most[i])} "
+            f"time(s) (its ranks' `coll_sn` restarted): {int(most[i]) + 1} lifetimes, kept "
+            "apart and analyzed one after the other (steps count on)."
+        )
+    return notes
+
+
+def _unequal_sizes(
+    a: dict[str, np.ndarray],
+    site: np.ndarray,
+    step: np.ndarray,
+    keep: np.ndarray,
+    sites: list[str],
+) -> dict[str, dict[str, Any]]:
+    """`{site: {"unequal_sizes": why}}` for the sites whose ranks move different message
+    sizes in one collective (`coll_msg_size_bytes`, e.g. an uneven all-to-all).
+
+    The clock-free rule (the rank with the shortest time inside arrived last) holds only
+    when a collective's ranks finish together; a rank that moves less data finishes sooner
+    without having arrived later, so such a site is evidence only: the report names no
+    culprit from it and says why (normalizing by size would need each rank's bandwidth,
+    which the logs do not give).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    ok = keep & (a["msg"] >= 0)
+    if not ok.any():
+        return out
+    s, k, m = site[ok], step[ok], a["msg"][ok]
+    span = int(k.max()) + 1
+    uniq, inv = np.unique(s * span + k, return_inverse=True)
+    lo = np.full(uniq.size, np.iinfo(np.int64).max)
+    hi = np.zeros(uniq.size, np.int64)
+    np.minimum.at(lo, inv, m)
+    np.maximum.at(hi, inv, m)
+    ratio = hi / np.maximum(lo, 1)
+    s_of = uniq // span
+    for j in np.unique(s_of).tolist():
+        r = ratio[s_of == j]
+        if float(np.median(r)) > UNEQUAL_SIZES_RATIO:
+            sel = inv[s_of[inv] == j]
+            out[sites[j]] = {
+                "unequal_sizes": (
+                    f"its ranks move {int(lo[sel].min())} to {int(hi[sel].max())} bytes in one "
+                    f"collective (`coll_msg_size_bytes`; the median step's largest is "
+                    f"{float(np.median(r)):.0f}x its smallest)"
+                )
+            }
+    return out
 
 
 def _gap_notes(p: _Parsed, a: dict[str, np.ndarray]) -> list[str]:
@@ -423,11 +561,17 @@ def load(path: Path) -> Loaded:
             f"the NCCL Inspector logs under {path} hold no collective reported by two "
             "ranks of one communicator; nothing to compare. " + " ".join(notes)
         )
-    step, keep = _steps(a, site)
+    life = _lifetimes(a)
+    notes += _lifetime_notes(p, a, life)
+    step, keep = _steps(a, site, life)
     keep &= site >= 0
     dups = int(((site >= 0) & ~keep).sum())
     if dups:
-        notes.append(f"{dups} duplicate records (same communicator, `coll_sn` and rank) dropped.")
+        notes.append(
+            f"PARTIAL: {dups} duplicate records (same communicator lifetime, `coll_sn` and "
+            "rank) dropped."
+        )
+    site_info = _unequal_sizes(a, site, step, keep, sites)
     timed = p.untimed == 0
     start = np.where(a["start_ns"] >= 0, a["start_ns"], 0)
     process = _process_order(p, a)
@@ -454,11 +598,12 @@ def load(path: Path) -> Loaded:
         sites,
         hosts,
         notes=notes,
-        partial=bool(p.cut or p.bad.count),
+        partial=bool(p.cut or p.bad.count or dups),
         files=files,
         run_id=path.resolve().name,
         source="nccl_inspector",
         source_label=label,
+        site_info=site_info,
         timed=timed,
     )
     return Loaded(recs, label, timed=timed)
