@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.format import records_filename, write_records
 from jaxpace.records.reader import Records
 from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import analyze
@@ -85,3 +86,22 @@ def test_no_step_with_two_ranks_is_the_only_refusal(tmp_path):
     _drop(recs, alone).write_parquet(tmp_path)
     with pytest.raises(RecordsError, match="no step with records of two or more ranks"):
         analyze(tmp_path)
+
+
+def test_a_record_with_a_rank_outside_the_headers_is_dropped_and_noted(tmp_path):
+    """Issue 49 item 6: one such record made the whole report refuse ("no step with records
+    from all 9 ranks ... records of different sites or runs mixed")."""
+    recs = synthetic_run(8, 30, late_rank=3, late_s=0.004, seed=2)
+    dicts = recs.to_dicts()
+    stray = dict(dicts[-1], rank=12, step=7)  # process 7's file, a rank the run has not
+    dicts.append(stray)
+    for f in ("parquet", "jsonl"):
+        for p in range(8):
+            mine = [d for d in dicts if d.get("process", d.get("process_index")) == p]
+            write_records(tmp_path / f / records_filename(p, f), mine, f)
+    for d in ("parquet", "jsonl"):
+        rep = analyze(tmp_path / d)
+        assert rep.culprit == 3 and rep.partial and rep.num_ranks == 8
+        [note] = [n for n in rep.notes if "outside the run's ranks" in n]
+        assert "dropped 1 step record(s)" in note and "rank 12 at step 7" in note
+        assert "records-p7" in note, note

@@ -34,7 +34,7 @@ from jaxpace.records.format import (
 from jaxpace.records.line_reader import MAX_LINE_BYTES, read_file  # noqa: F401 (MAX_LINE_BYTES: re-exported)
 from jaxpace.records.safe_io import check_declared_count, open_regular
 
-__all__ = ["Records", "find_runs", "load_records"]
+__all__ = ["Records", "find_runs", "load_records", "without_foreign_ranks"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -409,6 +409,51 @@ class _Builder:
             notes=tuple(notes),
             sources=tuple(self.sources),
         )
+
+
+def _rank_bound(headers: tuple[dict, ...], granularity: str) -> int | None:
+    """How many ranks the headers say the run has (ranks are 0 .. bound - 1), or None
+    when they do not say: one per process (`process` granularity), else the processes
+    times the most devices a process has (`device`: shards over the whole mesh at most)."""
+    if not headers:
+        return None
+    count = int(headers[0]["process_count"])
+    if granularity == "process":
+        return count
+    devices = [h.get("local_devices") for h in headers]
+    if not all(isinstance(d, list) and d for d in devices):
+        return None
+    return count * max(len(d) for d in devices)
+
+
+def without_foreign_ranks(recs: Records) -> Records:
+    """`recs` without the step records whose rank is outside the run's ranks (as the
+    headers give them: `_rank_bound`), marked partial with a note saying how many and
+    where; `recs` itself when there are none (or the headers do not say)."""
+    bound = _rank_bound(recs.headers, recs.granularity)
+    columns = recs.columns
+    if bound is None or not columns["rank"].size:
+        return recs
+    rank = columns["rank"]
+    bad = (rank < 0) | (rank >= bound)
+    if not bad.any():
+        return recs
+    i = int(np.flatnonzero(bad)[0])
+    proc, step, r = int(columns["process"][i]), int(columns["step"][i]), int(rank[i])
+    files = [f for f in recs.sources if Path(f).name.startswith(f"records-p{proc}.")]
+    where = files[0] if files else f"the records of process {proc}"
+    note = (
+        f"PARTIAL: dropped {int(bad.sum())} step record(s) whose rank is outside the run's "
+        f"ranks 0-{bound - 1} (from the headers: {int(recs.headers[0]['process_count'])} "
+        f"processes, granularity `{recs.granularity}`), e.g. rank {r} at step {step} in "
+        f"{where}; a corrupt or foreign record, not compared."
+    )
+    return dataclasses.replace(
+        recs,
+        columns={k: v[~bad] for k, v in columns.items()},
+        partial=True,
+        notes=(*recs.notes, note),
+    )
 
 
 def _missing_note(process_count: int | None, by_proc: Mapping[int, Any]) -> str | None:

@@ -37,7 +37,7 @@ import jaxpace.records.sources as sources
 import jaxpace.report.stages as stages
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, RecordsError
-from jaxpace.records.reader import Records
+from jaxpace.records.reader import Records, without_foreign_ranks
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, Report
 
 __all__ = ["analyze", "load_step_records"]
@@ -53,7 +53,8 @@ def load_step_records(
 def _load(records: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> sources.Loaded:
     """Any source's records (`sources.load`), raising when they hold no step record."""
     loaded = sources.load(records)
-    recs = loaded.records
+    recs = without_foreign_ranks(loaded.records)  # (a corrupt record: dropped, noted)
+    loaded = dataclasses.replace(loaded, records=recs)
     if len(recs) == 0:
         raise RecordsError(
             f"no step records in {', '.join(recs.sources)} (headers only); the run stopped "
