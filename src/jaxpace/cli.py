@@ -1,4 +1,4 @@
-"""The `jaxpace` command: launch, demo, report, simulate, topo."""
+"""The `jaxpace` command: launch, demo, report, convert, simulate, topo."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ _DELEGATED = {
         "interleaved step by step",
     ),
     "report": ("jaxpace.report", "analyze a run's records: tables, HTML report, Perfetto trace"),
+    "convert": (
+        "jaxpace.records.convert",
+        "convert records, jax.profiler traces or NCCL Inspector logs to Parquet records",
+    ),
     "simulate": ("jaxpace.sim", "simulate 1-1024 nodes with and without pacing"),
     "topo": ("jaxpace.topology", "show this host's topology and the suggested mesh"),
 }

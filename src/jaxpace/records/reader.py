@@ -179,6 +179,11 @@ class Records:
                 )
             cols = {k: c[k][idx] for k in (*INT_STEP_FIELDS, "site", "engaged")}
             cols["device"] = c["device"][idx] if "device" in c else np.full(idx.size, -1)
+            header = {
+                **header,
+                "format": header.get("format", FORMAT_VERSION),
+                "granularity": header.get("granularity", self.granularity),
+            }
             out.append(Path(write_parquet(d / records_filename(p), header, cols, self.sites)))
         return out
 

@@ -28,6 +28,13 @@ def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> L
     first = recs.headers[0] if recs.headers else {}
     if first.get("source") in CONVERTED_SOURCES and "source_label" in first:
         timed = all(h.get("timed", True) is not False for h in recs.headers)
+        kept = first.get("source_notes")  # `jaxpace convert`: the source reader's notes
+        if isinstance(kept, list) and all(isinstance(n, str) for n in kept):
+            recs = dataclasses.replace(
+                recs,
+                notes=(*kept, *recs.notes),
+                partial=recs.partial or first.get("source_partial") is True,
+            )
         return Loaded(recs, str(first["source_label"]), timed=timed)
     odd = sorted({k for h in recs.headers for k in ("source_label", "timed") if k in h})
     if odd:
