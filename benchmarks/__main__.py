@@ -533,6 +533,10 @@ def main(argv=None) -> int:
         from benchmarks import lag
 
         return lag.main(argv[1:])
+    if argv[:1] == ["records"]:  # records at fleet scale: Parquet, DuckDB (benchmarks/records.py)
+        from benchmarks import records
+
+        return records.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 
