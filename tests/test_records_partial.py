@@ -105,3 +105,25 @@ def test_a_record_with_a_rank_outside_the_headers_is_dropped_and_noted(tmp_path)
         [note] = [n for n in rep.notes if "outside the run's ranks" in n]
         assert "dropped 1 step record(s)" in note and "rank 12 at step 7" in note
         assert "records-p7" in note, note
+
+
+def test_integers_beyond_int64_range_are_dropped_and_noted_never_a_traceback(tmp_path):
+    """Issue 49 item 4, for jaxpace's own records: a 2^64 `wait_ns` raised OverflowError."""
+    recs = synthetic_run(4, 20, late_rank=1, late_s=0.01, seed=0)
+    recs.write_jsonl(tmp_path / "js")
+    f = tmp_path / "js" / "records-p2.jsonl"
+    lines = f.read_text().splitlines(keepends=True)
+    lines[3] = lines[3].replace('"wait_ns":', f'"wait_ns":{2**64},"was":')
+    f.write_text("".join(lines))
+    rep = analyze(tmp_path / "js")
+    assert rep.culprit == 1 and rep.partial
+    assert any("skipped 1 step record(s) with an integer beyond the int64" in n and ":4" in n
+               for n in rep.notes), rep.notes  # fmt: skip
+    # Parquet: the same bound (no wrap when the report subtracts times).
+    big = dataclasses.replace(recs, columns={**recs.columns})
+    big.columns["arrive_ns"] = big.columns["arrive_ns"].copy()
+    big.columns["arrive_ns"][5] = -(2**63)
+    big.write_parquet(tmp_path / "pq")
+    rep = analyze(tmp_path / "pq")
+    assert rep.culprit == 1 and rep.partial
+    assert any("beyond the int64 range" in n and "row " in n for n in rep.notes), rep.notes

@@ -188,6 +188,10 @@ class Records:
         return out
 
 
+# An integer field of a step record lies strictly inside (-2^63, 2^63) (int64 without its
+# minimum, whose negation wraps); a record with one outside is dropped, counted, located.
+MAX_ABS_INT = 1 << 63
+
 # The step columns of `Records`, in the order `build` makes them.
 _COLUMN_DTYPES: dict[str, Any] = {
     **{k: np.int64 for k in INT_STEP_FIELDS},
@@ -216,6 +220,8 @@ class _Builder:
         self.partial = False
         self.sources: list[str] = []
         self.negative = 0  # step records skipped for a negative wait_ns/delay_ns
+        self.huge = 0  # step records skipped for an integer out of range (`MAX_ABS_INT`)
+        self.huge_first: str | None = None
         self.negative_first: str | None = None
         self.buffer: bytearray | None = None  # the fast reader's, reused file to file
 
@@ -263,6 +269,12 @@ class _Builder:
         site = rec["site"]
         if not isinstance(site, str):
             raise RecordsError(f"{where}: `site` must be a string, got {site!r}.")
+        if any(not -MAX_ABS_INT < rec[k] < MAX_ABS_INT for k in INT_STEP_FIELDS):
+            # Never an OverflowError building the columns: dropped, counted, located.
+            self.huge += 1
+            if self.huge_first is None:
+                self.huge_first = where
+            return
         if rec["wait_ns"] < 0 or rec["delay_ns"] < 0:
             # A clock that went backwards, or an edited file: the runtime drops such a
             # record rather than trust it; the reader does the same, counts and notes it.
@@ -374,6 +386,13 @@ class _Builder:
         process_count = counts.pop() if counts else None
         notes = list(self.notes)
         partial = self.partial
+        if self.huge:
+            partial = True
+            notes.append(
+                f"PARTIAL: skipped {self.huge} step record(s) with an integer beyond the int64 "
+                f"range (first at {self.huge_first}): no clock or duration in nanoseconds is "
+                "that large (292 years), so these are corrupt."
+            )
         if self.negative:
             partial = True
             notes.append(
@@ -571,6 +590,7 @@ def _read_parquet(builder: _Builder, path: Path) -> None:
             )
             return
     meta = table.schema.metadata or {}
+    builder.expected_rows = max(builder.expected_rows, builder.rows + table.num_rows)
     if HEADER_KEY not in meta:
         raise RecordsError(
             f"{where}: Parquet file without a jaxpace header (metadata key "
@@ -607,6 +627,13 @@ def _read_parquet(builder: _Builder, path: Path) -> None:
             raise RecordsError(f"{where}: column `{k}` has {col.null_count} null values.")
         if k == "device":
             col = col.fill_null(-1)
+        if k != "engaged" and col.type != pa.int64():
+            try:  # (a uint64 beyond int64 is refused, never wrapped)
+                col = col.cast(pa.int64(), safe=True)
+            except pa.ArrowInvalid:
+                raise RecordsError(
+                    f"{where}: column `{k}` ({col.type}) holds values beyond int64."
+                ) from None
         cols[k] = col.to_numpy().astype(bool if k == "engaged" else np.int64, copy=False)
     site = table.column("site").combine_chunks()
     if pa.types.is_dictionary(site.type):
@@ -623,6 +650,14 @@ def _read_parquet(builder: _Builder, path: Path) -> None:
         [builder.site_index.setdefault(s, len(builder.site_index)) for s in names_arr], np.int64
     )
     cols["site"] = remap[idx] if remap.size else np.zeros(0, np.int64)
+    huge = np.zeros(n, bool)
+    for k in INT_STEP_FIELDS:
+        huge |= cols[k] == np.iinfo(np.int64).min  # (the rest of int64 is inside the bound)
+    if huge.any():
+        builder.huge += int(huge.sum())
+        if builder.huge_first is None:
+            builder.huge_first = f"{where}: row {int(np.flatnonzero(huge)[0])}"
+        cols = {k: v[~huge] for k, v in cols.items()}
     bad = (cols["wait_ns"] < 0) | (cols["delay_ns"] < 0)
     if bad.any():
         builder.negative += int(bad.sum())
