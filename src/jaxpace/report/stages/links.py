@@ -124,8 +124,12 @@ def group_columns(groups, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
-    """`(steps, ranks, wait[S, R], arrive_ns[S, R], process[S, R])` of site `k`: its
-    complete steps after the first `warmup_steps` (at most a quarter of them)."""
+    """`(steps, ranks, wait[S, R], arrive_ns[S, R], process[S, R])` of site `k`: its steps
+    with two or more ranks after the first `warmup_steps` (at most a quarter of them).
+
+    As in the site's own analysis (`stages.site_data`), a rank missing from a step is
+    neither late nor early there: its wait is the step's median over the ranks present;
+    its arrival is NaN and its process -1 (left out of the step order)."""
     c = recs.columns
     sel = c["site"] == k
     steps, ranks = np.unique(c["step"][sel]), np.unique(c["rank"][sel])
@@ -136,9 +140,14 @@ def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
     wait[si, ri] = c["wait_ns"][sel] / 1e9
     arrive[si, ri] = c["arrive_ns"][sel]
     proc[si, ri] = c["process"][sel]
-    keep = ~np.isnan(wait).any(axis=1)
+    missing = np.isnan(wait)
+    keep = (~missing).sum(axis=1) >= min(2, ranks.size)
     keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
-    return steps[keep], ranks, wait[keep], arrive[keep], proc[keep]
+    wait, missing = wait[keep], missing[keep]
+    if missing.any():
+        med = np.nanmedian(wait, axis=1)
+        wait = np.where(missing, med[:, None], wait)
+    return steps[keep], ranks, wait, arrive[keep], proc[keep]
 
 
 def _period_s(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
@@ -238,9 +247,13 @@ def _step_order(grids: list[tuple[np.ndarray, ...]]) -> list[float]:
     """Per site, the median (seconds) over its ranks and steps of its arrival after its
     process's first arrival of that step at any site (keyed by process: one clock; ranks of
     different sites may be different devices)."""
-    steps = [np.broadcast_to(g[0][:, None], g[4].shape).ravel() for g in grids]
-    procs = [g[4].ravel() for g in grids]
-    arrive = np.concatenate([g[3].ravel() for g in grids])
+    ok = [(g[4] >= 0).ravel() for g in grids]  # (a rank missing from a step: left out)
+    steps = [
+        np.broadcast_to(g[0][:, None], g[4].shape).ravel()[m]
+        for g, m in zip(grids, ok, strict=True)
+    ]
+    procs = [g[4].ravel()[m] for g, m in zip(grids, ok, strict=True)]
+    arrive = np.concatenate([g[3].ravel()[m] for g, m in zip(grids, ok, strict=True)])
     sizes = [p.size for p in procs]
     if arrive.size == 0:
         return [math.nan] * len(grids)
