@@ -358,7 +358,7 @@ def read_headers(path: Path) -> list[dict[str, Any]]:
 
 
 def _is_parquet(path: str | os.PathLike) -> bool:
-    from jaxpace.records.reader import _is_parquet as is_parquet
+    from jaxpace.records.parquet_reader import is_parquet
 
     return is_parquet(Path(path))
 

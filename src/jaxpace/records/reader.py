@@ -7,9 +7,7 @@ once in `jaxpace.records.format`; this module only parses and validates it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,6 @@ import numpy as np
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import (
     FORMAT_VERSION,
-    HEADER_KEY,
     INT_STEP_FIELDS,
     REQUIRED_STEP_FIELDS,
     has_records,
@@ -32,7 +29,9 @@ from jaxpace.records.format import (
     write_jsonl as _write_jsonl_file,
 )
 from jaxpace.records.line_reader import MAX_LINE_BYTES, read_file  # noqa: F401 (MAX_LINE_BYTES: re-exported)
-from jaxpace.records.safe_io import check_declared_count, open_regular
+from jaxpace.records.parquet_reader import is_parquet, read_parquet
+from jaxpace.records.run_checks import check_truncated, missing_note, rank_bound, truncation_notes
+from jaxpace.records.safe_io import check_declared_count
 
 __all__ = ["Records", "find_runs", "load_records", "without_foreign_ranks"]
 
@@ -249,7 +248,7 @@ class _Builder:
                 "fix it or point at the run's own files."
             )
         if "truncated" in rec:
-            _check_truncated(rec["truncated"], where)
+            check_truncated(rec["truncated"], where)
         if "interleaved_phases" in rec:
             _check_int(rec, "interleaved_phases", where)
             if rec["interleaved_phases"] < 1:
@@ -351,6 +350,24 @@ class _Builder:
                 "(docs/records.md)."
             )
 
+    def _skipped_notes(self) -> list[str]:
+        """`PARTIAL:` notes for the step records dropped while reading."""
+        notes = []
+        if self.huge:
+            notes.append(
+                f"PARTIAL: skipped {self.huge} step record(s) with an integer beyond the int64 "
+                f"range (first at {self.huge_first}): no clock or duration in nanoseconds is "
+                "that large (292 years), so these are corrupt."
+            )
+        if self.negative:
+            notes.append(
+                f"PARTIAL: skipped {self.negative} step record(s) with a negative `wait_ns` "
+                f"or `delay_ns` (first at {self.negative_first}): durations cannot be "
+                "negative, so these came from a clock that went backwards or an edited "
+                "file and are not trusted."
+            )
+        return notes
+
     def build(self, *, require_headers: bool) -> Records:
         if not self.rows and not self.headers:
             raise RecordsError(
@@ -384,25 +401,10 @@ class _Builder:
                 "belong to one run."
             )
         process_count = counts.pop() if counts else None
-        notes = list(self.notes)
-        partial = self.partial
-        if self.huge:
-            partial = True
-            notes.append(
-                f"PARTIAL: skipped {self.huge} step record(s) with an integer beyond the int64 "
-                f"range (first at {self.huge_first}): no clock or duration in nanoseconds is "
-                "that large (292 years), so these are corrupt."
-            )
-        if self.negative:
-            partial = True
-            notes.append(
-                f"PARTIAL: skipped {self.negative} step record(s) with a negative `wait_ns` "
-                f"or `delay_ns` (first at {self.negative_first}): durations cannot be "
-                "negative, so these came from a clock that went backwards or an edited "
-                "file and are not trusted."
-            )
-        notes += _truncation_notes(headers)
-        missing = _missing_note(process_count, by_proc)
+        notes = list(self.notes) + self._skipped_notes()
+        partial = self.partial or bool(self.huge or self.negative)
+        notes += truncation_notes(headers)
+        missing = missing_note(process_count, by_proc)
         if missing:
             partial = True
             notes.append(missing)
@@ -435,26 +437,11 @@ class _Builder:
         )
 
 
-def _rank_bound(headers: tuple[dict, ...], granularity: str) -> int | None:
-    """How many ranks the headers say the run has (ranks are 0 .. bound - 1), or None
-    when they do not say: one per process (`process` granularity), else the processes
-    times the most devices a process has (`device`: shards over the whole mesh at most)."""
-    if not headers:
-        return None
-    count = int(headers[0]["process_count"])
-    if granularity == "process":
-        return count
-    devices = [h.get("local_devices") for h in headers]
-    if not all(isinstance(d, list) and d for d in devices):
-        return None
-    return count * max(len(d) for d in devices)
-
-
 def without_foreign_ranks(recs: Records) -> Records:
     """`recs` without the step records whose rank is outside the run's ranks (as the
-    headers give them: `_rank_bound`), marked partial with a note saying how many and
+    headers give them: `run_checks.rank_bound`), marked partial with a note saying how many and
     where; `recs` itself when there are none (or the headers do not say)."""
-    bound = _rank_bound(recs.headers, recs.granularity)
+    bound = rank_bound(recs.headers, recs.granularity)
     columns = recs.columns
     if bound is None or not columns["rank"].size:
         return recs
@@ -480,191 +467,10 @@ def without_foreign_ranks(recs: Records) -> Records:
     )
 
 
-def _missing_note(process_count: int | None, by_proc: Mapping[int, Any]) -> str | None:
-    """The PARTIAL note for processes the headers announce but no file holds (or None).
-
-    Lists at most 20 of them, never building a set of `process_count` items.
-    """
-    if process_count is None:
-        return None
-    n_missing = process_count - len(by_proc)  # every index is < process_count
-    if not n_missing:
-        return None
-    shown = []
-    for p in range(process_count):
-        if p not in by_proc:
-            shown.append(p)
-            if len(shown) == 20:
-                break
-    more = f", and {n_missing - len(shown)} more" if n_missing > len(shown) else ""
-    return (
-        f"PARTIAL: records of {n_missing} of {process_count} processes are "
-        f"missing (process {', '.join(map(str, shown))}{more}); their ranks are "
-        "absent, so lateness is relative to the ranks that reported."
-    )
-
-
-def _check_truncated(t: Any, where: str) -> None:
-    """The header's `truncated` field: `{"capacity": int, "first_step": {site: int}}`."""
-    ok = (
-        isinstance(t, Mapping)
-        and isinstance(t.get("capacity"), int)
-        and not isinstance(t.get("capacity"), bool)
-        and isinstance(t.get("first_step"), Mapping)
-        and all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0
-            for v in t["first_step"].values()
-        )
-    )
-    if not ok:
-        raise RecordsError(
-            f"{where}: header field `truncated` must be "
-            '`{"capacity": N, "first_step": {"site": step, ...}}` (docs/records.md), got '
-            f"{str(t)[:80]!r}. The header is corrupt; fix it or point at the run's own files."
-        )
-
-
-def _truncation_notes(headers: tuple[dict, ...]) -> list[str]:
-    """One `TRUNCATED:` note when any process kept only the last `capacity` steps of a site."""
-    first: dict[str, int] = {}
-    caps = set()
-    for h in headers:
-        t = h.get("truncated")
-        if t:
-            caps.add(int(t["capacity"]))
-            for site, step in t["first_step"].items():
-                first[str(site)] = max(first.get(str(site), 0), int(step))
-    if not first:
-        return []
-    where = "; ".join(
-        f"`{site}` from step {step} (steps 0-{step - 1} dropped)"
-        for site, step in sorted(first.items())[:8]
-    )
-    more = f"; and {len(first) - 8} more sites" if len(first) > 8 else ""
-    return [
-        f"TRUNCATED: the records hold only the last {'/'.join(map(str, sorted(caps)))} steps "
-        f"per site and rank (the ring buffer's `capacity`): {where}{more}. The report covers "
-        "the steps kept. To keep more, pass `jp.Pacer(capacity=...)` or "
-        "`jp.configure(capacity=...)` (memory grows with it, docs/records.md), or export "
-        "more often."
-    ]
-
-
 def _check_int(rec: Mapping[str, Any], key: str, where: str) -> None:
     v = rec[key]
     if isinstance(v, bool) or not isinstance(v, int):
         raise RecordsError(f"{where}: `{key}` must be an integer, got {v!r}.")
-
-
-def _is_parquet(path: Path) -> bool:
-    """Whether `path` is a Parquet file: by its first 4 bytes (`PAR1`), so a file's
-    name never decides how it is read (a special file is refused when read)."""
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode):
-            return path.suffix == ".parquet"
-        with open(path, "rb") as f:
-            return f.read(4) == b"PAR1"
-    except OSError:
-        return path.suffix == ".parquet"
-
-
-def _read_parquet(builder: _Builder, path: Path) -> None:
-    """One Parquet records file into `builder`: its header from the metadata, its
-    columns checked (types, nulls, negative durations) and appended at once."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    builder.sources.append(str(path))
-    where = f"{path}"
-    with open_regular(path, "records file") as f:
-        try:
-            pf = pq.ParquetFile(f)
-            table = pf.read()
-        except (pa.ArrowException, OSError, ValueError) as e:
-            builder.partial = True
-            builder.notes.append(
-                f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
-                "a process killed while writing it leaves no footer. The other files are "
-                "read."
-            )
-            return
-    meta = table.schema.metadata or {}
-    builder.expected_rows = max(builder.expected_rows, builder.rows + table.num_rows)
-    if HEADER_KEY not in meta:
-        raise RecordsError(
-            f"{where}: Parquet file without a jaxpace header (metadata key "
-            f"`{HEADER_KEY.decode()}`); expected a file written by `Pacer.export` "
-            "(docs/records.md). Point at the run's own files."
-        )
-    try:
-        header = json.loads(meta[HEADER_KEY])
-    except ValueError as e:
-        raise RecordsError(f"{where}: header metadata is not valid JSON ({e}).") from None
-    if not isinstance(header, Mapping) or header.get("type") != "header":
-        raise RecordsError(f'{where}: header metadata is not a header (`"type": "header"`).')
-    builder.add_header(header, f"{where}:header")
-    names = set(table.column_names)
-    missing = [k for k in ("site", *INT_STEP_FIELDS, "engaged") if k not in names]
-    if missing:
-        raise RecordsError(
-            f"{where}: Parquet records lack the column(s) "
-            f"{', '.join(f'`{k}`' for k in missing)}; expected the columns of docs/records.md."
-        )
-    n = table.num_rows
-    cols: dict[str, np.ndarray] = {}
-    for k in (*INT_STEP_FIELDS, "device", "engaged"):
-        if k not in names:  # `device` is optional
-            cols[k] = np.full(n, -1, np.int64)
-            continue
-        col = table.column(k)
-        want = pa.bool_() if k == "engaged" else pa.int64()
-        if col.type != want and not (k != "engaged" and pa.types.is_integer(col.type)):
-            raise RecordsError(
-                f"{where}: column `{k}` has type {col.type}, expected {want} (docs/records.md)."
-            )
-        if k != "device" and col.null_count:
-            raise RecordsError(f"{where}: column `{k}` has {col.null_count} null values.")
-        if k == "device":
-            col = col.fill_null(-1)
-        if k != "engaged" and col.type != pa.int64():
-            try:  # (a uint64 beyond int64 is refused, never wrapped)
-                col = col.cast(pa.int64(), safe=True)
-            except pa.ArrowInvalid:
-                raise RecordsError(
-                    f"{where}: column `{k}` ({col.type}) holds values beyond int64."
-                ) from None
-        cols[k] = col.to_numpy().astype(bool if k == "engaged" else np.int64, copy=False)
-    site = table.column("site").combine_chunks()
-    if pa.types.is_dictionary(site.type):
-        names_arr = site.dictionary.to_pylist()
-        idx = site.indices.to_numpy(zero_copy_only=False)
-    elif pa.types.is_string(site.type) or pa.types.is_large_string(site.type):
-        enc = site.dictionary_encode()
-        names_arr, idx = enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False)
-    else:
-        raise RecordsError(f"{where}: column `site` has type {site.type}, expected strings.")
-    if site.null_count:
-        raise RecordsError(f"{where}: column `site` has {site.null_count} null values.")
-    remap = np.array(
-        [builder.site_index.setdefault(s, len(builder.site_index)) for s in names_arr], np.int64
-    )
-    cols["site"] = remap[idx] if remap.size else np.zeros(0, np.int64)
-    huge = np.zeros(n, bool)
-    for k in INT_STEP_FIELDS:
-        huge |= cols[k] == np.iinfo(np.int64).min  # (the rest of int64 is inside the bound)
-    if huge.any():
-        builder.huge += int(huge.sum())
-        if builder.huge_first is None:
-            builder.huge_first = f"{where}: row {int(np.flatnonzero(huge)[0])}"
-        cols = {k: v[~huge] for k, v in cols.items()}
-    bad = (cols["wait_ns"] < 0) | (cols["delay_ns"] < 0)
-    if bad.any():
-        builder.negative += int(bad.sum())
-        if builder.negative_first is None:
-            builder.negative_first = f"{where}: row {int(np.flatnonzero(bad)[0])}"
-        cols = {k: v[~bad] for k, v in cols.items()}
-    builder.add_columns(cols)
 
 
 def find_runs(directory: str | os.PathLike, max_depth: int = 3) -> list[Path]:
@@ -761,8 +567,8 @@ def load_records(
             )
         builder.expected_rows = sum(_size(f) for f in files) // _MIN_STEP_LINE_BYTES + 1
         for f in files:
-            if _is_parquet(f):
-                _read_parquet(builder, f)
+            if is_parquet(f):
+                read_parquet(builder, f)
             else:
                 read_file(builder, f)
         return builder.build(require_headers=True)

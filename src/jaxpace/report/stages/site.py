@@ -166,6 +166,32 @@ def _fill_missing(a: np.ndarray, missing: np.ndarray) -> np.ndarray:
     return a
 
 
+def _fill_all(missing: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`_fill_missing` of lateness, sync wait, wait, delay, compute and step time (S, R);
+    compute and step time need the step before too, and a step whose every value is
+    unknown (not consecutive) stays unknown."""
+    lateness, sync_wait, wait, delay, compute, step_time = arrays
+    lost = missing.copy()
+    lost[1:] |= missing[:-1]
+    return (
+        _fill_missing(lateness, missing),
+        _fill_missing(sync_wait, missing),
+        _fill_missing(wait, missing),
+        _fill_missing(delay, missing),
+        _fill_missing(compute, lost & ~np.isnan(compute).all(axis=1, keepdims=True)),
+        _fill_missing(step_time, lost & ~np.isnan(step_time).all(axis=1, keepdims=True)),
+    )
+
+
+def _own_clock(records: Records, g: _Grid, missing: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(arrive, done) in seconds since each rank's own first arrival, NaN where missing
+    (int64 until each rank's origin is subtracted: only differences on one clock matter)."""
+    arrive_i, done_i = _dense(records, g, "arrive_ns"), _dense(records, g, "done_ns")
+    origin_ns = np.where(missing, np.iinfo(np.int64).max, arrive_i).min(axis=0, keepdims=True)
+    arrive = np.where(missing, np.nan, (arrive_i - origin_ns) / 1e9)
+    return arrive, np.where(missing, np.nan, (done_i - origin_ns) / 1e9)
+
+
 def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
     """Dense arrays of one site's steps with two or more ranks; returns (data, notes, partial).
 
@@ -180,12 +206,7 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
     missing = ~g.present
     partial = bool(not g.complete.all() or missing.any())
     nan = np.nan
-    # Per rank: only differences matter (int64 until each rank's origin is subtracted).
-    arrive_i, done_i = _dense(records, g, "arrive_ns"), _dense(records, g, "done_ns")
-    origin_ns = np.where(missing, np.iinfo(np.int64).max, arrive_i).min(axis=0, keepdims=True)
-    arrive = np.where(missing, nan, (arrive_i - origin_ns) / 1e9)
-    done = np.where(missing, nan, (done_i - origin_ns) / 1e9)
-    del arrive_i, done_i
+    arrive, done = _own_clock(records, g, missing)
     wait = _dense(records, g, "wait_ns", np.float64, nan) / 1e9
     delay = _dense(records, g, "delay_ns", np.float64, nan) / 1e9
     engaged = _dense(records, g, "engaged", bool).any(axis=1)
@@ -231,14 +252,9 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
         lateness, transfer, sync_wait = _within_groups(wait, entered, codes)
         notes.append(_groups_note(site, codes))
     if missing.any():
-        lateness = _fill_missing(lateness, missing)
-        sync_wait = _fill_missing(sync_wait, missing)
-        wait = _fill_missing(wait, missing)
-        delay = _fill_missing(delay, missing)
-        lost = missing.copy()
-        lost[1:] |= missing[:-1]  # compute and step time need the step before too
-        compute = _fill_missing(compute, lost & ~np.isnan(compute).all(axis=1, keepdims=True))
-        step_time = _fill_missing(step_time, lost & ~np.isnan(step_time).all(axis=1, keepdims=True))
+        lateness, sync_wait, wait, delay, compute, step_time = _fill_all(
+            missing, lateness, sync_wait, wait, delay, compute, step_time
+        )
     # Each rank's process: from any of its records.
     proc_grid = _dense(records, g, "process", np.int64, -1)
     processes = proc_grid.max(axis=0)
