@@ -108,6 +108,47 @@ def write_run(d: Path, ranks: int, sites: int, steps: int, fmt: str, loss: float
     return {"rows": int(rows), "write_s": secs, "bytes": size}
 
 
+def export_cost(reps: int = 3) -> dict:
+    """`Pacer.export`'s Parquet path at exit (`runtime.export._columns` then
+    `format.write_parquet`) on 8 ranks x 32 sites x 4096 steps of ring rows (1.05M rows,
+    the default `capacity`), random timings; the best of `reps`, per million rows."""
+    import numpy as np
+
+    from jaxpace.records import format as fmt
+    from jaxpace.runtime import export as ex
+    from jaxpace.runtime.probe import RECORD_DTYPE
+
+    rng = np.random.default_rng(0)
+    parts = []
+    for s in range(32):
+        for r in range(8):
+            rows = np.zeros(4096, RECORD_DTYPE)
+            rows["step"] = np.arange(4096)
+            rows["arrive_ns"] = 10**15 + np.cumsum(rng.integers(5 * 10**7, 6 * 10**7, 4096))
+            rows["done_ns"] = rows["arrive_ns"] + rng.integers(10**5, 10**7, 4096)
+            parts.append((f"model.py:{10 * s}:layer{s}", r, rows))
+    head = fmt.header_record(
+        run_id="bench", process_index=0, process_count=1, host="h", pid=1,
+        granularity="device", jaxpace_version="bench", policy="no_pacing()",
+        local_devices=list(range(8)), rank_groups=None,
+    )  # fmt: skip
+    d = Path(tempfile.mkdtemp(prefix="jaxpace-bench-export-"))
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        cols, sites = ex._columns(parts, 0)
+        path = fmt.write_parquet(d / "records-p0.parquet", head, cols, sites)
+        times.append(time.perf_counter() - t)
+    n = int(cols["step"].size)
+    out = {
+        "rows": n,
+        "s_per_m_rows": min(times) / n * 1e6,
+        "bytes_per_row": Path(path).stat().st_size / n,
+    }
+    shutil.rmtree(d)
+    return out
+
+
 def _child(what: str, src: Path, out: Path, timeout: float) -> dict:
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, what, str(src), str(out)],
@@ -145,9 +186,13 @@ def _fmt(r: dict) -> str:
     return f"{r['wall_s']:.1f} s, {r['peak_gib']:.2f} GiB"
 
 
-def markdown(results: list[dict]) -> str:
+def markdown(results: list[dict], export: dict) -> str:
     lines = [
         BEGIN,
+        f"`Pacer.export` (Parquet) at exit, {export['rows'] / 1e6:.2f}M ring rows (8 ranks x 32 "
+        f"sites x 4096 steps): {export['s_per_m_rows']:.2f} s per million rows, "
+        f"{export['bytes_per_row']:.1f} bytes a row on disk.",
+        "",
         "| ranks x sites x steps | rows | JSONL write | Parquet write | bytes/row JSONL / Parquet "
         "| report JSONL | convert | report Parquet | engine JSONL | engine Parquet | lines lost: "
         "culprit, steps analyzed |",
@@ -188,13 +233,15 @@ def main(argv=None) -> int:
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     losses = [float(x) for x in args.loss.split(",")]
     losses += [losses[-1]] * (len(sizes) - len(losses))
+    export = export_cost()
+    print(json.dumps({"export": export}), flush=True)
     results = []
     for (ranks, sites, steps), loss in zip(sizes, losses, strict=False):
         base = Path(tempfile.mkdtemp(prefix="jaxpace-bench-records-"))
         r = one_size(base, ranks, sites, steps, loss, args.timeout)
         print(json.dumps(r), flush=True)
         results.append(r)
-    text = markdown(results)
+    text = markdown(results, export)
     print(text)
     if args.write_doc:
         doc = DOC.read_text()
