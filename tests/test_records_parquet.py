@@ -172,3 +172,20 @@ def test_protected_header_fields_cannot_change_how_own_records_are_read(tmp_path
     assert rep.source == "jaxpace records"
     assert np.isfinite(rep.data.compute[1:]).all()  # compute and step time kept
     assert any("`source_label`, `timed` ignored" in n for n in rep.notes)
+
+
+def test_jaxpace_report_prints_the_same_for_jsonl_and_parquet(tmp_path, capsys):
+    from jaxpace import cli
+
+    run = synthetic_run(8, 40, late_rank=3, late_s=0.004, seed=0)
+    run.write_jsonl(tmp_path / "js")
+    run.write_parquet(tmp_path / "pq")
+    outs = []
+    for d in ("js", "pq"):
+        assert cli.main(["report", str(tmp_path / d)]) == 0
+        outs.append(capsys.readouterr().out.replace(str(tmp_path / d), "RUN"))
+    assert outs[0] == outs[1] and "jaxpace records" in outs[0]
+    html = [(tmp_path / d / "report.html").read_text() for d in ("js", "pq")]
+    assert html[0].replace(str(tmp_path / "js"), "RUN") == html[1].replace(
+        str(tmp_path / "pq"), "RUN"
+    )
