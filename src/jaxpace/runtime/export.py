@@ -17,7 +17,7 @@ from jaxpace.runtime.consensus import KEY_GENERATIONS
 from jaxpace.runtime.inflight import settle
 
 if TYPE_CHECKING:
-    from jaxpace.runtime.pacer import Pacer
+    from jaxpace.runtime.interface import PacerState
 
 __all__ = ["check_header_extra", "export", "export_all", "gather", "header", "records"]
 
@@ -31,7 +31,9 @@ _HEADER_FIELDS = (
 )  # fmt: skip
 
 
-def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def records(
+    pacer: PacerState, header_extra: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """This process's finished records as dicts: its header, then steps by site, rank, step.
 
     First waits (bounded) for the steps this process dispatched (`inflight.settle`).
@@ -113,7 +115,7 @@ def check_header_extra(extra: Any) -> dict[str, Any]:
     return dict(extra)
 
 
-def header(pacer: Pacer) -> dict[str, Any]:
+def header(pacer: PacerState) -> dict[str, Any]:
     import jax
 
     from jaxpace import __version__
@@ -148,7 +150,7 @@ def _platform() -> str:
     return "gpu" if p in ("cuda", "rocm") else p
 
 
-def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
+def _site_context(pacer: PacerState) -> dict[str, dict[str, Any]]:
     """Per site, what changes what its numbers mean (docs/records.md, header `sites`).
 
     `probe`: which probes timed it; `invariant_over`: the axis its operand was
@@ -167,7 +169,7 @@ def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
             ab = status.ab_effect or {}
             ab_rejected = ab_rejected or bool(ab.get("rejected"))
         out[name] = {
-            **(getattr(site, "layout_info", None) or {}),  # collective, groups, ppermute pairs
+            **(site.layout_info or {}),  # collective, groups, ppermute pairs
             "probe": site.probe,
             "invariant_over": invariant.get(name),
             "backed_off": backed_off,
@@ -178,7 +180,7 @@ def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
+def _rank_groups(pacer: PacerState) -> dict[str, dict[str, str]]:
     """Group labels of this process's ranks: its host, plus any the user gave."""
     import jax
 
@@ -194,7 +196,7 @@ def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
 
 
 def export(
-    pacer: Pacer, path: str | os.PathLike, header_extra: Mapping[str, Any] | None = None
+    pacer: PacerState, path: str | os.PathLike, header_extra: Mapping[str, Any] | None = None
 ) -> str:
     """Writes this process's records as JSONL and returns the path (see `Pacer.export`)."""
     import jax
@@ -210,7 +212,7 @@ def export(
     return _record_format.write_jsonl(p, records(pacer, header_extra))
 
 
-def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
+def gather(pacer: PacerState, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
     """Every process's records on process 0 (see `Pacer.gather`)."""
     import jax
 
@@ -243,7 +245,9 @@ def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None
     return out
 
 
-def export_all(pacer: Pacer, directory: str | os.PathLike, timeout_s: float = 60.0) -> str | None:
+def export_all(
+    pacer: PacerState, directory: str | os.PathLike, timeout_s: float = 60.0
+) -> str | None:
     """`gather` to process 0 and write one records file per process there."""
     recs = gather(pacer, timeout_s)
     if recs is None:

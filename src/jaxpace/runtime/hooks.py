@@ -24,7 +24,7 @@ from jaxpace.runtime.probe import now_ns
 from jaxpace.runtime.sites import RankState, Site, SiteNames
 
 if TYPE_CHECKING:
-    from jaxpace.runtime.pacer import Pacer
+    from jaxpace.runtime.interface import PacerState
 
 __all__ = ["Hooks", "host_callbacks_available"]
 
@@ -44,7 +44,7 @@ def host_callbacks_available() -> bool:
 class Hooks:
     """What `jaxpace.collectives.measure` may call on a `Pacer` (the `Runtime` protocol there)."""
 
-    def __init__(self, pacer: Pacer) -> None:
+    def __init__(self, pacer: PacerState) -> None:
         self._p = pacer
         # The pacer's stop event and sink thread live as long as it does: held here, so
         # the callbacks reach them without a property call.
