@@ -158,6 +158,13 @@ class Pacer:
         """Exceptions raised by sinks (each caught and logged, rate-limited)."""
         return self._sink_thread.errors
 
+    @property
+    def sink_disabled(self) -> int:
+        """Sinks no longer called because they raised a `BaseException` that is not an
+        `Exception` (`SystemExit` from `sys.exit()`, ...); each is logged, and counted in
+        `sink_errors` too. The other sinks keep receiving every summary."""
+        return len(self._sink_thread.disabled)
+
     def configure(self, *, policy: _policy.PacingPolicy | None = None, **changes: Any) -> None:
         """Changes settings; only allowed before the first traced call.
 
