@@ -64,6 +64,7 @@ def cli_main(args: argparse.Namespace) -> int:
         print("\n".join(f"  jaxpace report {r}" for r in runs))
         return 0
     args.run_dir = _one_run(args.run_dir)
+    writing = "html"  # the output being written, named if writing it fails
     try:
         outputs = _output_paths(args)
         stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
@@ -81,11 +82,10 @@ def cli_main(args: argparse.Namespace) -> int:
         )
         print_summary(report, verbose=bool(getattr(args, "verbose", False)))
         _print_sites(report)
-        html = write_html(report, outputs["html"])
-        trace = write_trace(report, outputs["trace"])
-        written = [html, trace]
-        if args.json:
-            written.append(write_json(report, outputs["json"]))
+        written = []
+        for writing, write in (("html", write_html), ("trace", write_trace), ("json", write_json)):
+            if writing in outputs:
+                written.append(write(report, outputs[writing]))
     except (RecordsError, ValueError) as e:
         print(f"jaxpace report: error: {printable(e, keep_newlines=True)}", file=sys.stderr)
         return 2
@@ -96,12 +96,15 @@ def cli_main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    except OSError as e:
-        print(
-            f"jaxpace report: error: cannot write output ({e.strerror or e}: "
-            f"{e.filename}). Pass writable paths with --html/--trace/--json.",
-            file=sys.stderr,
-        )
+    except OSError as e:  # from `write_atomic`: its message names the path and the OS error
+        if e.filename is None:
+            detail = f"{e} (That path is set with `--{writing}`.)"
+        else:
+            detail = (
+                f"cannot write output ({e.strerror or e}: {e.filename}). Pass writable paths "
+                "with --html/--trace/--json."
+            )
+        print(f"jaxpace report: error: {printable(detail)}", file=sys.stderr)
         return 2
     print("wrote " + ", ".join(str(w) for w in written))
     return 0

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from jaxpace.records.safe_io import write_atomic
 from jaxpace.records.site_data import SiteData
 
 if TYPE_CHECKING:
@@ -519,7 +520,7 @@ def _jsonable(x: Any) -> Any:
 
 
 def write_json(report: Report, path: str | os.PathLike) -> Path:
-    """Writes `report.to_json()` to `path` and returns the path."""
+    """Writes `report.to_json()` to `path` (atomically: `safe_io.write_atomic`); returns the path."""
     p = Path(path)
-    p.write_text(report.to_json() + "\n")
+    write_atomic(p, report.to_json() + "\n", what="JSON report")
     return p

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from jaxpace.errors import ScenarioError
+from jaxpace.records.safe_io import check_replaceable, write_atomic
 from jaxpace.sim._engine import (
     MAX_NODES,
     MAX_STEPS,
@@ -124,6 +125,10 @@ def _check_output(flag: str, path: Path | None) -> None:
         )
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise _Usage(f"`{flag} {path}` is not writable; pick a writable path.")
+    try:  # a symlink, FIFO or device there: refused now, as `write_atomic` would after the run
+        check_replaceable(path, f"`{flag}` output", flag=flag)
+    except OSError as e:
+        raise _Usage(str(e)) from None
 
 
 def _available_bytes() -> int | None:
@@ -574,15 +579,22 @@ def _write(args: argparse.Namespace, console, scenario_name: str, rows) -> int:
                     for n, b, p in rows
                 ],
             }
-            args.json.write_text(json.dumps(data, indent=2))
+            write_atomic(
+                args.json,
+                json.dumps(data, indent=2),
+                what="`--json` output",
+                flag="--json",
+            )
             console.print(f"wrote {args.json}")
         if args.html is not None:
-            args.html.write_text(render_scaling_html(rows, scenario_name, args.policy))
+            write_atomic(
+                args.html,
+                render_scaling_html(rows, scenario_name, args.policy),
+                what="`--html` output",
+                flag="--html",
+            )
             console.print(f"wrote {args.html}")
-    except OSError as e:
-        print(
-            f"jaxpace simulate: cannot write output ({e.strerror or e}: {e.filename}).",
-            file=sys.stderr,
-        )
+    except OSError as e:  # write_atomic's message names the path and the OS error
+        print(f"jaxpace simulate: {e}", file=sys.stderr)
         return 2
     return 0

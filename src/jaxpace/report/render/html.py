@@ -13,6 +13,7 @@ import numpy as np
 
 import jaxpace.report.fleet_view as fleet_view
 import jaxpace.report.render.tables as tables
+from jaxpace.records.safe_io import write_atomic
 from jaxpace.report.render.text import format_ms
 from jaxpace.report.stages.links import site_table_notes
 
@@ -455,8 +456,9 @@ def write_html(
     """Writes a self-contained HTML report (inline SVG plots, no scripts) to `path`.
 
     Plots: per-rank lateness heat map, phase breakdown per rank, step-time
-    histogram, amplification forecast.
+    histogram, amplification forecast. Written atomically (`safe_io.write_atomic`):
+    a failed write leaves an earlier report whole; a symlink there is refused.
     """
     p = Path(path)
-    p.write_text(render_report_html(report, extra_sections), encoding="utf-8")
+    write_atomic(p, render_report_html(report, extra_sections), what="HTML report")
     return p
