@@ -19,7 +19,7 @@ from typing import TextIO
 
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, LaunchError
-from jaxpace.launch.output import OutputSink, read_available
+from jaxpace.launch.output import OutputSink, open_output_file, read_available
 from jaxpace.runtime.watchdog import STALL_EXIT_CODE
 
 __all__ = [
@@ -171,6 +171,8 @@ class LaunchResult:
     `r`; `dropped_lines[r]` says how many earlier lines were let go (pass
     `output_file` to keep every line). `signal` is the signal number that
     stopped the launcher (SIGTERM, SIGHUP), forwarded to every rank, or None.
+    `output_file_error` says why writing `output_file` stopped (a full disk),
+    or is None; the job itself is not stopped for it.
     """
 
     returncodes: list[int | None]
@@ -180,6 +182,7 @@ class LaunchResult:
     elapsed_s: float
     dropped_lines: list[int] = dataclasses.field(default_factory=list)
     signal: int | None = None
+    output_file_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -284,13 +287,16 @@ def launch(
       timeout_s: wall-clock limit for the whole job, > 0 and finite (None = no limit).
       env: extra environment for every rank.
       stream: where prefixed output goes (None = only the kept tail).
-      heartbeat_timeout_s: seconds after which JAX declares a silent peer dead.
-      init_timeout_s: seconds `jax.distributed.initialize` waits for peers.
+      heartbeat_timeout_s: seconds after which JAX declares a silent peer dead, an
+        integer `[1, 366 days]`.
+      init_timeout_s: seconds `jax.distributed.initialize` waits for peers, an
+        integer `[1, 366 days]`.
       per_rank_env: optional extra environment per rank (len == num_processes).
       cpu: force the CPU platform (simulated devices).
       grace_s: seconds between forwarding a stop signal and killing, `[0, 600]`.
       tail_lines: lines kept per rank in `LaunchResult.output`, `[1, 100000]`.
-      output_file: also write every prefixed line here (None = no file).
+      output_file: also write every prefixed line here (None = no file): a regular
+        file (truncated) or a new path; anything else is refused before a rank starts.
 
     Returns:
       A `LaunchResult`.
@@ -301,11 +307,12 @@ def launch(
     """
     _check_launch_args(cmd, num_processes, local_devices, per_rank_env)
     _check_run_args(timeout_s, grace_s, tail_lines)
+    _check_jax_timeouts(heartbeat_timeout_s, init_timeout_s)
     num_processes, local_devices = int(num_processes), int(local_devices)
     base = _rank_env_base(
         num_processes, local_devices, env, init_timeout_s, heartbeat_timeout_s, cpu
     )
-    log = open(output_file, "w", encoding="utf-8") if output_file is not None else None  # noqa: SIM115
+    log = open_output_file(output_file) if output_file is not None else None
     sink = OutputSink(
         num_processes, stream, log, tail_lines=int(tail_lines), tail_bytes=_TAIL_BYTES
     )
@@ -320,7 +327,10 @@ def launch(
                 job.shutdown(float(grace_s))
     finally:
         if log is not None:
-            log.close()
+            try:
+                log.close()
+            except OSError as e:  # its last buffered lines could not be written (full disk)
+                sink.log_error = sink.log_error or e.strerror or str(e)
     if caught and caught[0] == signal.SIGINT:
         raise KeyboardInterrupt
     codes = [p.returncode for p in procs]
@@ -335,6 +345,12 @@ def launch(
         elapsed_s=time.monotonic() - start,
         dropped_lines=[t.dropped for t in sink.tails],
         signal=caught[0] if caught else None,
+        output_file_error=(
+            f"writing `--output-file` {os.fspath(output_file)!r} failed ({sink.log_error}); "
+            "lines after the failure are not in it"
+            if sink.log_error
+            else None
+        ),
     )
 
 
@@ -363,6 +379,25 @@ def _check_run_args(timeout_s, grace_s, tail_lines) -> None:
             ) from None
     check_number("grace_s", grace_s, lo=0.0, hi=600.0)
     check_number("tail_lines", tail_lines, lo=1, hi=100_000, integer=True)
+
+
+def _check_jax_timeouts(heartbeat_timeout_s, init_timeout_s) -> None:
+    """Both are whole seconds of at least 1 (JAX took 0 and -5 and misbehaved later)."""
+    hi = int(_MAX_TIMEOUT_S)
+    try:
+        check_number("heartbeat_timeout_s", heartbeat_timeout_s, lo=1, hi=hi, integer=True)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{e} `--heartbeat-timeout` is the seconds after which JAX declares a silent "
+            "peer dead: a whole number of at least 1, e.g. `--heartbeat-timeout 10`."
+        ) from None
+    try:
+        check_number("init_timeout_s", init_timeout_s, lo=1, hi=hi, integer=True)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{e} It is the seconds `jax.distributed.initialize` waits for every peer: a "
+            "whole number of at least 1, e.g. 60."
+        ) from None
 
 
 def _rank_env_base(

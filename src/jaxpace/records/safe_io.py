@@ -31,6 +31,7 @@ __all__ = [
     "check_replaceable",
     "file_kind",
     "make_dirs",
+    "path_kind",
     "open_regular",
     "read_capped",
     "write_atomic",
@@ -151,13 +152,17 @@ def check_replaceable(
             f"cannot write {what} to {p!r}: it is a directory. Pass a file path (inside it)."
         )
     raise FileExistsError(
-        f"refusing to write {what} over {p!r}: it is {_kind_of(p, mode)}, and only a regular "
+        f"refusing to write {what} over {p!r}: it is {path_kind(p, mode)}, and only a regular "
         f"file (or a new path) is replaced, never written through. {fix}"
     )
 
 
-def _kind_of(path: str, mode: int) -> str:
-    """`file_kind` in the words `check_replaceable` uses; a symlink says where it points."""
+def path_kind(path: str | os.PathLike, mode: int) -> str:
+    """What `path` (of `lstat` mode `mode`) is, in words; a symlink says where it points.
+
+    ("a device node", "a FIFO", "a symlink to '/dev/null', a character device",
+    "a symlink to 'x', which does not exist (a dangling link)", ...)
+    """
     if not stat.S_ISLNK(mode):
         if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
             return "a device node"
