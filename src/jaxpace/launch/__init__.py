@@ -267,8 +267,12 @@ def launch(
     """Runs `cmd` as `num_processes` local processes joined through `jax.distributed`.
 
     Each process gets `JAXPACE_*` variables (coordinator on 127.0.0.1 at a free
-    port, its process id, device count, short timeouts) and, with `cpu=True`,
-    `JAX_PLATFORMS=cpu`. Each rank runs in its own process group. Output is
+    port, its process id, device count, short timeouts) for `init_from_env`,
+    and the variables with which a plain `jax.distributed.initialize()` (no
+    arguments, no jaxpace) joins the same job: `JAX_COORDINATOR_ADDRESS` and
+    JAX's Open MPI cluster variables; with `cpu=True` also
+    `JAX_PLATFORMS=cpu` and `JAX_NUM_CPU_DEVICES=local_devices`
+    (docs/multihost.md lists them all). Each rank runs in its own process group. Output is
     passed on in whole lines prefixed `[rank N]` (stdout and stderr are read
     separately, so one never splits a line of the other).
 
@@ -403,7 +407,12 @@ def _check_jax_timeouts(heartbeat_timeout_s, init_timeout_s) -> None:
 def _rank_env_base(
     num_processes, local_devices, env, init_timeout_s, heartbeat_timeout_s, cpu
 ) -> dict[str, str]:
-    """The environment every rank shares: coordinator, counts, short timeouts."""
+    """The environment every rank shares: coordinator, counts, short timeouts.
+
+    Besides `JAXPACE_*` (read by `init_from_env`), the variables JAX itself
+    reads, so that a program calling `jax.distributed.initialize()` with no
+    arguments joins the job without importing jaxpace: see `_rank_env`.
+    """
     port = free_port()
     base = dict(os.environ)
     base.update(env or {})
@@ -415,12 +424,43 @@ def _rank_env_base(
             _ENV["init_timeout"]: str(init_timeout_s),
             _ENV["heartbeat_timeout"]: str(heartbeat_timeout_s),
             "PYTHONUNBUFFERED": "1",
+            # Read by `jax.distributed.initialize()` itself.
+            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+            # JAX's Open MPI cluster detection (jax/_src/clusters/ompi_cluster.py) gives a
+            # bare `initialize()` the process count and id; see `_rank_env`.
+            _OMPI_URI: f"0.0;tcp://127.0.0.1:{port}",
+            "OMPI_COMM_WORLD_SIZE": str(num_processes),
         }
     )
     if cpu:
         base["JAX_PLATFORMS"] = "cpu"
+        base["JAX_NUM_CPU_DEVICES"] = str(local_devices)  # `--local-devices`, for any program
         base.pop("XLA_FLAGS", None)
     return base
+
+
+# JAX's Open MPI cluster detection keys on this variable's presence; its address part is
+# only parsed when `JAX_COORDINATOR_ADDRESS` is unset, and then names the same coordinator.
+_OMPI_URI = "OMPI_MCA_orte_hnp_uri"
+
+
+def _rank_env(rank: int) -> dict[str, str]:
+    """The variables that differ between ranks: `JAXPACE_PROCESS_ID` and the Open MPI rank.
+
+    Why Open MPI's variables: in jax 0.10.2 a bare `jax.distributed.initialize()`
+    takes the process count and id only from a detected cluster, and JAX
+    checks Open MPI first, so an enclosing SLURM allocation's variables (left
+    as they are, for the tools that need them) cannot take over. SLURM's would
+    have to fake a job id and a node list, and overwrite the real ones under
+    `salloc`; Kubernetes and Cloud TPU detection query a server. The local rank
+    is the rank (one host), which JAX also uses as the visible GPU
+    (`jax_cuda_visible_devices`) when the ranks run on accelerators (`cpu=False`).
+    """
+    return {
+        _ENV["process_id"]: str(rank),
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+    }
 
 
 def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
@@ -434,7 +474,7 @@ def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
     try:
         for rank in range(num_processes):
             e = dict(base)
-            e[_ENV["process_id"]] = str(rank)
+            e.update(_rank_env(rank))
             if per_rank_env is not None:
                 e.update(per_rank_env[rank])
             procs.append(
