@@ -291,11 +291,15 @@ def _with(flag: str | None) -> str:
 def _failed(e: OSError, path: str, what: str, stage: str, flag: str | None) -> OSError:
     """An OSError of `e`'s type and errno whose message names `what`, `path` and the OS error."""
     reason = e.strerror or str(e) or type(e).__name__
-    err = type(e)(
+    msg = (
         f"cannot write {what} {path!r}: {stage}: {reason}. Nothing was replaced: an earlier "
         f"file at that path is left as it was. Free space or fix permissions, or pass "
         f"another path{_with(flag)}."
     )
+    try:
+        err = type(e)(msg)
+    except Exception:  # noqa: BLE001 - an OSError subclass with another constructor
+        err = OSError(msg)
     err.errno = e.errno
     return err
 

@@ -26,6 +26,15 @@ class SinkThread:
     the first summary, so a `Pacer` without sinks starts no thread. `close`
     never blocks longer than its timeout, even when a sink never returns: what
     is still queued then is discarded and counted in `dropped`.
+
+    A sink that raises an `Exception` is counted in `errors`, logged
+    (rate-limited) and keeps receiving. A sink that raises any other
+    `BaseException` (`SystemExit` from a `sys.exit()` in it, a custom
+    subclass) would otherwise end this thread and starve every other sink: it
+    is disabled instead (listed in `disabled`, counted in `errors`, logged
+    once; its `close()` is still called at the end) and the others keep
+    receiving every summary. Only a `KeyboardInterrupt` on the main thread
+    (summaries delivered inline at interpreter shutdown) propagates.
     """
 
     def __init__(self, sinks: Sequence[Sink], errlog: RateLimitedLog) -> None:

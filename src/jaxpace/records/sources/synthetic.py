@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxpace.records.safe_io import write_atomic
+
 __all__ = ["Comm", "arrivals", "write_inspector_logs", "write_xprof_traces"]
 
 
@@ -117,7 +119,8 @@ def write_inspector_logs(
     paths = []
     for r in range(num_ranks):
         p = d / f"{hosts[r]}-pid{1000 + r}.log"
-        with p.open("w") as f:
+
+        def fill(f, r=r) -> None:
             for ci, comm in enumerate(comms):
                 if r in comm.ranks:
                     f.write(
@@ -134,6 +137,8 @@ def write_inspector_logs(
                             p2p_every=p2p_every,
                         )
                     )
+
+        write_atomic(p, fill, what="synthetic NCCL Inspector log")
         paths.append(p)
     return paths
 
@@ -230,7 +235,7 @@ def write_xprof_traces(
         run.mkdir(parents=True, exist_ok=True)
         path = run / f"host-{p}.trace.json.gz"
         text = '{"displayTimeUnit":"ns","metadata":{"highres-ticks":true},"traceEvents":['
-        with gzip.open(path, "wt", compresslevel=1) as f:
-            f.write(text + ",".join(events) + "]}")
+        data = gzip.compress((text + ",".join(events) + "]}").encode(), compresslevel=1)
+        write_atomic(path, data, what="synthetic profiler trace")
         paths.append(path)
     return paths
