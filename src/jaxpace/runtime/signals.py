@@ -169,21 +169,21 @@ def _install() -> None:  # with _LOCK held
     if native is not None and native[0] != int(signal.SIG_DFL) and native[1] & _SA_SIGINFO:
         log.info("jaxpace: a native SIGTERM handler takes siginfo; jaxpace delivers at exit only")
         return
-    # Held back while the handler is swapped in: a SIGTERM now runs it after `_prev` is known.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        py_prev = signal.signal(signal.SIGTERM, _on_sigterm)
-        _handler = _on_sigterm
-        ours = _native_handler()
-        if native is not None and ours is not None and native[0] not in (0, ours[0]):
-            # Not Python's handler, not the default: a native one (jax.distributed's
-            # preemption notifier), which signal.getsignal reports as SIG_DFL.
-            _prev = _NativeHandler(native[0])
-        elif callable(py_prev):
-            _prev = py_prev
-    finally:
-        if signal.SIGTERM not in blocked:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    py_now = signal.getsignal(signal.SIGTERM)
+    foreign = native is not None and native[0] != int(signal.SIG_DFL)
+    # Known before the swap, so a SIGTERM arriving during it is chained right.
+    if foreign and not callable(py_now):
+        # A native handler Python did not install (jax.distributed's preemption
+        # notifier): signal.getsignal reports it as SIG_DFL.
+        _prev = _NativeHandler(native[0])
+    elif callable(py_now):
+        _prev = py_now
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _handler = _on_sigterm
+    ours = _native_handler()  # Python's own C-level handler
+    if foreign and callable(py_now) and ours is not None and native[0] != ours[0]:
+        # A native handler installed after the program's Python one: only it ran.
+        _prev = _NativeHandler(native[0])
     _register_atexit()  # ensure_sigterm holds _LOCK
     _close_watcher = delay.start_release_watcher(_on_wakeup)
 
