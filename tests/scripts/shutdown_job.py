@@ -8,6 +8,9 @@ python tests/scripts/shutdown_job.py OUT MODE   (MODE: one of those below)
 - sigterm_handled: as sigterm, with the program's own SIGTERM handler (sys.exit(143)),
   installed before the first trace; it appends a line to OUT/handler-calls each time it runs.
 - sigterm_handled_after: as sigterm_handled, the handler installed after the first trace.
+- sigterm_native: as sigterm, with a native SIGTERM handler installed before the first trace
+  (`faulthandler.register`: it dumps the stack to OUT/native-dump, which `signal.getsignal`
+  does not see, and does not end the process); the program ends normally once it ran.
 - sigterm_paced_first / sigterm_paced_after: as sigterm, with a second pacer that paces
   (`fixed`, no sinks) traced before / after the first trace of the pacer with the sinks.
 - sigterm_stuck: as sigterm, but the main thread is blocked inside a computation that never
@@ -19,6 +22,7 @@ after jaxpace's own) writes how many step records the pacer holds (OUT/records.j
 """
 
 import atexit
+import faulthandler
 import json
 import os
 import signal
@@ -79,6 +83,9 @@ def handler(signum, frame) -> None:
 atexit.register(count_records)  # before the first trace: runs after jaxpace's close
 if mode == "sigterm_handled":
     signal.signal(signal.SIGTERM, handler)
+if mode == "sigterm_native":
+    dump = open(os.path.join(out, "native-dump"), "w")  # noqa: SIM115 - open until the end
+    faulthandler.register(signal.SIGTERM, file=dump, all_threads=False)
 
 mesh = jax.make_mesh((8,), ("data",))
 step = jax.jit(
@@ -127,4 +134,6 @@ if mode.startswith("sigterm"):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the test kills us long before
         time.sleep(0.05)
+        if mode == "sigterm_native" and os.path.getsize(os.path.join(out, "native-dump")):
+            sys.exit(0)  # the native handler ran, and the process lives on
     sys.exit(3)
