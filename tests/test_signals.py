@@ -12,6 +12,7 @@ program handler installed before or after jaxpace's) are in tests/test_shutdown_
 import json
 import re
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -70,3 +71,35 @@ def test_the_native_handler_query_sees_what_the_kernel_runs():
         assert addr > 1 and not flags & _signals._SA_SIGINFO  # Python's own C handler
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+IGNORED = """
+import os, signal
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import jax.numpy as jnp
+import jaxpace as jp
+
+got = []
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pacer = jp.Pacer(policy=jp.fixed(0.001), granularity="device", sinks=[got.append])
+mesh = jax.make_mesh((2,), ("d",))
+f = jax.jit(jax.shard_map(lambda v: pacer.psum(v, "d"), mesh=mesh,
+                          in_specs=jax.P("d"), out_specs=jax.P()))
+x = jax.device_put(jnp.ones(2), jax.NamedSharding(mesh, jax.P("d")))
+for _ in range(3):
+    f(x).block_until_ready()
+os.kill(os.getpid(), signal.SIGTERM)
+pacer.close()
+print("IGNORED", signal.getsignal(signal.SIGTERM) is signal.SIG_IGN, "DELIVERED", len(got))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_program_that_ignores_sigterm_keeps_ignoring_it():
+    out = subprocess.run(
+        [sys.executable, "-c", IGNORED], capture_output=True, text=True, timeout=110
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "IGNORED True DELIVERED 6" in out.stdout, out.stdout + out.stderr[-3000:]
