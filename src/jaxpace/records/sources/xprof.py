@@ -45,6 +45,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import gzip
+import math
 import re
 import sys
 import zlib
@@ -164,7 +165,7 @@ class _Fatal(RecordsError):
 
 def _events(chunks: Iterator[str], path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(index in `traceEvents`, object) for each object of the array, decoded one at a time."""
-    dec = JSONDecoder()
+    dec = JSONDecoder(parse_int=_parse_int)
     buf, pos = "", 0
 
     def more() -> bool:
@@ -207,6 +208,14 @@ def _events(chunks: Iterator[str], path: Path) -> Iterator[tuple[int, dict[str, 
         if isinstance(obj, dict):
             yield index, obj
         index += 1
+
+
+def _parse_int(text: str) -> int | float:
+    """A JSON integer; past 40 digits (Python refuses past 4300) an infinity, which every
+    bound then rejects."""
+    if len(text) <= 40:
+        return int(text)
+    return -math.inf if text.startswith("-") else math.inf
 
 
 class _Dropped:
@@ -296,9 +305,7 @@ def _event(ev: dict[str, Any], index: int, out: _File) -> None:
     if kind is None:
         return
     ts, dur = ev.get("ts"), ev.get("dur")
-    if not _number(ts) or not _number(dur):
-        return  # not a timed event (metadata-like): nothing to count
-    if not -_MAX_US <= ts <= _MAX_US or not 0 <= dur <= _MAX_US:
+    if not (_number(ts) and _number(dur) and -_MAX_US <= ts <= _MAX_US and 0 <= dur <= _MAX_US):
         out.dropped.add(
             index, f"`ts` {ts!r} or `dur` {dur!r} is not a finite number of "
             f"microseconds in [-1e15, 1e15] (`dur` >= 0)",
@@ -432,8 +439,8 @@ class Traces:
 
     path: Path
     runs: tuple[TraceRun, ...]
-    _files: list[_File]
-    _members: list[list[int]]
+    _files: list[_File] = dataclasses.field(repr=False)
+    _members: list[list[int]] = dataclasses.field(repr=False)
 
     def load(self, run: int | str | None = None) -> Loaded:
         """The `Records` of one run: `run` is its number (or a session name that only
