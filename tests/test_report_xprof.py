@@ -407,6 +407,13 @@ def test_deep_nesting_and_decompression_bombs_fail_fast_naming_the_file(tmp_path
     _with(paths[0], r"\[", "[" + " " * (2 << 20))
     with pytest.raises(RecordsError, match=r"host-0\.trace\.json\.gz: more than 1,048,576 bytes"):
         analyze(tmp_path / "bomb")
+    # Tiny events packed under that bound would take minutes: events are bounded too.
+    monkeypatch.setattr(xprof, "MAX_TRACE_EVENTS", 1000)
+    tiny = tmp_path / "tiny" / "t.trace.json"
+    tiny.parent.mkdir()
+    tiny.write_text('{"traceEvents":[' + '{"a":1},' * 2000 + "{}]}")
+    with pytest.raises(RecordsError, match=r"t\.trace\.json: more than 1,000 events"):
+        analyze(tmp_path / "tiny")
 
 
 def test_the_reader_gives_one_answer_whatever_the_hash_seed(tmp_path):

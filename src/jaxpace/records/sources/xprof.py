@@ -34,8 +34,8 @@ in global device id order. The time inside the collective is the rank's wait
 plus the transfer: the rank that spent the least arrived last.
 
 Input is untrusted: files are decompressed and decoded one event at a time, at
-most `MAX_TRACE_BYTES` decompressed per file and events nested no deeper than
-the JSON decoder allows (both a clear error); a collective whose `ts`, `dur` or
+most `MAX_TRACE_BYTES` decompressed and `MAX_TRACE_EVENTS` events per file, and
+events nested no deeper than the JSON decoder allows (each a clear error); a collective whose `ts`, `dur` or
 device is not a finite number in range is dropped and counted, naming the file
 and the event's index in `traceEvents`.
 """
@@ -63,6 +63,7 @@ from jaxpace.records.sources.common import Loaded, make_records
 __all__ = [
     "ALIGN_RATIO",
     "MAX_TRACE_BYTES",
+    "MAX_TRACE_EVENTS",
     "TRACE_GLOBS",
     "TraceRun",
     "Traces",
@@ -97,6 +98,9 @@ _MAX_EVENT_CHARS = 16 << 20
 # Decompressed bytes read from one trace file at most. The profiler's trace viewer
 # keeps about a million events (~250 MB of JSON); a file past this is not a trace.
 MAX_TRACE_BYTES = 1 << 30
+# Events decoded from one file at most (1-2 us each): tiny events packed under
+# the byte bound (`{"a":1},` 134 million times) would otherwise take minutes.
+MAX_TRACE_EVENTS = 1 << 23
 # `ts` and `dur` are microseconds: 1e15 us (31 years) each keeps `ts + dur` in
 # nanoseconds far from the int64 limit (9.2e18).
 _MAX_US = 1e15
@@ -208,6 +212,12 @@ def _events(chunks: Iterator[str], path: Path) -> Iterator[tuple[int, dict[str, 
         if isinstance(obj, dict):
             yield index, obj
         index += 1
+        if index > MAX_TRACE_EVENTS:
+            raise _Fatal(
+                f"{path}: more than {MAX_TRACE_EVENTS:,} events in `traceEvents` "
+                "(`MAX_TRACE_EVENTS`); a `jax.profiler` trace holds far fewer. Is this a "
+                "trace? Trace fewer steps per `start_trace` window if it is one."
+            )
 
 
 def _parse_int(text: str) -> int | float:
