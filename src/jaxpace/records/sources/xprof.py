@@ -169,8 +169,16 @@ class _Fatal(RecordsError):
 
 def _events(chunks: Iterator[str], path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(index in `traceEvents`, object) for each object of the array, decoded one at a time."""
-    dec = JSONDecoder(parse_int=_parse_int)
+    dec, big = JSONDecoder(), JSONDecoder(parse_int=_parse_int)
     buf, pos = "", 0
+
+    def decode(at: int) -> tuple[Any, int]:
+        try:
+            return dec.raw_decode(buf, at)
+        except JSONDecodeError:
+            raise
+        except ValueError:  # an integer past Python's 4300 digits: the slower decoder
+            return big.raw_decode(buf, at)
 
     def more() -> bool:
         nonlocal buf, pos
@@ -198,7 +206,7 @@ def _events(chunks: Iterator[str], path: Path) -> Iterator[tuple[int, dict[str, 
         if buf[pos] == "]":
             return
         try:
-            obj, pos = dec.raw_decode(buf, pos)
+            obj, pos = decode(pos)
         except JSONDecodeError as e:
             if len(buf) - pos > _MAX_EVENT_CHARS or not more():
                 raise RecordsError(f"{path}: malformed trace event ({e.msg}).") from None
@@ -387,10 +395,12 @@ class TraceRun:
     files: tuple[Path, ...]
 
     def describe(self) -> str:
-        """`run N: F files of P processes, sessions A, B`."""
+        """`run N: F trace files of P processes, sessions A, B`."""
         shown = ", ".join(self.sessions[:3]) + (", ..." if len(self.sessions) > 3 else "")
-        return f"run {self.number}: {len(self.files)} trace files of {self.processes} processes" + (
-            f", sessions {shown}" if shown else ""
+        files, procs = len(self.files), self.processes
+        return (
+            f"run {self.number}: {files} trace file{'s' * (files != 1)} of {procs} "
+            f"process{'es' * (procs != 1)}" + (f", sessions {shown}" if shown else "")
         )
 
 
