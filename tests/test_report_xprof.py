@@ -354,8 +354,18 @@ def test_two_runs_in_one_folder_are_two_runs_chosen_with_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["culprit"] == 3 and rep["num_processes"] == 2
-    # Another run's process folders beside these (other run_ids, the same devices):
-    # merged, they made "ranks / processes 8 / 4" and halved a straggler's lateness.
+    # Another run in the same folders, run_ids higher (another program build): its
+    # sessions are traced by other processes (4 x 1 device against 2 x 2), so it is not
+    # a later window of the first. Merged, such runs made "ranks / processes 8 / 4"
+    # beside "process 7" and halved a straggler's lateness.
+    more = tmp_path / "more"
+    write_xprof_traces(more, 2, 2, 30, late_ranks=[3], late_us=4000.0)
+    write_xprof_traces(more, 4, 1, 30, seed=6, session="2026_01_01_00_09_00", first_run_id=95000)
+    runs = xprof.read(more).runs
+    assert [(r.processes, len(r.files)) for r in runs] == [(2, 2), (4, 4)]
+    late = analyze(xprof.load(more, run=1).records)
+    assert late.culprits == (3,) and late.rank_stats(3).excess_lateness_s > 0.003
+    # Another run's process folders beside these (other run_ids, the same devices).
     other = tmp_path / "other"
     write_xprof_traces(other / "a", 2, 2, 30, late_ranks=[1], late_us=4000.0)
     write_xprof_traces(other / "b", 2, 2, 30, seed=7)

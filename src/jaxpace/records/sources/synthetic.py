@@ -192,6 +192,7 @@ def write_xprof_traces(
     run_ids: bool = True,
     windows: Sequence[tuple[int, int]] | None = None,
     session: str = "2026_01_01_00_00_00",
+    first_run_id: int = 90000,
     **arrival_kw: float | int | Sequence[int],
 ) -> list[Path]:
     """Writes `p<i>/plugins/profile/<session>/<host>.trace.json.gz` per process, as the
@@ -207,6 +208,7 @@ def write_xprof_traces(
       run_ids: write `args.run_id` (False: as GPU NCCL kernels, matched by order).
       windows: per process, the steps `[start, stop)` its trace holds (default all).
       session: the profiler session folder's name.
+      first_run_id: the `run_id` of step 0 (step k's is this + k).
       arrival_kw: `arrivals` arguments; `late_ranks` are global ranks.
     """
     R = num_processes * devices_per_process
@@ -229,7 +231,7 @@ def write_xprof_traces(
             for j in range(devices_per_process):
                 dev = (p << 11) | j if num_processes > 1 else j
                 args = f'"device_ordinal":"{dev}","hlo_module":"jit_step"'
-                args += f',"run_id":"{90000 + k}"' if run_ids else ""
+                args += f',"run_id":"{first_run_id + k}"' if run_ids else ""
                 t0 = arr[j] - 10.0 * other_events - base
                 for e in range(other_events):
                     events.append(

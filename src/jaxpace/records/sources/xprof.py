@@ -13,10 +13,12 @@ trace), the NCCL kernels (`nccl...` events) on the stream lines of the
 Runs. Each `start_trace` writes one profiler session (a `plugins/profile/<session>`
 folder, named by the second) per process. A process numbers its executions of a
 module upwards (`run_id`), so its sessions belong to one run while their run_ids
-keep rising; a session that repeats or goes back is a second run (a program
-traced again into the same folder: XLA:CPU repeats its run_ids exactly); so is a
-process folder whose devices another one in the same run already holds. Without
-`run_id` (GPU) sessions of one process are windows of one run. Several runs are never merged: `load` names them and reads the one
+keep rising and the same other processes traced them; a session that repeats or
+goes back is a second run (a program traced again into the same folder: XLA:CPU
+repeats its run_ids exactly), as is one traced with other processes than the
+session before, or a process folder whose devices another one in the same run
+already holds (`_group_runs`). Without `run_id` (GPU) sessions of one process are
+windows of one run. Several runs are never merged: `load` names them and reads the one
 chosen (`run=`, `jaxpace report --run`).
 
 Windows. One collective is matched across devices by (`hlo_module`, `hlo_op`,
@@ -272,20 +274,16 @@ class _File:
     def process(self) -> tuple[Path, str]:
         return self.logdir, self.host
 
-    def first_run_ids(self) -> dict[str, int]:
-        """Per module, the lowest `run_id` this file traced."""
-        out: dict[str, int] = {}
-        for e in self.events:
-            if e[4] is not None:
-                out[e[1]] = min(out.get(e[1], e[4]), e[4])
-        return out
+    def executions(self) -> set[tuple[str, int]]:
+        """The (module, run_id) pairs this file traced (membership tests only)."""
+        return {(e[1], e[4]) for e in self.events if e[4] is not None}
 
-    def last_run_ids(self) -> dict[str, int]:
-        """Per module, the highest `run_id` this file traced."""
+    def run_id_range(self, pick: Any) -> dict[str, int]:
+        """Per module, the lowest (`pick=min`) or highest (`max`) `run_id` traced."""
         out: dict[str, int] = {}
         for e in self.events:
             if e[4] is not None:
-                out[e[1]] = max(out.get(e[1], e[4]), e[4])
+                out[e[1]] = pick(out.get(e[1], e[4]), e[4])
         return out
 
     def cpu_devices(self) -> set[int]:
@@ -407,50 +405,76 @@ class TraceRun:
 def _group_runs(files: list[_File]) -> list[list[int]]:
     """The files of each run (indices), runs in the order of their first session.
 
-    A process's sessions, in name (time) order, stay in one run while each one's
-    run_ids of a module follow those of the run so far (one process numbers its
-    executions upwards); a session that repeats or goes back starts the next run. The
-    k-th run of every process forms run k, split further where two processes claim
-    one device.
+    A process's sessions, in name (time) order, stay in one stretch while its
+    run_ids of a module keep rising (one process numbers its executions upwards)
+    and the other processes that traced the same executions stay the same; a
+    session that repeats or goes back, or that shares its executions with other
+    processes than the one before, starts the next stretch. Stretches of different
+    processes sharing an execution are one run (a process at most once per run;
+    without `run_id`, the k-th stretch of every process); a run is split further
+    where two processes claim one device.
     """
     by_process: dict[tuple[Path, str], list[int]] = defaultdict(list)
+    traced_by: dict[tuple[str, int], set[tuple[Path, str]]] = defaultdict(set)
+    executions = [f.executions() for f in files]
     for i, f in enumerate(files):
         by_process[f.process].append(i)
-    lifetime: dict[int, int] = {}
-    for members in by_process.values():
+        for e in executions[i]:
+            traced_by[e].add(f.process)
+    stretch: dict[int, int] = {}
+    for p, members in by_process.items():
         members.sort(key=lambda i: (_natural(files[i].session), str(files[i].path)))
-        latest: dict[str, int] = {}  # per module, the highest run_id of the run so far
+        latest: dict[str, int] = {}  # per module, the highest run_id of the stretch so far
+        partners: set[tuple[Path, str]] = set()
         n = 0
         for i in members:
-            first = files[i].first_run_ids()
-            if any(m in latest and r <= latest[m] for m, r in first.items()):
+            mine = set().union(*(traced_by[e] for e in executions[i])) - {p}
+            first = files[i].run_id_range(min)
+            if any(m in latest and r <= latest[m] for m, r in first.items()) or (
+                mine and partners and mine != partners
+            ):
                 n, latest = n + 1, {}
-            for m, r in files[i].last_run_ids().items():
+            for m, r in files[i].run_id_range(max).items():
                 latest[m] = max(latest.get(m, r), r)
-            lifetime[i] = n
-    runs: list[list[int]] = []
-    for k in range(max(lifetime.values(), default=-1) + 1):
-        procs = sorted(
-            {files[i].process for i in lifetime if lifetime[i] == k},
-            key=_process_key,
-        )
-        groups: list[tuple[set[int], list[int]]] = []
-        for p in procs:
-            idx = [i for i in by_process[p] if lifetime[i] == k]
+            partners = mine or partners
+            stretch[i] = n
+    # Stretches, earliest first, join the first run that does not hold their process yet
+    # and shares an execution with them (without run_id: was started by the same index).
+    nodes = sorted(
+        {(stretch[i], files[i].process) for i in stretch}, key=lambda n: (n[0], _process_key(n[1]))
+    )
+    runs: list[tuple[set[tuple[str, int]], set[tuple[Path, str]], int, list[int]]] = []
+    for k, p in nodes:
+        idx = [i for i in by_process[p] if stretch[i] == k]
+        execs = set().union(*(executions[i] for i in idx))
+        for seen, procs, index, members in runs:
+            if p in procs or (seen.isdisjoint(execs) if execs else index != k):
+                continue
+            seen |= execs
+            procs.add(p)
+            members.extend(idx)
+            break
+        else:
+            runs.append((execs, {p}, k, idx))
+    out: list[list[int]] = []
+    for *_, members in runs:
+        groups: list[tuple[set[int], list[int]]] = []  # devices held, files
+        for p in sorted({files[i].process for i in members}, key=_process_key):
+            idx = [i for i in members if files[i].process == p]
             devs = set().union(*(files[i].cpu_devices() for i in idx))
-            for held, members in groups:
+            for held, group in groups:
                 if held.isdisjoint(devs):
                     held |= devs
-                    members.extend(idx)
+                    group.extend(idx)
                     break
             else:
                 groups.append((devs, idx))
-        runs.extend(sorted(m) for _, m in groups)
+        out.extend(sorted(g) for _, g in groups)
 
     def first(run: list[int]) -> tuple:
         return min((_natural(files[i].session), str(files[i].path)) for i in run)
 
-    return sorted(runs, key=first)
+    return sorted(out, key=first)
 
 
 @dataclasses.dataclass
