@@ -352,6 +352,8 @@ class RunContext:
       probe: which probes timed the analyzed site, as the runtime said, or None.
       policy_stopped: the policy backed off or its A/B guard rejected pacing
         on some process during the run.
+      no_culprit: why the analyzed site's waits cannot name anyone late (the
+        source's reader said so in the header's `sites[site]["no_culprit"]`), or None.
     """
 
     platform: str = "unknown"
@@ -361,6 +363,7 @@ class RunContext:
     invariant_over: str | None = None
     probe: str | None = None
     policy_stopped: bool = False
+    no_culprit: str | None = None
 
     @property
     def hours_unit(self) -> str:
