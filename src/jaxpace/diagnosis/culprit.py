@@ -1,4 +1,4 @@
-"""One definition of a culprit, shared by the report and the runtime's live view (NumPy only).
+"""One definition of a culprit, shared by the report and the runtime's live view (NumPy and SciPy).
 
 A rank is a *culprit* only when all three tests say so, and its lateness is
 above the noise floor:
