@@ -12,15 +12,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from jaxpace.records.safe_io import write_atomic
 from jaxpace.records.site_data import SiteData
-
-if TYPE_CHECKING:
-    from jaxpace.report.stages.links import SiteRow
 
 __all__ = [
     "DEFAULT_WARMUP_STEPS",
@@ -30,13 +27,16 @@ __all__ = [
     "FleetSpread",
     "Forecast",
     "GroupFinding",
+    "GroupLate",
     "IterationStats",
+    "LinkWait",
     "PacingEffect",
     "PeriodicOutliers",
     "RankStats",
     "Report",
     "RunContext",
     "SiteData",
+    "SiteRow",
     "SlowRank",
     "WaitingCost",
     "WhatIf",
@@ -397,6 +397,46 @@ class PacingEffect:
 
 
 @dataclasses.dataclass(frozen=True)
+class GroupLate:
+    """A rank that arrives last in its group at a site: `lead_s` is the median over steps of
+    how long the others of its group had been waiting (median over them) when it arrived;
+    `latest_share` the share of steps it was the latest; `p_value` the chance of that many."""
+
+    rank: int
+    group: tuple[int, ...]
+    lead_s: float
+    latest_share: float
+    p_value: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkWait:
+    """One ppermute pair: the destination's median wait for its source (seconds)."""
+
+    source: int
+    destination: int
+    wait_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteRow:
+    """One site of `Report.sites_table` (`stages.links.site_table`). `wait_s`: median over
+    steps of the mean wait over ranks; `share`: the site's part of the sum of those over all
+    sites; `order_s`: median time into the step."""
+
+    site: str
+    kind: str | None
+    groups: tuple[tuple[int, ...], ...]
+    steps: int
+    wait_s: float
+    share: float
+    order_s: float
+    late: tuple[GroupLate, ...]
+    links: tuple[LinkWait, ...]
+    slow_link: LinkWait | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     """What `analyze` found. `to_dict()` / `to_json()` give everything but raw arrays.
 
@@ -502,12 +542,6 @@ class Report:
     def to_json(self, indent: int | None = 2) -> str:
         """`to_dict()` as a JSON string."""
         return json.dumps(self.to_dict(), indent=indent)
-
-    def summary_table(self) -> Any:
-        """The terminal summary as a `rich` renderable (a group of tables)."""
-        from jaxpace.report.render.terminal import summary_renderable
-
-        return summary_renderable(self)
 
 
 def _jsonable(x: Any) -> Any:
