@@ -24,6 +24,7 @@ __all__ = [
     "FAILURE_MODES",
     "FORECAST_RANKS",
     "FailureMode",
+    "Findings",
     "FleetSpread",
     "Forecast",
     "GroupFinding",
@@ -35,9 +36,11 @@ __all__ = [
     "RankStats",
     "Report",
     "RunContext",
+    "RunInfo",
     "SiteData",
     "SiteRow",
     "SlowRank",
+    "StepTiming",
     "WaitingCost",
     "WhatIf",
     "write_json",
@@ -437,8 +440,8 @@ class SiteRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class Report:
-    """What `analyze` found. `to_dict()` / `to_json()` give everything but raw arrays.
+class RunInfo:
+    """What was analyzed: the run, its site and steps, and what the headers say of it.
 
     Attributes:
       run_id, site, sites, granularity: what was analyzed (`sites` lists all).
@@ -450,31 +453,9 @@ class Report:
       analyzed_steps: steps used for statistics (after warm-up, without
         periodic outliers).
       partial: input was incomplete; `notes` says how.
-      iteration: step-time statistics.
-      amplification: mean over steps of the max-rank compute, over the mean
-        compute (>= 1; 1 = no rank ever waits for another); NaN without compute.
-      ranks: per-rank statistics, by rank.
-      ranking: ranks from most to least culpable (late ranks first, then by
-        largest excess lateness).
-      culprit: the persistent culprit rank, or None (never for balanced runs).
-      culprit_process: its process (or a process whose ranks are late together).
-      culprits: every individual culprit rank, latest first (`culprit` is the first).
-      late_groups: groups of ranks late together (`GroupFinding`), most significant first.
-      costs: GPU-hours spent waiting for each culprit and late group (`WaitingCost`).
-      decisions: one line per decision (culprit, group, mode, or none), each with
-        its evidence and confidence, in the order a user should act on them.
-      noise_floor_s: excess lateness below this is not called late.
-      failure_modes: one `FailureMode` per name in `FAILURE_MODES`.
-      primary_mode: the detected mode with the highest score, or "balanced".
-      periodic: periodic slow steps, or None.
-      what_if, forecast, pacing: see their classes (None when not computable).
-      fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
+      notes: what the reader should know (tagged ones, `PARTIAL:`, `NO CULPRIT:`, first).
       context: what the headers say about the run (platform, policy, an
         invariant operand, sampling): `RunContext`.
-      sites_table: with 2 or more sites, one `SiteRow` per site in step order
-        (`stages.links.site_table`: its wait, share, the latest rank within each
-        group and ppermute's slow pair); else empty. Evidence per site, not the
-        culprit decision. `to_dict` adds each row's `num_groups`.
     """
 
     run_id: str | None
@@ -488,8 +469,51 @@ class Report:
     analyzed_steps: int
     partial: bool
     notes: tuple[str, ...]
+    source: str = "jaxpace records"
+    context: RunContext = dataclasses.field(default_factory=RunContext)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """How the steps ran, and what they would take otherwise.
+
+    Attributes:
+      iteration: step-time statistics.
+      amplification: mean over steps of the max-rank compute, over the mean
+        compute (>= 1; 1 = no rank ever waits for another); NaN without compute.
+      periodic: periodic slow steps, or None.
+      what_if, forecast, pacing: see their classes (None when not computable).
+    """
+
     iteration: IterationStats
     amplification: float
+    periodic: PeriodicOutliers | None
+    what_if: WhatIf | None
+    forecast: Forecast | None
+    pacing: PacingEffect | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Findings:
+    """Who is late, what kind of trouble the run has, and what it costs.
+
+    Attributes:
+      ranks: per-rank statistics, by rank.
+      ranking: ranks from most to least culpable (late ranks first, then by
+        largest excess lateness).
+      culprit: the persistent culprit rank, or None (never for balanced runs).
+      culprit_process: its process (or a process whose ranks are late together).
+      noise_floor_s: excess lateness below this is not called late.
+      failure_modes: one `FailureMode` per name in `FAILURE_MODES`.
+      primary_mode: the detected mode with the highest score, or "balanced".
+      culprits: every individual culprit rank, latest first (`culprit` is the first).
+      late_groups: groups of ranks late together (`GroupFinding`), most significant first.
+      costs: GPU-hours spent waiting for each culprit and late group (`WaitingCost`).
+      decisions: one line per decision (culprit, group, mode, or none), each with
+        its evidence and confidence, in the order a user should act on them.
+      fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
+    """
+
     ranks: tuple[RankStats, ...]
     ranking: tuple[int, ...]
     culprit: int | None
@@ -497,19 +521,11 @@ class Report:
     noise_floor_s: float
     failure_modes: tuple[FailureMode, ...]
     primary_mode: str
-    periodic: PeriodicOutliers | None
-    what_if: WhatIf | None
-    forecast: Forecast | None
-    pacing: PacingEffect | None
     culprits: tuple[int, ...] = ()
     late_groups: tuple[GroupFinding, ...] = ()
     costs: tuple[WaitingCost, ...] = ()
     decisions: tuple[str, ...] = ()
-    source: str = "jaxpace records"
     fleet: FleetSpread | None = None
-    context: RunContext = dataclasses.field(default_factory=RunContext)
-    sites_table: tuple[SiteRow, ...] = ()
-    data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def mode(self, name: str) -> FailureMode:
         """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
@@ -525,16 +541,102 @@ class Report:
                 return r
         raise KeyError(f"rank {rank} is not in this report; ranks: {[r.rank for r in self.ranks]}.")
 
+
+# The report's flat names, in the order of `to_dict()`'s keys, and the part holding each.
+_FLAT: dict[str, str] = {
+    **dict.fromkeys(
+        ("run_id", "site", "sites", "granularity", "num_ranks", "num_processes", "num_steps",
+         "warmup_steps", "analyzed_steps", "partial", "notes"), "run"),
+    "iteration": "timing",
+    "amplification": "timing",
+    **dict.fromkeys(("ranks", "ranking", "culprit", "culprit_process", "noise_floor_s",
+                     "failure_modes", "primary_mode"), "findings"),
+    **dict.fromkeys(("periodic", "what_if", "forecast", "pacing"), "timing"),
+    **dict.fromkeys(("culprits", "late_groups", "costs", "decisions"), "findings"),
+    "source": "run",
+    "fleet": "findings",
+    "context": "run",
+}  # fmt: skip
+
+
+def _flat(name: str) -> property:
+    part = _FLAT[name]
+    return property(lambda self: getattr(getattr(self, part), name), doc=f"`{part}.{name}`.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What `analyze` found, in three parts the renderers take. `to_dict()` / `to_json()`
+    give everything but raw arrays, as one flat object.
+
+    Attributes:
+      run: what was analyzed (`RunInfo`).
+      timing: how the steps ran, and what they would take otherwise (`StepTiming`).
+      findings: who is late, the failure modes, what waiting costs (`Findings`).
+      sites_table: with 2 or more sites, one `SiteRow` per site in step order
+        (`stages.links.site_table`: its wait, share, the latest rank within each
+        group and ppermute's slow pair); else empty. Evidence per site, not the
+        culprit decision. `to_dict` adds each row's `num_groups`.
+      data: the analyzed site's arrays (`SiteData`), for the plots and the trace.
+
+    Every attribute of the parts reads from the report too (`report.culprit` is
+    `report.findings.culprit`); those names are the keys of `to_dict()`.
+    """
+
+    run: RunInfo
+    timing: StepTiming
+    findings: Findings
+    sites_table: tuple[SiteRow, ...] = ()
+    data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    run_id = _flat("run_id")
+    site = _flat("site")
+    sites = _flat("sites")
+    granularity = _flat("granularity")
+    num_ranks = _flat("num_ranks")
+    num_processes = _flat("num_processes")
+    num_steps = _flat("num_steps")
+    warmup_steps = _flat("warmup_steps")
+    analyzed_steps = _flat("analyzed_steps")
+    partial = _flat("partial")
+    notes = _flat("notes")
+    source = _flat("source")
+    context = _flat("context")
+    iteration = _flat("iteration")
+    amplification = _flat("amplification")
+    periodic = _flat("periodic")
+    what_if = _flat("what_if")
+    forecast = _flat("forecast")
+    pacing = _flat("pacing")
+    ranks = _flat("ranks")
+    ranking = _flat("ranking")
+    culprit = _flat("culprit")
+    culprit_process = _flat("culprit_process")
+    noise_floor_s = _flat("noise_floor_s")
+    failure_modes = _flat("failure_modes")
+    primary_mode = _flat("primary_mode")
+    culprits = _flat("culprits")
+    late_groups = _flat("late_groups")
+    costs = _flat("costs")
+    decisions = _flat("decisions")
+    fleet = _flat("fleet")
+
+    def mode(self, name: str) -> FailureMode:
+        """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
+        return self.findings.mode(name)
+
+    def rank_stats(self, rank: int) -> RankStats:
+        """The `RankStats` of `rank`."""
+        return self.findings.rank_stats(rank)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (NaN becomes None); no raw per-step arrays."""
         out = {}
-        for f in dataclasses.fields(self):
-            if f.name == "data":
-                continue
-            v = getattr(self, f.name)
-            out[f.name] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+        for name in (*_FLAT, "sites_table"):
+            v = getattr(self, name)
+            out[name] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
             if isinstance(v, tuple) and v and dataclasses.is_dataclass(v[0]):
-                out[f.name] = [dataclasses.asdict(x) for x in v]
+                out[name] = [dataclasses.asdict(x) for x in v]
         for row in out["sites_table"]:
             row["num_groups"] = len(row["groups"])
         return _jsonable(out)

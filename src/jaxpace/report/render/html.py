@@ -37,7 +37,7 @@ from jaxpace.report.render.text import format_ms
 from jaxpace.report.stages.links import site_table_notes
 
 if TYPE_CHECKING:
-    from jaxpace.report.model import Report
+    from jaxpace.report.model import Findings, Report
 
 __all__ = ["PLOT_TITLES", "render_report_html", "write_html"]
 
@@ -115,9 +115,9 @@ def _heatmap(report: Report) -> str:
     return "\n".join(out)
 
 
-def _phases(report: Report) -> str:
+def _phases(findings: Findings) -> str:
     title = PLOT_TITLES[1]
-    ranks = report.ranks
+    ranks = findings.ranks
     R = len(ranks)
     vals = np.array(
         [[r.compute_s, r.delay_s, r.sync_wait_s, r.transfer_s] for r in ranks], dtype=float
@@ -308,26 +308,29 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
         )
     parts.append("<h2>Summary</h2>" + _table(tables.summary_rows(report)))
     parts.append("<h2>What to do next</h2>" + _table(tables.next_steps_rows(report)))
-    parts.append("<h2>Decisions</h2>" + _table(tables.decision_rows(report)))
-    if tables.cost_rows(report):
-        parts.append("<h2>Cost of waiting</h2>" + _table(tables.cost_rows(report)))
-    if tables.host_rows(report):
-        parts.append("<h2>Hosts, latest first (ms)</h2>" + _table(tables.host_rows(report)))
+    parts.append("<h2>Decisions</h2>" + _table(tables.decision_rows(report.findings)))
+    costs = tables.cost_rows(report.findings, report.context.hours_unit)
+    if costs:
+        parts.append("<h2>Cost of waiting</h2>" + _table(costs))
+    if tables.host_rows(report.findings):
+        parts.append(
+            "<h2>Hosts, latest first (ms)</h2>" + _table(tables.host_rows(report.findings))
+        )
     for title, content in extra_sections:
         if content and isinstance(content[0], str):
             body = "".join(f"<p>{escape(line)}</p>" for line in content)
         else:
             body = _table(content)
         parts.append(f"<h2>{escape(title)}</h2>" + body)
-    parts.append("<h2>Failure modes</h2>" + _table(tables.failure_mode_rows(report)))
+    parts.append("<h2>Failure modes</h2>" + _table(tables.failure_mode_rows(report.findings)))
     parts.append("<h2>Plots</h2>")
     if report.data is not None:
-        parts += [_heatmap(report), _phases(report), _histogram(report)]
+        parts += [_heatmap(report), _phases(report.findings), _histogram(report)]
     why = tables.forecast_support(report)[2] if report.forecast is not None else ""
     parts.append(f"<figure>{_forecast(report)}<figcaption>{escape(why)}</figcaption></figure>")
     parts.append(
         "<h2>Culprit ranking (after warm-up; times in ms)</h2>"
-        + _table(tables.ranking_rows(report, 64))
+        + _table(tables.ranking_rows(report.findings, 64))
         + f"<p>{escape(fleet_view.LATE_LEGEND)} ({format_ms(report.noise_floor_s)}).</p>"
     )
     for title, rows in fleet_view.fleet_sections(report):  # spread, slowest, arrived last
@@ -347,7 +350,7 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
 
 def _sites_section(report: Report) -> list[str]:
     """Every site in step order (records of 2 or more sites), with who is late in a group."""
-    rows = tables.site_rows(report)
+    rows = tables.site_rows(report.sites_table)
     if not rows:
         return []
     culprit = "none" if report.culprit is None else f"rank {report.culprit}"

@@ -104,7 +104,7 @@ def _ranking(report: Report, n: int, verbose: bool) -> list[Block]:
         where = "in the HTML and JSON" if verbose else "with --verbose / in the HTML"
         more = len(report.ranking) - n
         legend += f"; {more} more rank{'s' * (more > 1)} {where}"
-    return [_table(title, tables.ranking_rows(report, n)), Prose(legend)]
+    return [_table(title, tables.ranking_rows(report.findings, n)), Prose(legend)]
 
 
 def _modes(report: Report, verbose: bool) -> list[Block]:
@@ -127,10 +127,11 @@ def _modes(report: Report, verbose: bool) -> list[Block]:
 def _outlook(report: Report) -> list[Block]:
     """Verbose only: the cost of waiting, hosts, the forecast and the pacing effect."""
     out: list[Block] = []
-    if tables.cost_rows(report):
-        out += [Line(), _table("Cost of waiting", tables.cost_rows(report))]
-    if len(tables.host_rows(report)) > 2:
-        out += [Line(), _table("Hosts, latest first (ms)", tables.host_rows(report, 8))]
+    costs = tables.cost_rows(report.findings, report.context.hours_unit)
+    if costs:
+        out += [Line(), _table("Cost of waiting", costs)]
+    if len(tables.host_rows(report.findings)) > 2:
+        out += [Line(), _table("Hosts, latest first (ms)", tables.host_rows(report.findings, 8))]
     if report.forecast is not None and tables.forecast_rows(report):
         fc = report.forecast
         out += [Line(), _table("Amplification forecast", tables.forecast_rows(report))]
