@@ -164,11 +164,11 @@ def _output_paths(args: argparse.Namespace) -> dict[str, Path]:
 
 def _print_sites(report) -> None:
     """Every site in step order, with who is late within each group (several sites only):
-    the rows `analyze` computed (`Report.sites_table`)."""
+    the rows `analyze` computed (`Report.sites_table`); names shown as `printable` text."""
     if report.sites_table:
         from jaxpace.report.stages.links import format_site_table
 
-        print("\n" + format_site_table(list(report.sites_table)))
+        print("\n" + printable(format_site_table(list(report.sites_table)), keep_newlines=True))
 
 
 def _one_run(run_dir: str) -> str:
