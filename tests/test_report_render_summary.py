@@ -31,6 +31,9 @@ def test_wrapping_keeps_words_and_commands_whole():
     lines = terminal.wrap_text(text, 40, "  - ", "    ")
     assert lines == ["  - run `nvidia-smi -q -d CLOCK` then", "    " + "x" * 70, "    and stop"]
     assert terminal.wrap_text("a b", 40, "Failure modes: ", "  ") == ["Failure modes: a b"]
+    # A private-use character in a name is the name's own, never taken for a joined space.
+    pua = "site\ue000x `cmd \ue000 arg`"
+    assert terminal.wrap_text(pua, 40) == [pua]
 
 
 def test_summary_renderable_shows_the_ranks_it_is_asked_for():

@@ -44,7 +44,8 @@ MIN_WIDTH = 40  # sentences wrap at no fewer columns
 _TEXT_COLUMNS = ("host", "detected", "evidence", "waiting for", "mode")
 # Stands for a space inside a `backticked span` while `rich` wraps (a printable,
 # non-space character of one column, so the span is one word); a space again in the output.
-_JOIN = "\ue000"
+# Private-use characters: the first one the text does not hold.
+_JOINERS = range(0xE000, 0xF900)
 
 # C0/C1 controls (ESC starts terminal sequences), DEL, zero-width and
 # bidirectional-override characters: never written to a terminal as they are.
@@ -98,15 +99,20 @@ def _console(width: int) -> Any:
     )  # fmt: skip
 
 
-def _words(text: str, wrap: bool = False) -> Any:
+def _joiner(*texts: str) -> str:
+    """A private-use character none of `texts` holds (it stands for a joined space)."""
+    used = set("".join(texts))
+    return next(c for c in map(chr, _JOINERS) if c not in used)
+
+
+def _words(text: str, join: str, wrap: bool = False) -> Any:
     """`text` escaped (`display_name`) as a `rich` Text that wraps at spaces only: spans in
-    backticks stay whole, and a word longer than the line is kept whole (never cut);
-    `wrap`: left to the table column that holds it (as wide as its longest word)."""
+    backticks stay whole (their spaces are `join` until the output), and a word longer than
+    the line is kept whole (never cut); `wrap`: left to the table column that holds it (as
+    wide as its longest word)."""
     from rich.text import Text
 
-    text = display_name(text)
-    if _JOIN not in text:
-        text = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", _JOIN), text)
+    text = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", join), display_name(text))
     return Text(text) if wrap else Text(text, overflow="ignore")
 
 
@@ -114,7 +120,8 @@ def wrap_text(text: str, width: int, first: str = "", rest: str = "") -> list[st
     """`text` wrapped at `width` (at least `MIN_WIDTH`) columns on word boundaries, never
     inside a `backticked span`: the first line after `first`, the others after `rest`."""
     console = _console(max(width, MIN_WIDTH))
-    words = _words(text)
+    join = _joiner(text, first, rest)
+    words = _words(text, join)
     if not words.plain:
         return [first]
     head = words.wrap(console, max(console.width - len(first), 1))[0]
@@ -124,10 +131,10 @@ def wrap_text(text: str, width: int, first: str = "", rest: str = "") -> list[st
     if words.plain:
         lines = words.wrap(console, max(console.width - len(rest), 1))
         out += [rest + ln.plain.rstrip() for ln in lines]
-    return [ln.replace(_JOIN, " ") for ln in out]
+    return [ln.replace(join, " ") for ln in out]
 
 
-def _render(renderable: Any, width: int, whole: bool = False) -> list[str]:
+def _render(renderable: Any, width: int, whole: bool = False, join: str = "") -> list[str]:
     """A `rich` table as lines of plain text at `width` columns, or wider where its words
     need it (`whole`: where its cells need it); nothing is cut or folded."""
     from rich.measure import Measurement
@@ -136,7 +143,8 @@ def _render(renderable: Any, width: int, whole: bool = False) -> list[str]:
     need = Measurement.get(console, console.options.update(width=1_000_000), renderable)
     console.width = max(console.width, need.maximum if whole else need.minimum)
     console.print(renderable, crop=False)
-    return [ln.rstrip().replace(_JOIN, " ") for ln in console.file.getvalue().splitlines()]
+    lines = [ln.rstrip() for ln in console.file.getvalue().splitlines()]
+    return [ln.replace(join, " ") for ln in lines] if join else lines
 
 
 def _cell(text: str) -> Any:
@@ -160,8 +168,9 @@ def _pairs(rows: tuple[tuple[str, str], ...], width: int) -> list[str]:
         # `min_width`: the names' column is never narrowed (rich measures text by its words).
         grid.add_column(no_wrap=True, min_width=key)
         grid.add_column(overflow="fold")  # as wide as its longest word at least: nothing folds
-        grid.add_row(name, _words(value, wrap=True))
-        out += _render(Padding(grid, (0, 0, 0, 2), expand=False), width)
+        join = _joiner(value, name.plain)
+        grid.add_row(name, _words(value, join, wrap=True))
+        out += _render(Padding(grid, (0, 0, 0, 2), expand=False), width, join=join)
     return out
 
 
