@@ -77,3 +77,24 @@ def test_distributed_client_offers_what_the_stall_watchdog_calls():
     # Entries are rewritten in place: `key_value_set(key, value, allow_overwrite)`.
     assert "allow_overwrite" in (cls.key_value_set.__doc__ or "")
     assert "list[tuple[str, str]]" in (cls.key_value_dir_get.__doc__ or "")
+
+
+def test_hlo_dialect_builds_the_ops_the_probe_lowering_emits():
+    hlo = compat.hlo_dialect()
+    for name in ("compare", "select", "broadcast_in_dim", "ComparisonDirectionAttr"):
+        assert callable(getattr(hlo, name)), name
+
+
+def test_partial_eval_has_the_rule_tables_the_probes_register_in():
+    pe = compat.partial_eval()
+    assert isinstance(pe.partial_eval_jaxpr_custom_rules, dict)
+    assert isinstance(pe.dce_rules, dict)
+    assert callable(pe.dce_jaxpr)
+
+
+def test_jaxpr_var_type_is_what_a_jaxpr_binds():
+    import jax
+
+    Var = compat.jaxpr_var_type()  # noqa: N806
+    jaxpr = jax.make_jaxpr(lambda x: x + 1)(1.0).jaxpr
+    assert all(isinstance(v, Var) for v in jaxpr.invars)

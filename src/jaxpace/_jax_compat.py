@@ -142,3 +142,29 @@ def distributed_client_type() -> Any:
         return _jax.DistributedRuntimeClient
     except Exception:  # noqa: BLE001 - internal API; the canary test catches a move
         return None
+
+
+def hlo_dialect() -> Any:
+    """`jax._src.lib.mlir.dialects.hlo`: the StableHLO op builders a lowering rule emits
+    (`compare`, `select`, `broadcast_in_dim`); `jax.interpreters.mlir` exposes no public
+    module for them. Used by the native probes' lowering (`jaxpace.native.primitive`)."""
+    from jax._src.lib.mlir.dialects import hlo
+
+    return hlo
+
+
+def partial_eval() -> Any:
+    """`jax._src.interpreters.partial_eval`: where a primitive registers its remat rule
+    (`partial_eval_jaxpr_custom_rules`) and its DCE rule (`dce_rules`), and `dce_jaxpr`.
+    The native probes register both (`jaxpace.native.primitive`); a missing table means
+    measured calls skip remat and tie `done`'s result in instead."""
+    from jax._src.interpreters import partial_eval as pe
+
+    return pe
+
+
+def jaxpr_var_type() -> type:
+    """`jax._src.core.Var`: a jaxpr variable (not a literal), as a remat rule tells them apart."""
+    from jax._src.core import Var
+
+    return Var

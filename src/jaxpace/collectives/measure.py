@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import inspect
 import os
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +31,68 @@ from jaxpace.collectives.tie import reduction_typed as _reduction_typed
 from jaxpace.collectives.tie import tie, token
 from jaxpace.errors import UnboundAxisError
 
-__all__ = ["Runtime", "caller_site", "collective"]
+__all__ = [
+    "Decision",
+    "MeasuredSite",
+    "Probe",
+    "Runtime",
+    "Unmeasured",
+    "caller_site",
+    "collective",
+]
 
 _LAX = _kinds.LAX  # the real jax.lax functions (captured before any test harness patch)
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# the jaxpace package (every frame inside it is jaxpace's own, not the caller's)
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Unmeasured(enum.Enum):
+    """Why a call passes straight to `jax.lax` unmeasured; the value is what `stats()` says."""
+
+    VMAP_AXIS = "axis bound by vmap (no device mapping to time)"
+    PARTIAL_MANUAL = "partial-manual shard_map (host callbacks are not supported there by JAX)"
+    CONSTANT = "constant operand (folded by jax.lax, nothing to time)"
+    TANGENT = (
+        "tangent/cotangent under autodiff (a linear value JAX will transpose; host "
+        "callbacks cannot be transposed)"
+    )
+    REMAT = (
+        "inside jax.checkpoint/remat (JAX rejects host callbacks in remat partial-eval "
+        "under grad); move the collective outside the checkpointed function to time it"
+    )
+    NO_CPU_BACKEND = (
+        "no CPU backend for host callbacks (add `cpu` to JAX_PLATFORMS, e.g. "
+        "JAX_PLATFORMS=cuda,cpu, to measure)"
+    )
+
+
+class Probe(NamedTuple):
+    """Which probes time a measured call: `platform` "cpu"/"cuda" for the native ones, None
+    for the io_callback ones; `why` goes into `stats()[site].probe` either way."""
+
+    platform: str | None
+    why: str
+
+    @property
+    def native(self) -> bool:
+        return self.platform is not None
+
+
+class Decision(NamedTuple):
+    """What the trace-time ladder chose: `unmeasured` (None: measure) and the probes."""
+
+    unmeasured: Unmeasured | None
+    probe: Probe
+
+
+class MeasuredSite(Protocol):
+    """The host state of a measured site, as the collectives set it at trace time
+    (`jaxpace.runtime.sites.Site` implements it)."""
+
+    probe: str | None  # which probes time it, and why
+    measure_only: bool  # the in-band exchange cannot ride this collective (never paced)
+    pacing: str | None  # what the policy does here, and why
+    layout_info: dict[str, Any] | None  # collective, groups, ppermute pairs (records header)
 
 
 class Runtime(Protocol):
@@ -64,7 +123,7 @@ class Runtime(Protocol):
     def note_invariant(self, site: str, axis: str) -> None:
         """The operand at `site` is already invariant over `axis` (records it)."""
 
-    def open_site(self, name: str, num_slots: int, layout: str | None) -> Any:
+    def open_site(self, name: str, num_slots: int, layout: str | None) -> MeasuredSite:
         """The host state of a measured site (created on first use)."""
 
     def arrive(self, site: Any, rank: int) -> tuple[np.ndarray, np.int32]:
@@ -172,18 +231,15 @@ class _UnboundAxis(UnboundAxisError, AssertionError):
     """
 
 
-def _measurement_mode(axes: tuple) -> tuple[str | None, Any]:
-    """Returns `(reason_not_measured or None, abstract_mesh)`."""
+def _measurement_mode(axes: tuple) -> tuple[Unmeasured | None, Any]:
+    """Returns `(why the call is not measured, or None; abstract_mesh)`."""
     am = jax.sharding.get_abstract_mesh()
     names = tuple(getattr(am, "axis_names", ()) or ())
     manual = set(getattr(am, "manual_axes", ()) or ())
     if not all(a in manual for a in axes):
-        return "axis bound by vmap (no device mapping to time)", am
+        return Unmeasured.VMAP_AXIS, am
     if set(names) != manual:
-        return (
-            "partial-manual shard_map (host callbacks are not supported there by JAX)",
-            am,
-        )
+        return Unmeasured.PARTIAL_MANUAL, am
     return None, am
 
 
@@ -296,43 +352,24 @@ def _collective(rt: Runtime, call, x, axis_name, axis_index_groups, site):
         return lax_result
     # Settings are frozen and agreed across processes before any decision.
     rt.begin_trace()
-    reason, am = _measurement_mode(axes)
-    if reason is None and any(not _is_traced(leaf) for leaf in leaves):
-        # Python scalars / numpy constants (e.g. the `psum(1, axis)` idiom): lax
-        # folds these to the axis size; there is nothing to time.
-        reason = "constant operand (folded by jax.lax, nothing to time)"
-    if reason is None and any(_jax_compat.is_unknown_tracer(leaf) for leaf in leaves):
-        reason = (
-            "tangent/cotangent under autodiff (a linear value JAX will transpose; host "
-            "callbacks cannot be transposed)"
-        )
-    probe = _native_probe(rt, am) if reason is None else (None, "")
-    if probe[0] is not None and all(int(np.prod(jnp.shape(leaf))) == 0 for leaf in leaves):
-        probe = (
-            None,
-            "io_callback probes: every operand is empty (nothing to tie the native ones to)",
-        )
-    if probe[0] is not None and any(_reduction_typed(leaf) for leaf in leaves):
-        probe = (None, "io_callback probes: an operand is unreduced/reduced (explicit sharding)")
-    if reason is None and probe[0] is None and _jax_compat.inside_remat():
-        reason = (
-            "inside jax.checkpoint/remat (JAX rejects host callbacks in remat partial-eval "
-            "under grad); move the collective outside the checkpointed function to time it"
-        )
-    if reason is None and probe[0] is None and not rt.callbacks_available():
-        reason = (
-            "no CPU backend for host callbacks (add `cpu` to JAX_PLATFORMS, e.g. "
-            "JAX_PLATFORMS=cuda,cpu, to measure)"
-        )
-    if reason is not None:
-        rt.note_unmeasured(site, reason)
+    decision, am = _decide(rt, axes, leaves)
+    if decision.unmeasured is not None:
+        rt.note_unmeasured(site, decision.unmeasured.value)
         return plain()
     if call.kind in ("psum", "pmean", "pmax", "pmin"):  # the skew would be hidden
         if _invariant.warn_if_invariant(call.kind, leaves, axes, site):
             rt.note_invariant(site, str(axes[0]))  # into the records: the report refuses a culprit
     axis_name = axes if len(axes) > 1 else axes[0]
     return _measured(
-        rt, call, x, axis_name, axis_index_groups, site=site, sizes=sizes, am=am, probe=probe
+        rt,
+        call,
+        x,
+        axis_name,
+        axis_index_groups,
+        site=site,
+        sizes=sizes,
+        am=am,
+        probe=decision.probe,
     )
 
 
@@ -343,7 +380,38 @@ def _is_traced(leaf) -> bool:
     return isinstance(leaf, jax.core.Tracer)
 
 
-def _native_probe(rt: Runtime, am) -> tuple[str | None, str]:
+def _decide(rt: Runtime, axes: tuple, leaves: list) -> tuple[Decision, Any]:
+    """The trace-time ladder: measure this call or not, and with which probes.
+
+    Every rung reads static facts only (axis kinds, tracer kinds, the mesh, agreed
+    settings), so every process decides the same. Returns `(decision, abstract_mesh)`.
+    """
+    unmeasured, am = _measurement_mode(axes)
+    if unmeasured is None and any(not _is_traced(leaf) for leaf in leaves):
+        # Python scalars / numpy constants (e.g. the `psum(1, axis)` idiom): lax
+        # folds these to the axis size; there is nothing to time.
+        unmeasured = Unmeasured.CONSTANT
+    if unmeasured is None and any(_jax_compat.is_unknown_tracer(leaf) for leaf in leaves):
+        unmeasured = Unmeasured.TANGENT
+    if unmeasured is not None:
+        return Decision(unmeasured, Probe(None, "")), am
+    probe = _native_probe(rt, am)
+    if probe.native and all(int(np.prod(jnp.shape(leaf))) == 0 for leaf in leaves):
+        probe = Probe(
+            None, "io_callback probes: every operand is empty (nothing to tie the native ones to)"
+        )
+    if probe.native and any(_reduction_typed(leaf) for leaf in leaves):
+        probe = Probe(
+            None, "io_callback probes: an operand is unreduced/reduced (explicit sharding)"
+        )
+    if not probe.native and _jax_compat.inside_remat():
+        return Decision(Unmeasured.REMAT, probe), am
+    if not probe.native and not rt.callbacks_available():
+        return Decision(Unmeasured.NO_CPU_BACKEND, probe), am
+    return Decision(None, probe), am
+
+
+def _native_probe(rt: Runtime, am) -> Probe:
     """`(platform, why)`: "cpu"/"cuda" when the native probes time this trace, else None.
 
     Chosen at trace time; `why` goes into `stats()[site].probe` either way, so a
@@ -354,24 +422,26 @@ def _native_probe(rt: Runtime, am) -> tuple[str | None, str]:
 
     ok, why = _native.available()
     if not ok:
-        return None, f"io_callback probes: {why}"
+        return Probe(None, f"io_callback probes: {why}")
     blocker = rt.native_blocker()
     if blocker:
-        return None, f"io_callback probes: {blocker}"
+        return Probe(None, f"io_callback probes: {blocker}")
     dev = getattr(am, "abstract_device", None)
     platform = getattr(dev, "platform", None) or jax.default_backend()
     if _jax_compat.inside_remat() and not primitive.remat_supported()[0]:
-        return None, f"io_callback probes: {primitive.remat_supported()[1]}"
+        return Probe(None, f"io_callback probes: {primitive.remat_supported()[1]}")
     if platform == "cpu":
         if not rt.callbacks_available():
-            return None, "io_callback probes: no CPU backend"
-        return "cpu", why
+            return Probe(None, "io_callback probes: no CPU backend")
+        return Probe("cpu", why)
     if platform in ("gpu", "cuda"):
         ok_cuda, why_cuda = primitive.cuda_registered()
         if not ok_cuda:
-            return None, f"io_callback probes: no native CUDA handlers ({why_cuda})"
-        return "cuda", f"{why}, CUDA events on XLA's stream ({why_cuda}; unverified on a GPU)"
-    return None, f"io_callback probes: no native handler for platform {platform!r}"
+            return Probe(None, f"io_callback probes: no native CUDA handlers ({why_cuda})")
+        return Probe(
+            "cuda", f"{why}, CUDA events on XLA's stream ({why_cuda}; unverified on a GPU)"
+        )
+    return Probe(None, f"io_callback probes: no native handler for platform {platform!r}")
 
 
 def _measured(rt: Runtime, call, x, axis_name, axis_index_groups, *, site, sizes, am, probe):
@@ -534,7 +604,7 @@ def _io_reduce(call, exchange, axis_name, axis_index_groups):
         # `step_tag` is never negative, so each tie rewrites a leaf's first element
         # with itself, bit for bit; XLA cannot know that, so every collective that
         # carries a leaf (whatever XLA's combiner does) waits for the pre-callback.
-        # (For a large leaf XLA:CPU makes that a pass over the leaf: `_tie`.)
+        # (For a large leaf XLA:CPU makes that a pass over the leaf: `jaxpace.collectives.tie`.)
         leaves, tdef = jax.tree_util.tree_flatten(x)
         never = step_tag < 0
         leaves = [

@@ -97,8 +97,8 @@ def native_or_none(rt, site_obj, probe, plan: TracePlan, x):
 
     Sets `site_obj.probe` either way (what `stats()` says about the path).
     """
-    native_id, native_why, from_device = None, probe[1], False
-    if probe[0] is not None:
+    native_id, native_why, from_device = None, probe.why, False
+    if probe.native:
         native_id, native_why, from_device = _attach_native(rt, site_obj, probe, plan)
     site_obj.probe = native_why
     if native_id is None:

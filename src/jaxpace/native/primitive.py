@@ -25,12 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src.lib.mlir.dialects import hlo
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import PartitionSpec
 
+from jaxpace import _jax_compat
 from jaxpace.collectives.tie import WHOLE_LEAF_BYTES, leaf_bytes, reduction_typed, tie
+
+hlo = _jax_compat.hlo_dialect()
 
 __all__ = ["arrive", "arrive_p", "done", "done_p", "native_collective", "register_targets"]
 
@@ -229,8 +231,8 @@ def _register_jax_rules() -> tuple[bool, str]:
     if _REMAT_RULE["ok"] is not None:
         return _REMAT_RULE["ok"], _REMAT_RULE["why"]
     try:
-        from jax._src.core import Var
-        from jax._src.interpreters import partial_eval as pe
+        Var = _jax_compat.jaxpr_var_type()  # noqa: N806 - JAX's class
+        pe = _jax_compat.partial_eval()
 
         def rule(saveable, unks_in, inst_in, eqn):
             del saveable
@@ -250,7 +252,7 @@ def _register_jax_rules() -> tuple[bool, str]:
     except Exception as e:  # noqa: BLE001 - internal API moved: measured calls skip remat
         _REMAT_RULE.update(ok=False, why=f"remat rule unavailable in this JAX ({e!r})")
     try:
-        from jax._src.interpreters import partial_eval as pe
+        pe = _jax_compat.partial_eval()
 
         def keep_done(*args):
             # JAX <= 0.10 calls `rule(used_outputs, eqn)`, newer JAX (0.12) calls

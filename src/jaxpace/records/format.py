@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from jaxpace.records.safe_io import check_replaceable, make_dirs, write_atomic
 
 __all__ = [
     "DEFAULT_FORMAT",
@@ -43,7 +43,6 @@ __all__ = [
     "write_jsonl",
     "write_parquet",
     "write_records",
-    "write_text",
 ]
 
 FORMAT_VERSION = 1
@@ -166,22 +165,22 @@ def step_record(
 def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> str:
     """Writes records one JSON object a line, atomically; returns the path.
 
-    The text goes to a uniquely named temporary file beside `path`, which then
-    replaces `path` in one rename: a reader never sees half a file, and
-    concurrent writers never share a temporary name (the last one wins).
-    Missing parent directories are created. Only a regular file (or nothing)
-    at `path` is replaced: a symlink, directory, device node, FIFO or socket
-    there raises `FileExistsError`/`IsADirectoryError` and is left as it was.
+    Through `safe_io.write_atomic`, the one atomic writer: a uniquely named
+    temporary file beside `path`, then one rename (a reader never sees half a
+    file, concurrent writers never share a temporary name, a failed write
+    leaves the earlier file whole). Missing parent directories are created.
+    Only a regular file (or nothing) at `path` is replaced: a symlink,
+    directory, device node, FIFO or socket there raises
+    `FileExistsError`/`IsADirectoryError` and is left as it was.
     """
     p = os.fspath(path)
     _check_file_path(p)
 
-    def write(fd: int, tmp: str) -> None:
-        with os.fdopen(fd, "w") as f:
-            for rec in records:
-                f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    def fill(f) -> None:
+        for rec in records:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
-    return _replace_atomically(p, write)
+    return write_atomic(p, fill, what="records", make_parents=True)
 
 
 def _check_file_path(p: str) -> None:
@@ -190,26 +189,6 @@ def _check_file_path(p: str) -> None:
             f"records path {p!r} names a directory; pass a file path such as "
             f"{os.path.join(p, records_filename(0))!r}."
         )
-    check_replaceable(p)
-
-
-def _replace_atomically(p: str, write: Any) -> str:
-    """Calls `write(tmp)` on a fresh temporary file beside `p`, then renames it to `p`."""
-    d = os.path.dirname(p) or "."
-    make_dirs(d)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(p) + ".", suffix=".tmp", dir=d)
-    try:
-        write(fd, tmp)
-        os.chmod(tmp, 0o644)
-        check_replaceable(p)  # again, just before the rename
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return p
 
 
 def step_columns(
@@ -267,12 +246,10 @@ def write_parquet(
         b"jaxpace.format": str(FORMAT_VERSION).encode(),
     }
     table = pa.table(arrays).replace_schema_metadata(meta)
-
-    def write(fd: int, tmp: str) -> None:
-        with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f, compression="zstd", row_group_size=1 << 20)
-
-    return _replace_atomically(p, write)
+    check_replaceable(p, "records")  # before the work of encoding
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd", row_group_size=1 << 20)
+    return write_atomic(p, buf.getvalue().to_pybytes(), what="records", make_parents=True)
 
 
 def jsonl_step_lines(columns: Mapping[str, np.ndarray], sites: Sequence[str]) -> str:
@@ -305,19 +282,6 @@ def jsonl_step_lines(columns: Mapping[str, np.ndarray], sites: Sequence[str]) ->
     )
 
 
-def write_text(path: str | os.PathLike, text: str) -> str:
-    """Writes `text` to `path` atomically (temporary file beside it, then one rename), with
-    the same refusals as `write_jsonl`; the stall record is written with it."""
-    p = os.fspath(path)
-    _check_file_path(p)
-
-    def write(fd: int, tmp: str) -> None:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-
-    return _replace_atomically(p, write)
-
-
 def write_columns(
     path: str | os.PathLike,
     header: Mapping[str, Any],
@@ -330,13 +294,10 @@ def write_columns(
         return write_parquet(path, header, columns, sites)
     p = os.fspath(path)
     _check_file_path(p)
-    text = json.dumps(dict(header), separators=(",", ":")) + "\n" + jsonl_step_lines(columns, sites)
-
-    def write(fd: int, tmp: str) -> None:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-
-    return _replace_atomically(p, write)
+    head = json.dumps(dict(header), separators=(",", ":")) + "\n"
+    return write_atomic(
+        p, head + jsonl_step_lines(columns, sites), what="records", make_parents=True
+    )
 
 
 def write_records(
@@ -354,57 +315,3 @@ def write_records(
         )
     cols, sites = step_columns(r for r in recs if r.get("type") != "header")
     return write_parquet(path, headers[0], cols, sites)
-
-
-def check_replaceable(path: str) -> None:
-    """Raises unless `path` is missing or a regular file (never follows a symlink)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except NotADirectoryError as e:
-        raise NotADirectoryError(
-            f"cannot write records to {path!r}: a parent of it is a file, not a directory. "
-            "Pick another path."
-        ) from e
-    mode = st.st_mode
-    if stat.S_ISREG(mode):
-        return
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(
-            f"cannot write records to {path!r}: it is a directory. Pass a file path inside it, "
-            f"e.g. {os.path.join(path, records_filename(0))!r}."
-        )
-    kinds = [
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISCHR, "a device node"),
-        (stat.S_ISBLK, "a device node"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    ]
-    kind = next((k for test, k in kinds if test(mode)), "not a regular file")
-    raise FileExistsError(
-        f"refusing to write records over {path!r}: it is {kind}, and only a regular file "
-        "(or a new path) is replaced. Pass a new file path or a directory."
-    )
-
-
-def make_dirs(directory: str) -> None:
-    """`os.makedirs(directory, exist_ok=True)` with an error that says which part is wrong."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except FileExistsError as e:
-        raise NotADirectoryError(
-            f"cannot create directory {directory!r} for records: {directory!r} or one of its "
-            "parents exists and is not a directory. Pick another path."
-        ) from e
-    except NotADirectoryError as e:
-        raise NotADirectoryError(
-            f"cannot create directory {directory!r} for records: one of its parents is a "
-            "file, not a directory. Pick another path."
-        ) from e
-    except PermissionError as e:
-        raise PermissionError(
-            f"cannot create directory {directory!r} for records: permission denied. "
-            "Pick a writable path."
-        ) from e

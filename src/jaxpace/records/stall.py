@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 
-from jaxpace.records.format import write_text
+from jaxpace.records.safe_io import write_atomic
 
 __all__ = ["stacks", "stall_filename", "write"]
 
@@ -19,11 +19,13 @@ def stall_filename(process_index: int) -> str:
 def write(directory: str, process_index: int, rec: dict) -> str:
     """Writes `rec` as `stall-p{process_index}.json` in `directory` (created); returns the path.
 
-    Atomic (`jaxpace.records.format.write_text`: a temporary file, then one rename).
-    Raises `OSError` when it cannot write (a symlink or special file at the path too).
+    Through `safe_io.write_atomic` (a temporary file, then one rename; a
+    symlink or special file there is refused). Raises `OSError` when it cannot write.
     """
     path = os.path.join(directory, stall_filename(process_index))
-    return write_text(path, json.dumps(rec, indent=1))
+    return write_atomic(
+        path, lambda f: json.dump(rec, f, indent=1), what="stall record", make_parents=True
+    )
 
 
 def stacks() -> str:

@@ -19,7 +19,7 @@ from jaxpace.runtime.consensus import KEY_GENERATIONS
 from jaxpace.runtime.inflight import settle
 
 if TYPE_CHECKING:
-    from jaxpace.runtime.pacer import Pacer
+    from jaxpace.runtime.interface import PacerState
 
 __all__ = ["check_header_extra", "export", "export_all", "gather", "header", "records"]
 
@@ -33,7 +33,7 @@ _HEADER_FIELDS = (
 )  # fmt: skip
 
 
-def _collect(pacer: Pacer, header_extra: Mapping[str, Any] | None) -> tuple[dict, list]:
+def _collect(pacer: PacerState, header_extra: Mapping[str, Any] | None) -> tuple[dict, list]:
     """This process's header and its finished rows: `[(site, rank, rows), ...]` by site and
     rank (`rows` the recorder's structured array, steps in order).
 
@@ -72,7 +72,7 @@ def _collect(pacer: Pacer, header_extra: Mapping[str, Any] | None) -> tuple[dict
 _RESERVED_FIELDS = ("source", "source_label", "timed")
 
 
-def records(pacer: Pacer, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def records(pacer: PacerState, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """This process's finished records as dicts: its header, then steps by site, rank, step.
 
     First waits (bounded) for the steps this process dispatched (`inflight.settle`).
@@ -170,7 +170,7 @@ def check_header_extra(extra: Any) -> dict[str, Any]:
     return dict(extra)
 
 
-def header(pacer: Pacer) -> dict[str, Any]:
+def header(pacer: PacerState) -> dict[str, Any]:
     import jax
 
     from jaxpace import __version__
@@ -205,13 +205,13 @@ def _platform() -> str:
     return "gpu" if p in ("cuda", "rocm") else p
 
 
-def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
+def _site_context(pacer: PacerState) -> dict[str, dict[str, Any]]:
     """Per site, what changes what its numbers mean (docs/records.md, header `sites`).
 
     `probe`: which probes timed it; `invariant_over`: the axis its operand was
     already reduced over (the skew is hidden), else None; `backed_off` /
     `ab_rejected`: the policy stopped pacing during the run on some rank; and the
-    site's layout (`collective`, its rank groups, ppermute's pairs; `_site_layout`).
+    site's layout (`collective`, its rank groups, ppermute's pairs; `jaxpace.collectives.layout`).
     """
     out: dict[str, dict[str, Any]] = {}
     invariant = dict(pacer.hooks.invariant_sites)
@@ -224,7 +224,7 @@ def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
             ab = status.ab_effect or {}
             ab_rejected = ab_rejected or bool(ab.get("rejected"))
         out[name] = {
-            **(getattr(site, "layout_info", None) or {}),  # collective, groups, ppermute pairs
+            **(site.layout_info or {}),  # collective, groups, ppermute pairs
             "probe": site.probe,
             "invariant_over": invariant.get(name),
             "backed_off": backed_off,
@@ -235,7 +235,7 @@ def _site_context(pacer: Pacer) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _rank_groups(pacer: Pacer) -> dict[str, dict[str, str]]:
+def _rank_groups(pacer: PacerState) -> dict[str, dict[str, str]]:
     """Group labels of this process's ranks: its host, plus any the user gave."""
     import jax
 
@@ -269,7 +269,7 @@ def _format_of(path: str, format: str | None) -> str:
 
 
 def export(
-    pacer: Pacer,
+    pacer: PacerState,
     path: str | os.PathLike,
     header_extra: Mapping[str, Any] | None = None,
     format: str | None = None,
@@ -295,7 +295,7 @@ def export(
     return _record_format.write_parquet(p, head, cols, sites)
 
 
-def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
+def gather(pacer: PacerState, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
     """Every process's records on process 0 (see `Pacer.gather`)."""
     import jax
 
@@ -329,7 +329,7 @@ def gather(pacer: Pacer, timeout_s: float = 60.0) -> list[dict[str, Any]] | None
 
 
 def export_all(
-    pacer: Pacer,
+    pacer: PacerState,
     directory: str | os.PathLike,
     timeout_s: float = 60.0,
     format: str = _record_format.DEFAULT_FORMAT,

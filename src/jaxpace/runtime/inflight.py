@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from jaxpace.runtime.pacer import Pacer
+    from jaxpace.runtime.interface import PacerState
 
 __all__ = ["DEFAULT_TIMEOUT_S", "settle"]
 
@@ -49,7 +49,7 @@ def _wait_live_arrays(timeout_s: float) -> None:
 CLOSE_WAIT_S = 0.5
 
 
-def _wait_native_closed(pacer: Pacer, timeout_s: float) -> None:
+def _wait_native_closed(pacer: PacerState, timeout_s: float) -> None:
     """Waits (polling, at most `timeout_s`) until no rank of a native site is inside a measured
     collective: every measured arrival has its done record."""
     from jaxpace.native import probes as _native
@@ -62,7 +62,7 @@ def _wait_native_closed(pacer: Pacer, timeout_s: float) -> None:
         time.sleep(0.0005)
 
 
-def settle(pacer: Pacer, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
+def settle(pacer: PacerState, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
     """Waits up to `timeout_s` for dispatched steps, drains every site: `{site: steps in flight}`.
 
     Waits on this process's live arrays (the outputs of every dispatched step the

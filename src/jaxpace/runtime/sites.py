@@ -219,6 +219,9 @@ class Site:
         self.probe: str | None = None  # which probes time it, and why (set at trace time)
         self.measure_only = False  # a collective the in-band exchange cannot ride (never paced)
         self.pacing: str | None = None  # what the policy does here, and why (set at trace time)
+        self.layout_info: dict | None = (
+            None  # collective, groups, ppermute pairs (set at trace time)
+        )
         self.native = None  # (native site id, layout key) on the native path
         self.flush = _no_flush  # brings host state up to date (the native drain)
         self.memo = SiteMemo(num_slots)

@@ -449,7 +449,7 @@ def write_records(
 
     The files `Pacer.export` writes, from the columns at once (no dict per record):
     `jaxpace.records.format.write_columns`, each file written to a temporary name and
-    renamed into place.
+    renamed into place (`safe_io.write_atomic`).
     """
     recs = records.records if isinstance(records, SimRecords) else records
     check_format(format)

@@ -59,7 +59,7 @@ def unequal_sizes(
     keep: np.ndarray,
     sites: list[str],
 ) -> dict[str, dict[str, Any]]:
-    """`{site: {"unequal_sizes": why}}` for the sites whose ranks move different message
+    """`{site: {"no_culprit": why}}` for the sites whose ranks move different message
     sizes in one collective (`coll_msg_size_bytes`, e.g. an uneven all-to-all).
 
     The clock-free rule (the rank with the shortest time inside arrived last) holds only
@@ -86,10 +86,13 @@ def unequal_sizes(
         if float(np.median(r)) > UNEQUAL_SIZES_RATIO:
             sel = inv[s_of[inv] == j]
             out[sites[j]] = {
-                "unequal_sizes": (
-                    f"its ranks move {int(lo[sel].min())} to {int(hi[sel].max())} bytes in one "
-                    f"collective (`coll_msg_size_bytes`; the median step's largest is "
-                    f"{float(np.median(r)):.0f}x its smallest)"
+                "no_culprit": (
+                    f"the site is evidence only: its ranks move {int(lo[sel].min())} to "
+                    f"{int(hi[sel].max())} bytes in one collective (`coll_msg_size_bytes`; the "
+                    f"median step's largest is {float(np.median(r)):.0f}x its smallest), and a "
+                    "rank that moves less data finishes sooner without having arrived later, "
+                    "so the shortest time inside does not mark the last arrival. Name the "
+                    "straggler from a collective whose ranks move equal sizes (`site=`)"
                 )
             }
     return out
