@@ -170,7 +170,10 @@ def test_every_writer_refuses_a_symlink(tmp_path, dangling):
         "trace.json": lambda p: write_trace(report, p),
         "report.json": lambda p: write_json(report, p),
         "stall-p0.json": lambda p: stall.write(str(out), 0, {"x": 1}),
-        "records-p0.jsonl": lambda p: write_records(synthetic_run(num_ranks=2, num_steps=4), out),
+        "records-p0.parquet": lambda p: write_records(synthetic_run(num_ranks=2, num_steps=4), out),
+        "records-p1.jsonl": lambda p: write_records(
+            synthetic_run(num_ranks=2, num_steps=4), out, format="jsonl"
+        ),
     }
     for name, write in writers.items():
         link = out / name

@@ -72,7 +72,9 @@ def _collect(pacer: PacerState, header_extra: Mapping[str, Any] | None) -> tuple
 _RESERVED_FIELDS = ("source", "source_label", "timed")
 
 
-def records(pacer: PacerState, header_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def records(
+    pacer: PacerState, header_extra: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """This process's finished records as dicts: its header, then steps by site, rank, step.
 
     First waits (bounded) for the steps this process dispatched (`inflight.settle`).
