@@ -15,7 +15,7 @@ import pytest
 from jaxpace import cli
 from jaxpace.records.engine import Engine
 from jaxpace.records.reader import load_records
-from jaxpace.records.sources.synthetic import write_inspector_logs
+from jaxpace.records.sources.synthetic import write_inspector_logs, write_xprof_traces
 from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import analyze
 from jaxpace.report.stages.site import site_data
@@ -85,11 +85,13 @@ def test_jsonl_bad_values_are_counted_and_located_never_a_failed_query(tmp_path,
     assert int((64 - red.steps["ranks"]).sum()) == 4 and red.steps["ranks"].max() == 64
 
 
-def test_inspector_logs_reduce_through_the_same_sql(tmp_path):
-    write_inspector_logs(tmp_path, 8, 30, late_ranks=[6], late_us=1500.0, seed=2)
-    scan, red = _reduce(tmp_path)
-    assert scan.rows == 8 * 30
-    assert int(red.ranks["rank"][np.argmax(red.ranks["mean_excess_ns"])]) == 6
+def test_inspector_logs_and_traces_reduce_through_the_same_sql(tmp_path):
+    write_inspector_logs(tmp_path / "insp", 8, 30, late_ranks=[6], late_us=1500.0, seed=2)
+    write_xprof_traces(tmp_path / "xp", 2, 4, 20, late_ranks=[5], late_us=1500.0)
+    for d, rows, late in (("insp", 8 * 30, 6), ("xp", 8 * 20, 5)):
+        scan, red = _reduce(tmp_path / d)
+        assert scan.rows == rows
+        assert int(red.ranks["rank"][np.argmax(red.ranks["mean_excess_ns"])]) == late
 
 
 def test_convert_any_source_to_parquet_reads_back_the_same(tmp_path, run, capsys):

@@ -202,15 +202,17 @@ class Engine:
 
     def open_steps(self, path: str | os.PathLike) -> Scan:
         """Creates the view `steps` over the records of `path` (a run directory or one
-        file: Parquet, JSONL, or NCCL Inspector logs); returns what the scan found."""
+        file: Parquet, JSONL, NCCL Inspector logs or `jax.profiler` traces); returns what
+        the scan found."""
         p = Path(path)
         files = records_files(p) if p.is_dir() else [p]
-        if not files:
+        if not files or (not p.is_dir() and p.suffix not in (".parquet", ".jsonl")):
             from jaxpace.records.sources import detect, load
 
-            if detect(p) == "nccl_inspector":
+            if detect(p) in ("nccl_inspector", "xprof"):  # through their readers
                 return self.open_records(load(p).records)
-            raise RecordsError(f"no records files (`*.parquet`, `*.jsonl`) in {p}.")
+            if not files:
+                raise RecordsError(f"no records files (`*.parquet`, `*.jsonl`) in {p}.")
         parquet = [str(f) for f in files if _is_parquet(f)]
         jsonl = [str(f) for f in files if str(f) not in set(parquet)]
         parts, scan = [], Scan(files=tuple(map(str, files)), rows=0)
