@@ -1,0 +1,163 @@
+"""`jaxpace.watch` in one process: the window schedule, the profiler's one session, bad input,
+the stall rule and the decision's log line (a fake profiler; no trace is read)."""
+
+import inspect
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxpace
+from jaxpace.errors import ConfigError
+from jaxpace.watch import WindowResult
+from jaxpace.watch.decide import log_line, verdict
+from jaxpace.watch.heartbeat import WARMUP_CALLS, StallDetector
+from jaxpace.watch.schedule import Schedule
+from jaxpace.watch.wrapper import Watched
+
+
+class FakeProfiler:
+    def __init__(self, events, busy=False):
+        self.events, self.busy = events, busy
+
+    def start_trace(self, logdir):
+        if self.busy:
+            raise RuntimeError("Profile has already been started. Only one profile may be run.")
+        self.events.append(("start", logdir))
+
+    def stop_trace(self):
+        self.events.append(("stop",))
+
+
+def _watched(events, **kw):
+    def step(k):
+        events.append(("call", k))
+        return k
+
+    busy = kw.pop("busy", False)
+    return Watched(
+        step, profiler=FakeProfiler(events, busy), block=lambda o: events.append(("block", o)), **kw
+    )
+
+
+def test_profiler_starts_and_stops_on_window_calls_and_blocks_only_at_edges():
+    events = []
+    w = _watched(events, every=5, window=2)
+    assert [w(k) for k in range(13)] == list(range(13))
+    w.close()
+    seq = [e[0] if e[0] in ("start", "stop") else e for e in events]
+    # Call 4 blocks before window 1 (calls 5-6); the trace starts before call 5; call 6
+    # blocks, then the trace stops; the same for window 2 (calls 10-11); nothing else.
+    assert seq == [
+        *[("call", k) for k in range(4)],
+        ("call", 4), ("block", 4), "start", ("call", 5), ("call", 6), ("block", 6), "stop",
+        ("call", 7), ("call", 8),
+        ("call", 9), ("block", 9), "start", ("call", 10), ("call", 11), ("block", 11), "stop",
+        ("call", 12),
+    ]  # fmt: skip
+    assert ("call", 0) in events and ("block", 0) not in events  # the first call is untouched
+
+
+def test_window_equal_to_every_blocks_once_between_windows():
+    s = Schedule(every=3, window=3)
+    edges = [s.edge(k) for k in range(9)]
+    assert [k for k, e in enumerate(edges) if e.pre_block] == [2]
+    assert [k for k, e in enumerate(edges) if e.start] == [3, 6]
+    assert [k for k, e in enumerate(edges) if e.end] == [5, 8]
+
+
+def test_programs_own_profiler_session_skips_the_window_and_marks_it_partial():
+    events = []
+    w = _watched(events, every=3, window=2, busy=True)
+    assert [w(k) for k in range(6)] == list(range(6))
+    w.close()
+    assert not [e for e in events if e[0] in ("start", "stop")]
+    (r,) = w.history()
+    assert (r.first_step, r.last_step, r.partial, r.culprit_process) == (3, 4, True, None)
+    assert any("own jax.profiler session" in n for n in r.notes), r.notes
+    # The window's last call still blocks (every process runs the same edges).
+    assert ("block", 4) in events
+
+
+def test_signature_and_results_of_a_jit_function_are_kept():
+    @jax.jit
+    def step(w, x, *, lr=0.1):
+        return w - lr * x
+
+    w = jaxpace.watch(step, every=2, window=1)
+    assert inspect.signature(w) == inspect.signature(step)
+    assert w.__wrapped__ is step and w.__name__ == "step"
+    a, b = jnp.arange(4.0), jnp.ones(4)
+    for _ in range(5):
+        assert (w(a, b, lr=0.5) == step(a, b, lr=0.5)).all()
+    w.close()
+    w.close()  # idempotent
+
+
+def test_package_import_keeps_jaxpace_watch_callable():
+    import jaxpace.watch as pkg
+
+    w = pkg(lambda x: x, every=4, window=2)
+    assert jaxpace.watch(lambda x: x, every=4, window=2)(3) == 3
+    assert w(1) == 1
+    w.close()
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"every": 1}, "every"),
+        ({"every": 2.5}, "every"),
+        ({"window": 0}, "window"),
+        ({"every": 4, "window": 5}, "window"),
+        ({"stall_after_s": -1.0}, "stall_after_s"),
+        ({"stall_after_s": math.nan}, "stall_after_s"),
+        ({"on_stall": "abort"}, "on_stall"),
+        ({"sinks": [1]}, "sinks\\[0\\]"),
+        ({"out": 3}, "out"),
+    ],
+)
+def test_bad_arguments_name_the_field(kw, field):
+    with pytest.raises(ConfigError, match=f"`{field}`"):
+        jaxpace.watch(lambda x: x, **kw)
+
+
+def test_stall_rule_names_the_process_behind_once_and_never_in_its_first_calls():
+    d = StallDetector(stall_after_s=5.0)
+    behind = {0: {"calls": 40, "host": "a"}, 1: {"calls": 39, "host": "b"}}
+    assert d.observe(behind, 0.0) == [] and d.observe(behind, 4.9) == []
+    (s,) = d.observe(behind, 5.1)
+    assert (s["process"], s["host"], s["last_step"], s["waiting_step"]) == (1, "b", 38, 39)
+    assert d.observe(behind, 60.0) == []  # named once
+    compiling = {0: {"calls": 5}, 1: {"calls": WARMUP_CALLS - 1}}
+    assert StallDetector(1.0).observe(compiling, 0.0) == []
+    d2 = StallDetector(1.0)
+    assert d2.observe(compiling, 0.0) == [] and d2.observe(compiling, 100.0) == []
+
+
+def test_stall_rule_excuses_an_announced_pause_within_its_bound():
+    d = StallDetector(stall_after_s=1.0)
+    pause = {"name": "checkpoint", "max_s": 10.0, "age_s": 0.0, "announced": True, "id": "c#1"}
+    beats = {0: {"calls": 20}, 1: {"calls": 19, "pause": pause}}
+    assert d.observe(beats, 0.0) == [] and d.observe(beats, 5.0) == []
+    (s,) = d.observe(beats, 16.0)  # past its max_s (its end fixed when first needed, at 5 s)
+    assert s["process"] == 1 and "beyond its max_s" in s["overrun"]
+
+
+def test_log_line_and_verdict_of_a_likely_process():
+    r = WindowResult(
+        window=2, first_step=20, last_step=24, likely=3, mode="balanced", windows_pooled=2,
+        analyzed_steps=10, late_by_s=0.004, last_fraction=1.0,
+    )  # fmt: skip
+    assert log_line(r) == (
+        "jaxpace watch: steps 20-24: nobody named (2 windows pooled); likely process 3: last "
+        "in every step of this window, late by 4.0 ms, not yet significant"
+    )
+    v = verdict(r, run="w0", process_count=4)
+    assert (v["version"], v["confidence"], v["culprit_process"], v["since_window"]) == (
+        1,
+        "likely",
+        3,
+        None,
+    )

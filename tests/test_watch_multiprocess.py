@@ -1,0 +1,75 @@
+"""`jaxpace.watch` on real 4-process x 2-CPU-device jobs under `jaxpace launch`: a jit step
+whose collectives XLA inserts, no jaxpace collective; every step blocks on its output."""
+
+import json
+import re
+
+import pytest
+from conftest import SCRIPTS, run_launch, run_report
+
+pytestmark = pytest.mark.multiprocess
+
+ARGS = ["-n", 4, "--local-devices", 2, "--timeout", 150, "--"]
+
+
+def _job(out, *script_args):
+    import sys
+
+    proc = run_launch([*ARGS, sys.executable, SCRIPTS / "watch_job.py", "--out", out, *script_args])
+    return proc, proc.stdout + proc.stderr
+
+
+def _results(out):
+    return [json.loads((out / f"result-p{i}.json").read_text()) for i in range(4)]
+
+
+def test_a_process_20ms_late_is_named_in_every_window_after_the_first(tmp_path):
+    proc, text = _job(tmp_path, "--lag-s", 0.02, "--lag-process", 2, "--steps", 45)
+    assert proc.returncode == 0, text[-4000:]
+    hist = _results(tmp_path)[0]["history"]
+    assert [h["window"] for h in hist] == [1, 2, 3, 4], text[-3000:]
+    for h in hist[1:]:
+        assert h["culprit_process"] == 2, h
+        assert h["culprit_ranks"] == [4, 5] and not h["partial"], h
+        assert 1 <= h["windows_pooled"] <= h["window"], h
+    lines = re.findall(r"jaxpace watch: steps (\d+)-(\d+): process 2 \(host \S+, ranks 4-5\)", text)
+    assert ("40", "44") in lines, text[-3000:]
+    verdict = json.loads((tmp_path / "watch" / "verdict.json").read_text())
+    assert verdict["version"] == 1 and verdict["culprit_process"] == 2
+    assert verdict["confidence"] == "named" and verdict["window"] == 4
+    # The kept windows are one run of the job's 4 real processes.
+    rep = run_report(tmp_path / "watch" / "windows")
+    assert rep.returncode == 0, rep.stderr
+    assert "ranks / processes                 8 / 4" in rep.stdout, rep.stdout
+    assert "(process 2," in rep.stdout, rep.stdout
+
+
+def test_a_healthy_job_names_nobody(tmp_path):
+    proc, text = _job(tmp_path, "--steps", 45)
+    assert proc.returncode == 0, text[-4000:]
+    for r in _results(tmp_path)[:1]:
+        hist = r["history"]
+        assert [h["window"] for h in hist] == [1, 2, 3, 4], text[-3000:]
+        assert all(h["culprit_process"] is None for h in hist), hist
+        assert all(h["windows_pooled"] >= 1 for h in hist), hist
+
+
+def test_a_process_stuck_before_a_step_is_named_and_with_exit_the_job_ends(tmp_path):
+    stall_after_s = 3.0
+    proc, text = _job(
+        tmp_path,
+        *("--steps", 40, "--stuck-at", 25, "--stuck-process", 2, "--stuck-s", 120),
+        *("--stall-after-s", stall_after_s, "--on-stall", "exit"),
+    )
+    assert proc.returncode != 0, text[-3000:]
+    m = re.search(
+        r"jaxpace watch: stall: process 2 \(host \S+\) has not entered step 25 for "
+        r"([\d.]+) s \(last step seen 24\) while processes 0,1,3 have",
+        text,
+    )
+    assert m, text[-4000:]
+    stall = json.loads((tmp_path / "watch" / "stall.json").read_text())
+    assert (stall["process"], stall["waiting_step"], stall["ahead"]) == (2, 25, [0, 1, 3])
+    # Named within stall_after_s + 5 s of its last step, on the deciding process's clock.
+    assert stall_after_s <= stall["stalled_s"] <= stall_after_s + 5.0, stall
+    assert "exit code 75" in text or "stalled" in text, text[-2000:]
