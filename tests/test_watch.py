@@ -161,3 +161,92 @@ def test_log_line_and_verdict_of_a_likely_process():
         3,
         None,
     )
+
+
+def _summary(p, window=1, n_exec=5, late=False, devices=2):
+    """A process's window summary: `n_exec` executions of one all-reduce on its devices;
+    a late process spends 1 ms inside it, the others 21 ms."""
+    rows = [
+        [0, e, p * devices + d, e * 30_000, 1_000 if late else 21_000]
+        for e in range(n_exec)
+        for d in range(devices)
+    ]
+    return {
+        "v": 1, "process": p, "host": f"h{p}", "window": window, "first_step": 10,
+        "last_step": 14, "sites": ["jit_step/all-reduce.1"], "rows": rows, "notes": [],
+        "partial": False,
+    }  # fmt: skip
+
+
+def test_summaries_combine_into_one_window_of_every_process():
+    from jaxpace.watch.summary import combine
+
+    got = {p: _summary(p, late=p == 2) for p in range(4)}
+    recs, notes = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    assert notes == [] and not recs.partial
+    c = recs.columns
+    assert sorted(set(c["step"].tolist())) == [10, 11, 12, 13, 14]
+    assert sorted(set(c["rank"].tolist())) == list(range(8))
+    assert recs.process_of_rank()[4] == 2 and recs.hosts()[5] == "h2"
+    late = c["process"] == 2
+    assert (c["wait_ns"][late] == 1_000_000).all() and (c["wait_ns"][~late] == 21_000_000).all()
+
+
+def test_a_missing_process_or_unmatched_executions_make_the_window_partial():
+    from jaxpace.watch.summary import combine
+
+    got = {p: _summary(p) for p in range(3)}  # process 3 sent nothing
+    got[1] = _summary(1, n_exec=4)  # one execution fewer: cannot be matched
+    recs, notes = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    assert recs is None
+    assert any("process 3: no summary" in n for n in notes), notes
+    assert any("left out" in n and "different numbers" in n for n in notes), notes
+    got[1] = _summary(1, window=2)  # another window's summary is not this window's
+    recs, notes = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    assert recs.partial and sorted(set(recs.columns["process"].tolist())) == [0, 2]
+
+
+def test_malformed_summaries_are_left_out_not_raised():
+    from jaxpace.watch.summary import combine
+
+    bad = [{"rows": "x"}, {"rows": [[0, 0, 0, 0, -5]]}, {"rows": [[9, 0, 0, 0, 1]]}]
+    for b in bad:
+        got = {0: _summary(0), 1: {**_summary(1), **b}}
+        recs, notes = combine(got, process_count=2, window=1, first=10, last=14, run_id="t")
+        assert recs.partial and any("process 1: malformed" in n for n in notes), (b, notes)
+
+
+def test_the_decision_names_the_late_process_and_the_sinks_get_every_step_and_rank():
+    from jaxpace.watch.decide import decide
+    from jaxpace.watch.summary import combine
+
+    rng = __import__("numpy").random.default_rng(0)
+    windows = []
+    for w in (1, 2):
+        got = {p: _summary(p, window=w, late=p == 2) for p in range(4)}
+        for s in got.values():  # per-step jitter, so the decision has noise to test against
+            for r in s["rows"]:
+                r[4] += int(rng.integers(0, 500))
+        recs, notes = combine(got, process_count=4, window=w, first=10 * w, last=10 * w + 4,
+                              run_id="t")  # fmt: skip
+        windows.append((w, 10 * w, 10 * w + 4, recs, tuple(notes)))
+    r = decide(windows, [])
+    assert r.culprit_process == 2 and r.culprit_ranks == (4, 5) and r.culprit_host == "h2"
+    assert r.windows_pooled >= 1 and r.analyzed_steps >= 5 and 0.015 < r.late_by_s < 0.025
+
+
+def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):
+    from jaxpace.watch.exchange import DirExchange, key
+
+    ex = DirExchange(tmp_path / "x")
+    assert ex.put(key("w0", "summary", 1, 0), '{"a": 1}')
+    assert ex.put(key("w0", "summary", 12, 1), '{"a": 2}')
+    got = ex.get_dir("jaxpace/watch/w0/summary/")
+    assert got == [("jaxpace/watch/w0/summary/p1/0", '{"a": 1}'),
+                   ("jaxpace/watch/w0/summary/p12/1", '{"a": 2}')]  # fmt: skip
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    link = ex._path(key("w0", "beat", 3))
+    link.symlink_to(target)
+    assert not ex.put(key("w0", "beat", 3), "{}")
+    assert target.read_text() == "keep"

@@ -26,8 +26,13 @@ def _results(out):
 def test_a_process_20ms_late_is_named_in_every_window_after_the_first(tmp_path):
     proc, text = _job(tmp_path, "--lag-s", 0.02, "--lag-process", 2, "--steps", 45)
     assert proc.returncode == 0, text[-4000:]
-    hist = _results(tmp_path)[0]["history"]
+    r0 = _results(tmp_path)[0]
+    hist = r0["history"]
     assert [h["window"] for h in hist] == [1, 2, 3, 4], text[-3000:]
+    print("in-window / outside median call (s):", r0["in_window_s"], r0["outside_s"])
+    # Process 0's sinks got every window's steps x ranks, as `jaxpace.sinks` summaries.
+    assert r0["sink_items"] == 4 * 5 * 8 and r0["sink_ranks"] == list(range(8)), r0
+    assert all(s.startswith("watch/") for s in r0["sink_sites"]), r0
     for h in hist[1:]:
         assert h["culprit_process"] == 2, h
         assert h["culprit_ranks"] == [4, 5] and not h["partial"], h
@@ -37,6 +42,8 @@ def test_a_process_20ms_late_is_named_in_every_window_after_the_first(tmp_path):
     verdict = json.loads((tmp_path / "watch" / "verdict.json").read_text())
     assert verdict["version"] == 1 and verdict["culprit_process"] == 2
     assert verdict["confidence"] == "named" and verdict["window"] == 4
+    print("costs of the last window (s):", verdict["cost_s"])
+    assert verdict["cost_s"]["max_end_block_s"] is not None, verdict
     # The kept windows are one run of the job's 4 real processes.
     rep = run_report(tmp_path / "watch" / "windows")
     assert rep.returncode == 0, rep.stderr

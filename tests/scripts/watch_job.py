@@ -56,6 +56,7 @@ def step(w, x):
     return jax.lax.with_sharding_constraint(w - 0.01 * g, NamedSharding(mesh, P()))
 
 
+collected = []  # process 0's sink: what the exporters would receive
 watched = jaxpace.watch(
     step,
     every=args.every,
@@ -63,16 +64,20 @@ watched = jaxpace.watch(
     stall_after_s=args.stall_after_s,
     on_stall=args.on_stall,
     out=os.path.join(args.out, "watch") if pid == 0 else None,
+    sinks=[collected.append] if pid == 0 else (),
 )
 assert watched.__wrapped__ is step and watched.__name__ == step.__name__
+step_s = []
 for k in range(args.steps):
     if k == args.stuck_at and pid == args.stuck_process:
         print(f"process {pid}: stuck before call {k}", flush=True)
         time.sleep(args.stuck_s)
     if pid == args.lag_process and args.lag_s > 0:
         time.sleep(args.lag_s)
+    t0 = time.perf_counter()
     w = watched(w, x)
     w.block_until_ready()
+    step_s.append(time.perf_counter() - t0)
 watched.close()
 
 
@@ -85,6 +90,20 @@ result = {
     "process": pid,
     "history": [plain(r) for r in watched.history()],
     "stalls": list(watched.stalls()),
+    "sink_items": len(collected),
+    "sink_sites": sorted({c["site"] for c in collected}),
+    "sink_ranks": sorted({c["rank"] for c in collected}),
+    # Median call time (s) inside windows and outside them, after the first window.
+    "in_window_s": float(
+        np.median(
+            [t for k, t in enumerate(step_s) if k >= args.every and k % args.every < args.window]
+        )
+    ),
+    "outside_s": float(
+        np.median(
+            [t for k, t in enumerate(step_s) if k >= args.every and k % args.every >= args.window]
+        )
+    ),
 }
 with open(os.path.join(args.out, f"result-p{pid}.json"), "w") as f:
     json.dump(result, f)

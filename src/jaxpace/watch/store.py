@@ -2,7 +2,7 @@
 
 One small home for the on-disk form, so the format can change in one place:
 `store_windows` writes the last `KEEP_WINDOWS` windows' combined records as
-one run (the native records format, `records-p*.jsonl`); `write_verdict` writes the current verdict. Every file goes
+one run (the native records format, `records-p*.jsonl`); `write_verdict` writes the current verdict and the last ones. Every file goes
 through a temporary file and a rename beside it and refuses symlinks.
 """
 
@@ -16,13 +16,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxpace.records.format import FORMAT_VERSION, check_replaceable, make_dirs
+from jaxpace.records.format import FORMAT_VERSION, check_replaceable, make_dirs, write_jsonl
 from jaxpace.records.reader import Records
 
-__all__ = ["KEEP_WINDOWS", "VERDICT_FILE", "store_windows", "write_text_atomic", "write_verdict"]
+__all__ = [
+    "HISTORY_FILE",
+    "KEEP_WINDOWS",
+    "VERDICT_FILE",
+    "store_windows",
+    "write_text_atomic",
+    "write_verdict",
+]
 
 KEEP_WINDOWS = 16  # windows kept under `out=/windows/`
 VERDICT_FILE = "verdict.json"
+HISTORY_FILE = "verdicts.jsonl"
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -50,10 +58,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         raise
 
 
-def write_verdict(out: str | os.PathLike, verdict: dict[str, Any]) -> Path:
-    """`out/verdict.json`: the current verdict, replaced atomically."""
+def write_verdict(out: str | os.PathLike, verdicts: Sequence[dict[str, Any]]) -> Path:
+    """`out/verdict.json`: the newest verdict; `out/verdicts.jsonl`: the last ones, one a
+    line, oldest first. Each replaced atomically. Returns the verdict's path."""
     path = Path(out) / VERDICT_FILE
-    write_text_atomic(path, json.dumps(verdict, indent=1, sort_keys=True) + "\n")
+    write_jsonl(Path(out) / HISTORY_FILE, verdicts)
+    write_text_atomic(path, json.dumps(verdicts[-1], indent=1, sort_keys=True) + "\n")
     return path
 
 

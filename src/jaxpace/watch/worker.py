@@ -69,6 +69,7 @@ class Worker:
         self._pending: dict[int, tuple[float, int, int]] = {}  # window -> (deadline, first, last)
         self._windows: collections.deque = collections.deque(maxlen=_decide.MAX_POOLED)
         self._kept: collections.deque = collections.deque(maxlen=store.KEEP_WINDOWS)
+        self._verdicts: collections.deque = collections.deque(maxlen=store.KEEP_WINDOWS)
         self._stalls = (
             heartbeat.StallDetector(w.stall_after_s) if w.stall_after_s is not None else None
         )
@@ -161,7 +162,8 @@ class Worker:
 
     # ----------------------------------------------------------------- windows
 
-    def _window(self, window: int, first: int, last: int, trace_dir: str | None, why: str | None):
+    def _window(self, window, first, last, trace_dir, why, costs) -> None:
+        """Summarizes and publishes one window of this process (with its edge costs, seconds)."""
         where = dict(process=self.process, host=self.host, window=window, first=first, last=last)
         if trace_dir is None:
             s = summary.empty(**where, why=why or f"process {self.process}: no trace")
@@ -170,6 +172,7 @@ class Worker:
             s = summary.summarize(trace_dir, **where)
             s["summarize_s"] = round(time.perf_counter() - t0, 4)
             shutil.rmtree(trace_dir, ignore_errors=True)
+        s["costs"] = costs
         self._put(_ex.key(self.w.run, "summary", self.process, window % 2), s)
         if self.leader:
             self._pending[window] = (time.monotonic() + GATHER_S, first, last)
@@ -214,11 +217,12 @@ class Worker:
         analysis_s = time.perf_counter() - t0
         say(_decide.log_line(result))
         v = _decide.verdict(result, run=self.w.run, process_count=self.count)
-        v["analysis_s"] = round(analysis_s, 4)
+        v["cost_s"] = _costs(mine, analysis_s)
+        self._verdicts.append(v)
         self._put(f"jaxpace/watch/{self.w.run}/result/p0", v)
         if self.w.out is not None:
             try:
-                store.write_verdict(self.w.out, v)
+                store.write_verdict(self.w.out, self._verdicts)
                 if recs is not None:
                     self._kept.append(recs)
                     store.store_windows(self.w.out, self._kept, run_id=f"watch-{self.w.run}")
@@ -348,6 +352,19 @@ class Worker:
         t = threading.Thread(target=_quietly, args=(fn,), name="jaxpace-watch-sink", daemon=True)
         t.start()
         t.join(SINK_TIMEOUT_S)
+
+
+def _costs(summaries: dict[int, dict], analysis_s: float) -> dict[str, float | None]:
+    """The window's costs, seconds: per edge the largest over processes; the analysis here."""
+    out: dict[str, float | None] = {"analysis_s": round(analysis_s, 4)}
+    for k in ("pre_block_s", "start_trace_s", "end_block_s", "stop_trace_s", "summarize_s"):
+        vals = []
+        for s in summaries.values():
+            v = s.get(k, (s.get("costs") or {}).get(k))
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                vals.append(float(v))
+        out[f"max_{k}"] = round(max(vals), 4) if vals else None
+    return out
 
 
 def _quietly(fn: Any) -> None:

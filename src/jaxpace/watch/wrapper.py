@@ -9,6 +9,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -78,6 +79,7 @@ class Watched:
         self._profiler = profiler
         self._block = block
         self._calls = 0
+        self._costs: dict[str, float] = {}  # this window's edge costs (seconds)
         self._stopped = False
         self._closed = False
         self._open: tuple[int, str | None, str | None] | None = None  # window, dir, why skipped
@@ -105,9 +107,13 @@ class Watched:
                 self._end(self._open[0], why="the step raised inside the window")
             raise
         if edge.pre_block:
+            t0 = time.perf_counter()
             self._block(out)
+            self._costs["pre_block_s"] = time.perf_counter() - t0
         elif edge.end and self._open is not None:
+            t0 = time.perf_counter()
             self._block(out)
+            self._costs["end_block_s"] = time.perf_counter() - t0
             self._end(edge.window)
         return out
 
@@ -116,8 +122,10 @@ class Watched:
     def _start(self, window: int) -> None:
         first, last = self.schedule.bounds(window)
         d = os.path.join(self._tmp or tempfile.gettempdir(), f"p{self._process}-w{window}")
+        t0 = time.perf_counter()
         try:
             self._profiler.start_trace(d)
+            self._costs["start_trace_s"] = time.perf_counter() - t0
             self._open = (window, d, None)
         except Exception as e:  # noqa: BLE001 - the program's own session, or a profiler fault
             busy = "already" in str(e).lower()
@@ -136,15 +144,20 @@ class Watched:
         self._open = None
         why = skipped or why
         if d is not None:
+            t0 = time.perf_counter()
             try:
                 self._profiler.stop_trace()
+                self._costs["stop_trace_s"] = time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - the window is then partial
                 why = f"process {self._process}: jax.profiler.stop_trace failed ({e})"
                 d = None
         if why is not None and d is not None:  # the step raised: the trace is not the window's
             d = None
         first, last = self.schedule.bounds(window)
-        if self._worker is not None and not self._worker.submit((window, first, last, d, why)):
+        costs = {k: round(v, 6) for k, v in self._costs.items()}
+        self._costs = {}
+        job = (window, first, last, d, why, costs)
+        if self._worker is not None and not self._worker.submit(job):
             say(f"jaxpace watch: steps {first}-{last}: analysis behind; window dropped here")
 
     # ----------------------------------------------------------------- set-up and end
