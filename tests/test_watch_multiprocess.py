@@ -77,6 +77,7 @@ def test_a_process_stuck_before_a_step_is_named_and_with_exit_the_job_ends(tmp_p
     assert m, text[-4000:]
     stall = json.loads((tmp_path / "watch" / "stall.json").read_text())
     assert (stall["process"], stall["waiting_step"], stall["ahead"]) == (2, 25, [0, 1, 3])
+    print("stall:", stall)
     # Named within stall_after_s + 5 s of its last step, on the deciding process's clock.
     assert stall_after_s <= stall["stalled_s"] <= stall_after_s + 5.0, stall
     assert "exit code 75" in text or "stalled" in text, text[-2000:]

@@ -3,7 +3,8 @@
 Each process publishes how many calls of the watched function it has entered
 (and its announced pause, if any) at a bounded rate; the deciding process
 keeps, on its own clock (durations only), when it first saw each process at
-its current count. A process is named when another has entered more calls,
+its current count (less the age the process reports: how long ago it first
+saw that count, on its own clock). A process is named when another has entered more calls,
 its own count has not moved for `stall_after_s`, it is past its first calls
 (compilation), and it is not inside `jaxpace.expected_pause` (or a known host
 phase) within its bound. Pure: no store calls, no JAX.
@@ -19,6 +20,7 @@ from jaxpace.runtime import pauses
 __all__ = ["WARMUP_CALLS", "StallDetector", "stall_message"]
 
 WARMUP_CALLS = 2  # a process still in its first calls (compilation) is never named
+MAX_AGE_S = 3600.0  # a published age above this is clamped (untrusted)
 
 
 class StallDetector:
@@ -45,8 +47,11 @@ class StallDetector:
             c = (b or {}).get("calls")
             if isinstance(c, int) and not isinstance(c, bool) and c >= 0:
                 calls[p] = c
-                if self._seen.get(p, (None,))[0] != c:
-                    self._seen[p] = (c, now)
+                if self._seen.get(p, (None,))[0] != c:  # since: now less the age it reports
+                    age = (b or {}).get("age_s", 0.0)
+                    ok = isinstance(age, int | float) and not isinstance(age, bool)
+                    age = min(max(float(age), 0.0), MAX_AGE_S) if ok and age == age else 0.0
+                    self._seen[p] = (c, now - age)
         if len(calls) < 2:
             return []
         top = max(calls.values())

@@ -34,11 +34,13 @@ TICK_S = 0.25  # the thread's loop period
 BEAT_EVERY_S = 1.0  # a process publishes its call count at most this often
 RESULT_EVERY_S = 2.0  # a non-deciding process reads the latest result at most this often
 GATHER_S = 30.0  # the deciding process waits at most this for a window's summaries
+GATHER_EVERY_S = 0.5  # ... reading them at most this often
 CLOSE_GATHER_S = 5.0  # ... and at most this once closing
 FAILS_TO_STOP = 3  # store calls failed in a row: the coordination service is gone
 MAX_HISTORY = 1024
 SINK_TIMEOUT_S = 5.0
 QUEUE_WINDOWS = 4
+SLOTS = 4  # summary keys per process (window % SLOTS): the deciding process may lag this many
 
 
 def say(message: str) -> None:
@@ -78,6 +80,9 @@ class Worker:
         self.gone: str | None = None
         self.stalls: list[dict] = []
         self._closing_at: float | None = None
+        self._count_seen: tuple[int, float] = (-1, 0.0)
+        self._stalls_at = -math.inf
+        self._gather_at = -math.inf
         self.thread = threading.Thread(target=self._loop, name="jaxpace-watch", daemon=True)
 
     # ----------------------------------------------------------------- lifecycle
@@ -173,27 +178,32 @@ class Worker:
             s["summarize_s"] = round(time.perf_counter() - t0, 4)
             shutil.rmtree(trace_dir, ignore_errors=True)
         s["costs"] = costs
-        self._put(_ex.key(self.w.run, "summary", self.process, window % 2), s)
+        self._put(_ex.key(self.w.run, "summary", self.process, window % SLOTS), s)
         if self.leader:
             self._pending[window] = (time.monotonic() + GATHER_S, first, last)
 
     def _gather(self, now: float, final: bool) -> None:
-        if not self._pending:
+        if not self._pending or (now - self._gather_at < GATHER_EVERY_S and not final):
             return
+        self._gather_at = now
         got = self._get_dir(f"jaxpace/watch/{self.w.run}/summary/")
         if final and self._closing_at is None:
             self._closing_at = now
-        for window in sorted(self._pending):
+        for window in sorted(self._pending):  # in window order: a later one waits
             deadline, first, last = self._pending[window]
             if self._closing_at is not None:  # closing: the others' last summaries are on their way
                 deadline = min(deadline, self._closing_at + CLOSE_GATHER_S)
-            mine = {}
+            mine: dict[int, dict] = {}
+            lost = 0  # processes whose slot already holds a later window: this one is gone
             for p, vals in got.items():
-                for v in vals.values():
-                    if v.get("window") == window:
-                        mine[p] = v
-            if len(mine) < self.count and now < deadline:
-                continue
+                held = [v for k, v in vals.items() if k.endswith(f"/{window % SLOTS}")]
+                w = held[0].get("window") if held else None
+                if w == window:
+                    mine[p] = held[0]
+                elif isinstance(w, int) and w > window:
+                    lost += 1
+            if len(mine) + lost < self.count and now < deadline:
+                return
             del self._pending[window]
             self._decide(window, first, last, mine)
 
@@ -289,30 +299,35 @@ class Worker:
 
     # ----------------------------------------------------------------- heartbeat
 
+    def _own_beat(self, now: float) -> dict:
+        """This process's heartbeat: calls entered, seconds since that count was first seen
+        here (on this process's clock; within one tick), its pause."""
+        calls = self.w._calls
+        if self._count_seen[0] != calls:
+            self._count_seen = (calls, now)
+        age = round(now - self._count_seen[1], 3)
+        return {"calls": calls, "age_s": age, "host": self.host, "pause": pauses.current(now)}
+
     def _beat(self, now: float) -> None:
         if self.w.stall_after_s is None or self.leader:
             return
-        pause = pauses.current(now)
-        k = (self.w._calls, (pause or {}).get("id"))
+        beat = self._own_beat(now)
+        k = (beat["calls"], (beat["pause"] or {}).get("id"))
         if k == self._beat_key or now - self._beat_at < BEAT_EVERY_S:
             return
         self._beat_at = now
-        beat = {"calls": self.w._calls, "host": self.host, "pause": pause}
         if self._put(_ex.key(self.w.run, "beat", self.process), beat):
             self._beat_key = k
 
     def _check_stalls(self, now: float) -> None:
-        if self._stalls is None:
+        if self._stalls is None or now - self._stalls_at < BEAT_EVERY_S:
             return
+        self._stalls_at = now
         got = self._get_dir(f"jaxpace/watch/{self.w.run}/beat/")
         beats = {p: next(iter(vals.values())) for p, vals in got.items()}
         if not got:
             return
-        beats[self.process] = {
-            "calls": self.w._calls,
-            "host": self.host,
-            "pause": pauses.current(now),
-        }
+        beats[self.process] = self._own_beat(now)
         for s in self._stalls.observe(beats, now):
             self._stall(s)
 
