@@ -250,3 +250,107 @@ def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):
     link.symlink_to(target)
     assert not ex.put(key("w0", "beat", 3), "{}")
     assert target.read_text() == "keep"
+
+
+def test_an_optax_train_step_under_watch_gives_the_same_state_and_real_windows():
+    """A real `jax.profiler` window on 8 CPU devices of one process: the step's all-reduce
+    (inserted by XLA for the sharded batch) is summarized and analyzed."""
+    import numpy as np
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    opt = optax.adam(1e-2)
+    params = {"w": jnp.ones((16, 4)) * 0.1}
+    x = jax.device_put(np.ones((64, 16), np.float32), NamedSharding(mesh, P("d")))
+
+    @jax.jit
+    def train_step(params, opt_state, x):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"]) ** 2))(params)
+        updates, opt_state = opt.update(g, opt_state)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    watched = jaxpace.watch(train_step, every=4, window=2)
+    assert watched.lower(params, opt.init(params), x).compile() is not None  # jit's own API
+    p1, s1 = params, opt.init(params)
+    p2, s2 = params, opt.init(params)
+    for _ in range(10):
+        p1, s1, _ = train_step(p1, s1, x)
+        p2, s2, _ = watched(p2, s2, x)
+        jax.block_until_ready(p2)
+    watched.close()
+    assert np.asarray(p1["w"]).tobytes() == np.asarray(p2["w"]).tobytes()
+    hist = watched.history()
+    assert [(h.first_step, h.last_step) for h in hist] == [(4, 5), (8, 9)]
+    assert all(h.analyzed_steps >= 2 and h.windows_pooled >= 1 for h in hist), hist
+
+
+def test_exporters_take_what_watch_delivers(tmp_path):
+    """`jaxpace.sinks`' Prometheus, TensorBoard and jax.monitoring sinks accept the
+    per-step summaries process 0 delivers after a window."""
+    from jaxpace import sinks
+    from jaxpace.watch.summary import combine
+    from jaxpace.watch.worker import Worker
+
+    got = {p: _summary(p, late=p == 2) for p in range(4)}
+    recs, _ = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    seen = []
+    prom = sinks.prometheus_textfile(tmp_path / "watch.prom", write_every_s=0)
+    tb = sinks.tensorboard(tmp_path / "tb")
+    w = Watched(lambda x: x, sinks=[seen.append, prom, tb, sinks.jax_monitoring()])
+    worker = Worker(w, None, process=0, count=4, host="h0")
+    worker._deliver(recs, {"culprit_process": 2})
+    tb.close()
+    assert worker.sink_errors == 0 and len(seen) == 5 * 8
+    assert {s["site"] for s in seen} == {"watch/jit_step/all-reduce.1"}
+    assert all(s["earliness_s"][4] == 0.0 and s["watch"]["culprit_process"] == 2 for s in seen)
+    text = (tmp_path / "watch.prom").read_text()
+    assert "jaxpace_wait_seconds{" in text and 'site="watch/jit_step/all-reduce.1"' in text
+
+
+class _HungClient:
+    """A coordination client whose calls never return (the service is gone)."""
+
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+
+    def key_value_set(self, *a):
+        self.release.wait(30)
+
+    def key_value_dir_get(self, *a):
+        self.release.wait(30)
+        return []
+
+
+def test_a_coordination_service_that_does_not_answer_stops_watch_and_never_blocks_a_step(
+    capsys,
+):
+    from jaxpace.watch.exchange import KVExchange
+    from jaxpace.watch.worker import Worker
+
+    client = _HungClient()
+    events = []
+    w = _watched(events, every=3, window=1, stall_after_s=1.0)
+    w(0)  # the set-up (a one-process job: memory exchange); swap in the hung service
+    w._worker.stop(5.0)
+    w._worker = Worker(w, KVExchange(client, timeout_s=0.2), process=1, count=4, host="h1")
+    w._worker.start()
+    for k in range(1, 60):
+        w(k)
+        if w._stopped:
+            break
+        __import__("time").sleep(0.05)
+    assert w._stopped, "watch did not notice that the coordination service is gone"
+    stopped_at = w._calls
+    before = len(events)
+    more = [w(k) for k in range(100, 110)]  # runs untouched: no window, no block
+    assert more == list(range(100, 110))
+    assert events[before:] == [("call", k) for k in range(100, 110)]
+    client.release.set()
+    w.close()
+    err = capsys.readouterr().err
+    assert "coordination service does not answer" in err and "watch stops" in err, err
+    assert stopped_at < 60

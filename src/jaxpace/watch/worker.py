@@ -349,8 +349,8 @@ class Worker:
         if callable(how):
             self._call_sinks_bounded(lambda: how(dict(record)))
         sink_items = [
-            {"site": "watch/stall", "step": s["last_step"], "rank": -1, "wait_s": s["stalled_s"],
-             "delay_s": 0.0, "engaged": False, "stall": record}
+            {"site": "watch/stall", "step": s["last_step"], "rank": s["process"],
+             "wait_s": s["stalled_s"], "delay_s": 0.0, "engaged": False, "stall": record}
         ]  # fmt: skip
         if how == "exit":
             self._call_sinks_bounded(lambda: self._call_sinks(sink_items))

@@ -240,6 +240,13 @@ class Watched:
         s = self.schedule
         return f"jaxpace.watch({getattr(self._fn, '__name__', self._fn)!r}, every={s.every}, window={s.window})"
 
+    def __getattr__(self, name: str) -> Any:
+        """`fn`'s other attributes (`lower`, `trace`, `eval_shape` of a `jax.jit` function)."""
+        fn = self.__dict__.get("_fn")
+        if fn is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(fn, name)
+
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """Watched methods bind like functions."""
         return self if obj is None else functools.partial(self, obj)
