@@ -242,8 +242,11 @@ def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):
     assert ex.put(key("w0", "summary", 1, 0), '{"a": 1}')
     assert ex.put(key("w0", "summary", 12, 1), '{"a": 2}')
     got = ex.get_dir("jaxpace/watch/w0/summary/")
-    assert got == [("jaxpace/watch/w0/summary/p1/0", '{"a": 1}'),
-                   ("jaxpace/watch/w0/summary/p12/1", '{"a": 2}')]  # fmt: skip
+    assert got == [("jaxpace/watch/w0/summary/0/p1", '{"a": 1}'),
+                   ("jaxpace/watch/w0/summary/1/p12", '{"a": 2}')]  # fmt: skip
+    assert ex.get_dir("jaxpace/watch/w0/summary/1/") == [
+        ("jaxpace/watch/w0/summary/1/p12", '{"a": 2}')
+    ]
     target = tmp_path / "elsewhere"
     target.write_text("keep")
     link = ex._path(key("w0", "beat", 3))

@@ -1,7 +1,7 @@
 """Where processes leave their window summaries and heartbeats: the job's coordination service,
 a shared directory, or (one process) memory. Every call is bounded and never raises.
 
-Keys form a fixed set per process (`jaxpace/watch/<run>/<kind>/p<process>[/<slot>]`),
+Keys form a fixed set per process (`jaxpace/watch/<run>/<kind>/[<slot>/]p<process>`),
 overwritten in place: the store's memory does not grow with the windows
 (the coordination service does not give memory back after a delete).
 """
@@ -23,9 +23,10 @@ MAX_VALUE_BYTES = 1 << 20  # a value read back larger than this is dropped (untr
 
 
 def key(run: str, kind: str, process: int, slot: int | None = None) -> str:
-    """`jaxpace/watch/<run>/<kind>/p<process>[/<slot>]`."""
-    k = f"jaxpace/watch/{run}/{kind}/p{int(process)}"
-    return k if slot is None else f"{k}/{int(slot)}"
+    """`jaxpace/watch/<run>/<kind>/[<slot>/]p<process>`: one slot's keys share a prefix, so
+    the deciding process reads only the slot it needs."""
+    where = f"{kind}/{int(slot)}" if slot is not None else kind
+    return f"jaxpace/watch/{run}/{where}/p{int(process)}"
 
 
 class Exchange(Protocol):

@@ -186,21 +186,20 @@ class Worker:
         if not self._pending or (now - self._gather_at < GATHER_EVERY_S and not final):
             return
         self._gather_at = now
-        got = self._get_dir(f"jaxpace/watch/{self.w.run}/summary/")
         if final and self._closing_at is None:
             self._closing_at = now
         for window in sorted(self._pending):  # in window order: a later one waits
             deadline, first, last = self._pending[window]
             if self._closing_at is not None:  # closing: the others' last summaries are on their way
                 deadline = min(deadline, self._closing_at + CLOSE_GATHER_S)
+            got = self._get_dir(f"jaxpace/watch/{self.w.run}/summary/{window % SLOTS}/")
             mine: dict[int, dict] = {}
             lost = 0  # processes whose slot already holds a later window: this one is gone
             for p, vals in got.items():
-                held = [v for k, v in vals.items() if k.endswith(f"/{window % SLOTS}")]
-                w = held[0].get("window") if held else None
+                w = next(iter(vals.values())).get("window")
                 if w == window:
-                    mine[p] = held[0]
-                elif isinstance(w, int) and w > window:
+                    mine[p] = next(iter(vals.values()))
+                elif isinstance(w, int) and not isinstance(w, bool) and w > window:
                     lost += 1
             if len(mine) + lost < self.count and now < deadline:
                 return
