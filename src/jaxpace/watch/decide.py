@@ -2,8 +2,9 @@
 
 The deciding process runs `jaxpace.report.analyze` (the one culprit decision
 the report makes) on the newest window's combined records; when it names
-nobody, on the newest 2, 4, then `MAX_POOLED` windows pooled (the evidence of
-one 5-step window is too little for that decision), and says how many it used.
+nobody, on the consecutive windows kept (up to `MAX_POOLED`) pooled (the
+evidence of one 5-step window is too little for that decision), and says how
+many it used. At most two analyses per window: their cost lands on process 0.
 A process whose devices were last in every execution of the newest window,
 not (yet) named, is reported as `likely`.
 """
@@ -43,8 +44,8 @@ class WindowResult:
         `balanced`, ...), or `"unanalyzed"` when nothing could be analyzed.
       windows_pooled: how many consecutive windows the decision used (0: none).
       analyzed_steps: executions (steps) the decision analyzed.
-      partial: a process's summary was missing, cut, or its window skipped
-        (`notes` says which).
+      partial: this window's data is incomplete: a process's summary was missing,
+        cut, or its window skipped (`notes` says which).
       late_by_s: the culprit's (or the likely process's) excess lateness,
         seconds (NaN when nobody).
       in_a_row: consecutive analyzed windows naming the same culprit, this one
@@ -100,28 +101,31 @@ def decide(
     """The result of the newest window given the windows so far (oldest first).
 
     Args:
-      windows: `(window, first_step, last_step, records or None, notes)`, the
-        newest last; only the newest `MAX_POOLED` are used, and only a run of
-        consecutive analyzable windows ending at the newest.
+      windows: `(window, first_step, last_step, records or None, notes[, busy])`,
+        the newest last; only the newest `MAX_POOLED` are used, and only a run of
+        consecutive analyzable windows ending at the newest. `busy`: the processes
+        whose own watch work was running when the window began (never named from it).
       history: the results so far (for "in a row" and "since").
       analyze: the analysis (default `jaxpace.report.analyze`); a test may pass another.
     """
     if analyze is None:
         from jaxpace.report.analyze import analyze
-    w, first, last, recs, notes = windows[-1]
+    w, first, last, recs, notes = windows[-1][:5]
     partial = bool(notes) or (recs is not None and recs.partial)
     base = WindowResult(window=w, first_step=first, last_step=last, partial=partial, notes=notes)
     if recs is None:
         return base
     run: list[Records] = []
-    for i, (wi, _f, _l, r, _n) in enumerate(reversed(windows[-MAX_POOLED:])):
-        if r is None or wi != w - i:
+    busy: list[frozenset] = []
+    for i, entry in enumerate(reversed(windows[-MAX_POOLED:])):
+        if entry[3] is None or entry[0] != w - i:
             break
-        run.insert(0, r)
+        run.insert(0, entry[3])
+        busy.insert(0, frozenset(entry[5]) if len(entry) > 5 else frozenset())
     likely, frac = _likely(recs)
     rep = None
     pooled = 0
-    for n in sorted({min(n, len(run)) for n in (1, 2, 4, MAX_POOLED)}):
+    for n in sorted({1, len(run)}):  # the newest alone, then every consecutive one kept
         try:
             rep = analyze(merge(run[-n:], run_id=recs.run_id or "watch"), warmup_steps=0)
         except Exception as e:  # noqa: BLE001 - a window that cannot be analyzed is partial
@@ -133,6 +137,15 @@ def decide(
     if rep is None:
         return dataclasses.replace(base, notes=notes, partial=True, likely=likely)
     named = rep.culprit_process
+    overlapped = sum(named in b for b in busy[-pooled:]) if named is not None else 0
+    if overlapped:  # its own watch work may have made it late: not named from these windows
+        notes = (
+            *notes,
+            f"process {named}'s own watch work (window summary, decision) was still running "
+            f"when {overlapped} of the {pooled} pooled windows began; it is not named from "
+            "them (a larger `every` leaves that work room between windows).",
+        )
+        named, likely = None, named
     late = math.nan
     ranks: tuple[int, ...] = ()
     host = None
@@ -160,7 +173,7 @@ def decide(
         mode=str(rep.primary_mode),
         windows_pooled=pooled,
         analyzed_steps=int(rep.analyzed_steps),
-        partial=partial or bool(rep.partial),
+        partial=partial,
         late_by_s=late,
         in_a_row=in_a_row,
         since_window=since,

