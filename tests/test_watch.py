@@ -255,7 +255,7 @@ def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):
     assert target.read_text() == "keep"
 
 
-def test_an_optax_train_step_under_watch_gives_the_same_state_and_real_windows():
+def test_an_optax_train_step_under_watch_gives_the_same_state_and_real_windows(tmp_path):
     """A real `jax.profiler` window on 8 CPU devices of one process: the step's all-reduce
     (inserted by XLA for the sharded batch) is summarized and analyzed."""
     import numpy as np
@@ -274,7 +274,7 @@ def test_an_optax_train_step_under_watch_gives_the_same_state_and_real_windows()
         updates, opt_state = opt.update(g, opt_state)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    watched = jaxpace.watch(train_step, every=4, window=2)
+    watched = jaxpace.watch(train_step, every=4, window=2, out=tmp_path)
     assert watched.lower(params, opt.init(params), x).compile() is not None  # jit's own API
     p1, s1 = params, opt.init(params)
     p2, s2 = params, opt.init(params)
@@ -287,6 +287,14 @@ def test_an_optax_train_step_under_watch_gives_the_same_state_and_real_windows()
     hist = watched.history()
     assert [(h.first_step, h.last_step) for h in hist] == [(4, 5), (8, 9)]
     assert all(h.analyzed_steps >= 2 and h.windows_pooled >= 1 for h in hist), hist
+    import json
+
+    v = json.loads((tmp_path / "verdict.json").read_text())
+    assert (v["version"], v["kind"], v["window"], v["process_count"]) == (
+        1, "jaxpace.watch.verdict", 2, 1,
+    )  # fmt: skip
+    assert len((tmp_path / "verdicts.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "windows" / "records-p0.jsonl").is_file()
 
 
 def test_exporters_take_what_watch_delivers(tmp_path):
@@ -357,3 +365,37 @@ def test_a_coordination_service_that_does_not_answer_stops_watch_and_never_block
     err = capsys.readouterr().err
     assert "coordination service does not answer" in err and "watch stops" in err, err
     assert stopped_at < 60
+
+
+def test_a_process_whose_own_watch_work_overlapped_the_windows_is_likely_not_named():
+    from jaxpace.watch.decide import decide
+    from jaxpace.watch.summary import combine
+
+    got = {p: _summary(p, late=p == 2) for p in range(4)}
+    for s in got.values():
+        for i, r in enumerate(s["rows"]):
+            r[4] += (i * 37) % 300
+    recs, _ = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    named = decide([(1, 10, 14, recs, (), frozenset())], [])
+    assert named.culprit_process == 2
+    r = decide([(1, 10, 14, recs, (), frozenset({2}))], [])
+    assert r.culprit_process is None and r.likely == 2 and r.culprit_ranks == ()
+    assert any("own watch work" in n for n in r.notes), r.notes
+    assert "likely process 2" in log_line(r)
+
+
+def test_on_stall_callable_gets_the_stall_and_a_raising_one_does_not_stop_watch(capsys):
+    from jaxpace.watch.worker import Worker
+
+    got = []
+    stall = {"process": 2, "host": "h2", "last_step": 11, "waiting_step": 12, "stalled_s": 6.0,
+             "ahead": [0, 1, 3], "overrun": ""}  # fmt: skip
+    for how in (got.append, lambda s: 1 / 0):
+        w = Watched(lambda x: x, stall_after_s=5.0, on_stall=how)
+        worker = Worker(w, None, process=0, count=4, host="h0")
+        worker._stall(dict(stall))
+        assert worker.stalls[-1]["process"] == 2
+    assert got and got[0]["waiting_step"] == 12 and "has not entered step 12" in got[0]["message"]
+    err = capsys.readouterr().err
+    assert "stall: process 2 (host h2) has not entered step 12 for 6.0 s" in err
+    assert "on_stall callable raised ZeroDivisionError" in err
