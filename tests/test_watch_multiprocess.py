@@ -61,10 +61,13 @@ def test_a_healthy_job_names_nobody_in_20_windows(tmp_path):
 
 
 def test_a_process_stuck_before_a_step_is_named_and_with_exit_the_job_ends(tmp_path):
+    """Process 2 first sits 6 s inside `expected_pause` before call 15 (not a stall), then
+    is stuck before call 25: named there, and on_stall="exit" ends the job."""
     stall_after_s = 3.0
     proc, text = _job(
         tmp_path,
         *("--steps", 40, "--stuck-at", 25, "--stuck-process", 2, "--stuck-s", 120),
+        *("--pause-at", 15, "--pause-s", 6),
         *("--stall-after-s", stall_after_s, "--on-stall", "exit"),
     )
     assert proc.returncode != 0, text[-3000:]
@@ -74,6 +77,7 @@ def test_a_process_stuck_before_a_step_is_named_and_with_exit_the_job_ends(tmp_p
         text,
     )
     assert m, text[-4000:]
+    assert "has not entered step 15" not in text, text[-4000:]  # its pause is not a stall
     stall = json.loads((tmp_path / "watch" / "stall.json").read_text())
     assert (stall["process"], stall["waiting_step"], stall["ahead"]) == (2, 25, [0, 1, 3])
     print("stall:", stall)

@@ -3,7 +3,8 @@
 The step's collectives are the ones XLA inserts (a data-parallel gradient all-reduce).
 Every step blocks on its output (plain JAX on CPU deadlocks here otherwise).
 `--lag-s` seconds of host sleep before each step on `--lag-process`; `--stuck-at N`:
-`--stuck-process` sleeps `--stuck-s` before call N (alive, stuck). Each process writes
+`--stuck-process` sleeps `--stuck-s` before call N (alive, stuck); `--pause-at M`: it
+sleeps `--pause-s` inside `jaxpace.expected_pause` before call M. Each process writes
 `OUT/result-p{i}.json`: its `history()` and `stalls()`.
 """
 
@@ -24,6 +25,8 @@ ap.add_argument("--lag-process", type=int, default=2)
 ap.add_argument("--stuck-at", type=int, default=-1)
 ap.add_argument("--stuck-process", type=int, default=2)
 ap.add_argument("--stuck-s", type=float, default=60.0)
+ap.add_argument("--pause-at", type=int, default=-1, help="call before which it pauses")
+ap.add_argument("--pause-s", type=float, default=0.0, help="inside jaxpace.expected_pause")
 ap.add_argument("--stall-after-s", type=float, default=None)
 ap.add_argument("--on-stall", default="log")
 args = ap.parse_args()
@@ -69,6 +72,9 @@ watched = jaxpace.watch(
 assert watched.__wrapped__ is step and watched.__name__ == step.__name__
 step_s = []
 for k in range(args.steps):
+    if k == args.pause_at and pid == args.stuck_process:
+        with jaxpace.expected_pause("checkpoint", max_s=60):
+            time.sleep(args.pause_s)
     if k == args.stuck_at and pid == args.stuck_process:
         print(f"process {pid}: stuck before call {k}", flush=True)
         time.sleep(args.stuck_s)
