@@ -293,7 +293,7 @@ def test_an_optax_train_step_under_watch_gives_the_same_state_and_real_windows(t
     assert (v["version"], v["kind"], v["window"], v["process_count"]) == (
         1, "jaxpace.watch.verdict", 2, 1,
     )  # fmt: skip
-    assert len((tmp_path / "verdicts.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "verdicts.ndjson").read_text().splitlines()) == 2
     assert (tmp_path / "windows" / "records-p0.jsonl").is_file()
 
 

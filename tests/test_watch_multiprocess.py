@@ -44,11 +44,11 @@ def test_a_process_20ms_late_is_named_in_every_window_after_the_first(tmp_path):
     assert verdict["confidence"] == "named" and verdict["window"] == 4
     print("costs of the last window (s):", verdict["cost_s"])
     assert verdict["cost_s"]["max_end_block_s"] is not None, verdict
-    # The kept windows are one run of the job's 4 real processes.
-    rep = run_report(tmp_path / "watch" / "windows")
+    # `jaxpace report OUT`: the kept windows are one run of the job's 4 real processes.
+    rep = run_report(tmp_path / "watch")
     assert rep.returncode == 0, rep.stderr
     assert "ranks / processes                 8 / 4" in rep.stdout, rep.stdout
-    assert "(process 2," in rep.stdout, rep.stdout
+    assert "(process 2," in rep.stdout and "jaxpace watch: 4 windows, steps 10-44" in rep.stdout
 
 
 def test_a_healthy_job_names_nobody_in_20_windows(tmp_path):

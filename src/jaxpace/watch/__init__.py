@@ -61,7 +61,7 @@ def watch(
         callable taking the stall dict.
       sinks: callables taking one summary dict (`jaxpace.sinks` exporters).
       out: a folder for the verdict, the stall record and the last windows'
-        records (`jaxpace report OUT/windows/w...`); with no `jax.distributed`, a
+        records as one run (`jaxpace report OUT`); with no `jax.distributed`, a
         shared folder through which processes exchange summaries.
 
     Returns:

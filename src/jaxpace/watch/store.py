@@ -30,7 +30,7 @@ __all__ = [
 
 KEEP_WINDOWS = 16  # windows kept under `out=/windows/`
 VERDICT_FILE = "verdict.json"
-HISTORY_FILE = "verdicts.jsonl"
+HISTORY_FILE = "verdicts.ndjson"
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -59,7 +59,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def write_verdict(out: str | os.PathLike, verdicts: Sequence[dict[str, Any]]) -> Path:
-    """`out/verdict.json`: the newest verdict; `out/verdicts.jsonl`: the last ones, one a
+    """`out/verdict.json`: the newest verdict; `out/verdicts.ndjson`: the last ones, one a
     line, oldest first. Each replaced atomically. Returns the verdict's path."""
     path = Path(out) / VERDICT_FILE
     write_jsonl(Path(out) / HISTORY_FILE, verdicts)

@@ -247,7 +247,9 @@ def merge(parts: Sequence[Records], *, run_id: str) -> Records:
             p = int(h["process_index"])
             if p < len(hosts) and h.get("host", "?") != "?":
                 hosts[p] = str(h["host"])
-    label = f"jaxpace watch: {len(parts)} windows pooled"
+    label = (
+        f"jaxpace watch: {len(parts)} windows, steps {int(c['step'].min())}-{int(c['step'].max())}"
+    )
     return make_records(
         {k: v for k, v in c.items() if k not in ("delay_ns", "engaged")},
         names,
