@@ -130,24 +130,14 @@ def _rows(s: Mapping[str, Any], n_sites: int) -> np.ndarray | None:
     return a if ok.all() else None
 
 
-def combine(
+def _read_all(
     summaries: Mapping[int, Mapping[str, Any] | None],
-    *,
     process_count: int,
     window: int,
-    first: int,
-    last: int,
-    run_id: str,
-    lost: Sequence[int] = (),
-) -> tuple[Records | None, list[str]]:
-    """The window's `Records` from every process's summary, and notes on what is missing.
-
-    Steps are the wrapper's call indices (`first + execution`, one execution per
-    call and site), so consecutive windows keep their gaps. Ranks are the global
-    device ids present, in order. `lost`: processes whose summary of this
-    window a later one replaced. Returns `(None, notes)` when no site is held
-    by every process that answered.
-    """
+    lost: Sequence[int],
+) -> tuple[dict[int, tuple[list[str], np.ndarray]], list[str], list[str]]:
+    """Per process that sent a well-formed summary of `window`: its sites and rows; the
+    hosts by process ("?" where unknown); notes on every process left out and why."""
     notes: list[str] = []
     per_proc: dict[int, tuple[list[str], np.ndarray]] = {}
     hosts = ["?"] * process_count
@@ -173,6 +163,28 @@ def combine(
             continue
         if rows.size:
             per_proc[p] = (sites, rows)
+    return per_proc, hosts, notes
+
+
+def combine(
+    summaries: Mapping[int, Mapping[str, Any] | None],
+    *,
+    process_count: int,
+    window: int,
+    first: int,
+    last: int,
+    run_id: str,
+    lost: Sequence[int] = (),
+) -> tuple[Records | None, list[str]]:
+    """The window's `Records` from every process's summary, and notes on what is missing.
+
+    Steps are the wrapper's call indices (`first + execution`, one execution per
+    call and site), so consecutive windows keep their gaps. Ranks are the global
+    device ids present, in order. `lost`: processes whose summary of this
+    window a later one replaced. Returns `(None, notes)` when no site is held
+    by every process that answered.
+    """
+    per_proc, hosts, notes = _read_all(summaries, process_count, window, lost)
     if not per_proc:
         return None, notes
     names = sorted({n for sites, _ in per_proc.values() for n in sites})
