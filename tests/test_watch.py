@@ -399,3 +399,41 @@ def test_on_stall_callable_gets_the_stall_and_a_raising_one_does_not_stop_watch(
     err = capsys.readouterr().err
     assert "stall: process 2 (host h2) has not entered step 12 for 6.0 s" in err
     assert "on_stall callable raised ZeroDivisionError" in err
+
+
+def _trace(path, sites, runs=3, devices=(0, 1), dur=lambda s, r, d: 100 + d):
+    """A Chrome trace as `jax.profiler` writes on CPU: one all-reduce event per site, run
+    and device."""
+    import gzip
+    import json
+
+    events = [
+        {"ph": "X", "name": op, "ts": 1000 * r + 10 * i, "dur": dur(i, r, d),
+         "args": {"device_ordinal": d, "hlo_module": "jit_step", "hlo_op": op, "run_id": 7 + r}}
+        for i, op in enumerate(sites) for r in range(runs) for d in devices
+    ]  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def test_a_summary_keeps_the_same_sites_on_every_process_whatever_their_timing(tmp_path):
+    from jaxpace.watch.summary import MAX_SITES, combine, summarize
+
+    ops = [f"all-reduce.{i}" for i in range(MAX_SITES + 4)]
+    got = {}
+    for p in range(2):  # different times inside each site on the two processes
+        d = tmp_path / f"p{p}" / "plugins" / "profile" / "r" / "h.trace.json.gz"
+        _trace(
+            d,
+            ops,
+            devices=(2 * p, 2 * p + 1),
+            dur=lambda i, r, dv, p=p: 50 + (i * 7 * (p + 1)) % 40,
+        )
+        got[p] = summarize(tmp_path / f"p{p}", process=p, host="h", window=1, first=10, last=12)
+        assert len(got[p]["sites"]) == len(ops) and len(got[p]["rows"]) == MAX_SITES * 3 * 2
+    kept = [{got[p]["sites"][r[0]] for r in got[p]["rows"]} for p in range(2)]
+    assert kept[0] == kept[1] and len(kept[0]) == MAX_SITES
+    recs, notes = combine(got, process_count=2, window=1, first=10, last=12, run_id="t")
+    assert notes == [] and len(recs.sites) == MAX_SITES
+    assert sorted(set(recs.columns["step"].tolist())) == [10, 11, 12]

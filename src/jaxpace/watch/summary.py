@@ -24,13 +24,15 @@ from jaxpace.records.reader import Records
 from jaxpace.records.sources import xprof
 from jaxpace.records.sources.common import make_records
 
-__all__ = ["MAX_ROWS", "SUMMARY_VERSION", "combine", "empty", "merge", "summarize"]
+__all__ = ["MAX_ROWS", "MAX_SITES", "SUMMARY_VERSION", "combine", "empty", "merge", "summarize"]
 
 SUMMARY_VERSION = 1
-# Rows (site x execution x local device) kept per process and window; past it the sites
-# with the least time inside them are left out (and the summary says so). 8192 rows of
-# five small integers are ~120 KB of JSON.
-MAX_ROWS = 8192
+# Sites and rows (site x execution x local device) kept per process and window, so a
+# summary stays a few KB to ~100 KB in the coordination service whatever the program
+# (4096 rows of five small integers are ~100 KB of JSON; 16 sites x 5 steps x 8 devices,
+# 640 rows, ~16 KB). Past them, sites are left out in an order every process agrees on.
+MAX_SITES = 16
+MAX_ROWS = 4096
 _MAX_US = 10**12  # an arrival or a duration above ~11.6 days is not a window's
 
 
@@ -72,20 +74,19 @@ def summarize(
     arrive, wait = cols["arrive_ns"], cols["wait_ns"]
     notes = [n for n in loaded.records.notes if n.startswith("PARTIAL")]
     keep = np.ones(site.size, bool)
-    if site.size > MAX_ROWS:  # keep the sites with the most time inside them
-        total = np.bincount(site, weights=wait.astype(float), minlength=len(sites))
-        order = np.argsort(-total, kind="stable")
-        counts = np.bincount(site, minlength=len(sites))
-        kept, rows = set(), 0
-        for s in order.tolist():
-            if rows + counts[s] > MAX_ROWS:
-                continue
-            kept.add(s)
-            rows += int(counts[s])
-        keep = np.isin(site, sorted(kept))
+    counts = np.bincount(site, minlength=len(sites))
+    if len(sites) > MAX_SITES or site.size > MAX_ROWS:
+        # The same choice on every process (no timing in it): most executions, then name.
+        order = sorted(range(len(sites)), key=lambda i: (-int(counts[i]), sites[i]))
+        kept, rows = [], 0
+        for i in order:
+            if len(kept) < MAX_SITES and rows + counts[i] <= MAX_ROWS:
+                kept.append(i)
+                rows += int(counts[i])
+        keep = np.isin(site, kept)
         notes.append(
             f"process {process}: {len(sites) - len(kept)} of {len(sites)} sites left out of "
-            f"the window summary (over {MAX_ROWS} rows); kept those with the most time inside."
+            f"the window summary (at most {MAX_SITES} sites and {MAX_ROWS} rows)."
         )
     t0 = int(arrive[keep].min()) if keep.any() else 0
     rows = np.stack(
@@ -187,7 +188,9 @@ def combine(
     per_proc, hosts, notes = _read_all(summaries, process_count, window, lost)
     if not per_proc:
         return None, notes
-    names = sorted({n for sites, _ in per_proc.values() for n in sites})
+    names = sorted(
+        {sites[i] for sites, rows in per_proc.values() for i in set(rows[:, 0].tolist())}
+    )
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("site", "step", "process", "device")}
     cols.update(arrive_ns=[], wait_ns=[])
     for si, name in enumerate(names):
