@@ -437,3 +437,21 @@ def test_a_summary_keeps_the_same_sites_on_every_process_whatever_their_timing(t
     recs, notes = combine(got, process_count=2, window=1, first=10, last=12, run_id="t")
     assert notes == [] and len(recs.sites) == MAX_SITES
     assert sorted(set(recs.columns["step"].tolist())) == [10, 11, 12]
+
+
+def test_a_process_waiting_in_a_collective_is_not_named_when_a_peer_moves_on_first():
+    """Process 2 pauses 6 s; 0 and 1 wait in call 15 meanwhile. When the pause ends, 0's
+    heartbeat (in call 16) can arrive before 1's: 1 was not behind for 6 s, only from then."""
+    d = StallDetector(stall_after_s=3.0)
+    pause = {"name": "ckpt", "max_s": 60.0, "age_s": 0.0, "announced": True, "id": "c#1"}
+    waiting = {0: {"calls": 16}, 1: {"calls": 16}, 2: {"calls": 15, "pause": pause}}
+    assert d.observe(waiting, 0.0) == [] and d.observe(waiting, 5.9) == []
+    moved = {0: {"calls": 17, "age_s": 0.05}, 1: {"calls": 16}, 2: {"calls": 16}}
+    assert d.observe(moved, 6.0) == [] and d.observe(moved, 8.9) == []
+    assert d.observe({0: {"calls": 17}, 1: {"calls": 17}, 2: {"calls": 17}}, 9.5) == []
+    # A process really stuck: the others' published age counts (they entered before we saw).
+    stuck = {0: {"calls": 26, "age_s": 2.5}, 1: {"calls": 26, "age_s": 2.4}, 2: {"calls": 25}}
+    d2 = StallDetector(stall_after_s=3.0)
+    assert d2.observe(stuck, 100.0) == []
+    (s,) = d2.observe(stuck, 100.6)
+    assert s["process"] == 2 and s["ahead"] == [0, 1] and 3.0 <= s["stalled_s"] <= 3.1

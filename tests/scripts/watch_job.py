@@ -76,7 +76,7 @@ for k in range(args.steps):
         with jaxpace.expected_pause("checkpoint", max_s=60):
             time.sleep(args.pause_s)
     if k == args.stuck_at and pid == args.stuck_process:
-        print(f"process {pid}: stuck before call {k}", flush=True)
+        print(f"process {pid}: stuck before call {k} at wall time {time.time():.3f}", flush=True)
         time.sleep(args.stuck_s)
     if pid == args.lag_process and args.lag_s > 0:
         time.sleep(args.lag_s)

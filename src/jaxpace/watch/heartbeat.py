@@ -1,13 +1,16 @@
 """Hang naming: who has not entered the step the others have, and for how long.
 
-Each process publishes how many calls of the watched function it has entered
-(and its announced pause, if any) at a bounded rate; the deciding process
-keeps, on its own clock (durations only), when it first saw each process at
-its current count (less the age the process reports: how long ago it first
-saw that count, on its own clock). A process is named when another has entered more calls,
-its own count has not moved for `stall_after_s`, it is past its first calls
-(compilation), and it is not inside `jaxpace.expected_pause` (or a known host
-phase) within its bound. Pure: no store calls, no JAX.
+Each process publishes how many calls of the watched function it has entered,
+how long ago it entered the last one (its own clock), and its announced pause,
+at a bounded rate. The deciding process keeps, on its own clock (durations
+only), since when others have been ahead of each process: from the moment it
+first sees a process with a higher count, less that process's published age.
+A process is named when others have been ahead of it, with its own count
+unchanged, for `stall_after_s`, it is past its first calls (compilation), and
+it is not inside `jaxpace.expected_pause` (or a known host phase) within its
+bound. (Measured from when its own count last changed instead, a process
+waiting in a collective for a third one was named the moment a peer moved on
+first, before its own heartbeat caught up.) Pure: no store calls, no JAX.
 """
 
 from __future__ import annotations
@@ -36,32 +39,38 @@ class StallDetector:
 
     def __init__(self, stall_after_s: float) -> None:
         self.stall_after_s = float(stall_after_s)
-        self._seen: dict[int, tuple[int, float]] = {}  # process -> (calls, first seen at)
+        self._seen: dict[int, int] = {}  # process -> calls entered, as last seen
+        self._behind: dict[int, float] = {}  # process -> since when others are ahead of it
         self._named: set[tuple[int, int]] = set()
         self._pauses = pauses.Tracker()
 
     def observe(self, beats: Mapping[int, Mapping[str, Any] | None], now: float) -> list[dict]:
         """The stalls newly seen at `now` (each named once per process and count)."""
         calls: dict[int, int] = {}
+        ages: dict[int, float] = {}
         for p, b in beats.items():
             c = (b or {}).get("calls")
             if isinstance(c, int) and not isinstance(c, bool) and c >= 0:
                 calls[p] = c
-                if self._seen.get(p, (None,))[0] != c:  # since: now less the age it reports
-                    age = (b or {}).get("age_s", 0.0)
-                    ok = isinstance(age, int | float) and not isinstance(age, bool)
-                    age = min(max(float(age), 0.0), MAX_AGE_S) if ok and age == age else 0.0
-                    self._seen[p] = (c, now - age)
+                ages[p] = _age((b or {}).get("age_s"))
+                if self._seen.get(p) != c:  # it moved: not behind any more (yet)
+                    self._seen[p] = c
+                    self._behind.pop(p, None)
         if len(calls) < 2:
             return []
         top = max(calls.values())
-        ahead = sorted(p for p, c in calls.items() if c == top)
         out = []
         for p, c in sorted(calls.items()):
-            if c >= top or c < WARMUP_CALLS or (p, c) in self._named:
+            if c >= top:
+                self._behind.pop(p, None)
                 continue
-            age = now - self._seen[p][1]
-            if age < self.stall_after_s:
+            ahead = sorted(q for q, cq in calls.items() if cq > c)
+            if p not in self._behind:  # since the latest of them entered its current call
+                self._behind[p] = now - min(ages[q] for q in ahead)
+            if c < WARMUP_CALLS or (p, c) in self._named:
+                continue
+            stalled_s = now - self._behind[p]
+            if stalled_s < self.stall_after_s:
                 continue
             peers = {q: dict(b or {}) for q, b in beats.items()}
             if self._pauses.excused([p], peers, now):
@@ -73,12 +82,19 @@ class StallDetector:
                     "host": str((beats.get(p) or {}).get("host", "?")),
                     "last_step": c - 1,
                     "waiting_step": c,
-                    "stalled_s": round(age, 3),
+                    "stalled_s": round(stalled_s, 3),
                     "ahead": ahead,
                     "overrun": self._pauses.overrun([p], peers, now),
                 }
             )
         return out
+
+
+def _age(v: Any) -> float:
+    """A published age in [0, MAX_AGE_S] seconds; 0 for anything else (untrusted)."""
+    if not isinstance(v, int | float) or isinstance(v, bool) or v != v:
+        return 0.0
+    return min(max(float(v), 0.0), MAX_AGE_S)
 
 
 def stall_message(s: Mapping[str, Any]) -> str:
