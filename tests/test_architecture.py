@@ -197,6 +197,61 @@ def test_report_and_sim_sit_below_the_runtime():
             assert not bad, f"{mod} imports {bad}"
 
 
+def _exit_hooks(source: str) -> list[str]:
+    """What `source` installs of process-wide shutdown hooks: `signal.signal(SIGTERM, ...)`
+    calls and `atexit.register` uses (called or as a decorator), one entry per line."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "register":
+            if isinstance(node.value, ast.Name) and node.value.id == "atexit":
+                found.append((node.lineno, "atexit.register"))
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        f = node.func
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr == "signal"
+            and ast.unparse(f) == "signal.signal"
+        ):
+            if ast.unparse(node.args[0]) in ("signal.SIGTERM", "SIGTERM", "signal.Signals.SIGTERM"):
+                found.append((node.lineno, "signal.signal(SIGTERM)"))
+    return [f"{what}:{line}" for line, what in sorted(found)]
+
+
+def test_exit_hook_finder_finds_each_form():
+    src = (
+        "import atexit, signal\n"
+        "from signal import SIGTERM\n"
+        "@atexit.register\n"
+        "def a(): pass\n"
+        "atexit.register(a)\n"
+        "signal.signal(signal.SIGTERM, a)\n"
+        "signal.signal(SIGTERM, a)\n"
+        "signal.signal(signal.SIGINT, a)\n"  # not SIGTERM: not counted
+        "signal.getsignal(signal.SIGTERM)\n"
+    )
+    assert _exit_hooks(src) == [
+        "atexit.register:3",
+        "atexit.register:5",
+        "signal.signal(SIGTERM):6",
+        "signal.signal(SIGTERM):7",
+    ]
+
+
+def test_one_module_owns_sigterm_and_atexit():
+    """Issue 45: two modules each installed a SIGTERM handler and took the other's for the
+    program's own; a pacing pacer traced first then left the sinks unclosed. The launcher
+    (`jaxpace.launch`, a separate parent process) keeps its own."""
+    owners = {}
+    for mod, path in MODULES.items():
+        if mod == "jaxpace.launch" or mod.startswith("jaxpace.launch."):
+            continue
+        hooks = _exit_hooks(path.read_text())
+        if hooks:
+            owners[mod] = hooks
+    assert set(owners) == {"jaxpace.runtime.signals"}, owners
+
+
 def _code_lines(node: ast.AST) -> int:
     """Lines of a function, without its docstring."""
     n = node.end_lineno - node.lineno + 1

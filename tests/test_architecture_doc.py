@@ -35,5 +35,5 @@ def test_every_module_is_named_in_the_architecture_doc():
 def test_the_check_sees_the_modules_it_should():
     """The walk finds the package's modules (a wrong root would pass vacuously)."""
     names = {m.as_posix() for m in _modules()}
-    assert {"policy/adaptive.py", "_runtime/pacer.py", "_kernels/kernels.cc"} <= names
+    assert {"policy/adaptive.py", "runtime/pacer.py", "native/kernels.cc"} <= names
     assert not _named(Path("policy/no_such_module.py"), DOC.read_text())

@@ -217,7 +217,9 @@ def test_the_star_marks_exactly_the_named_ranks():
     from jaxpace.report.render.tables import ranking_rows
 
     rep = analyze(synthetic_records(8, 80, late_rank=(2, 5), late_s=0.004, seed=0))
-    starred = {int(r[0].split()[0]) for r in ranking_rows(rep, 64)[1:] if r[0].endswith("*")}
+    starred = {
+        int(r[0].split()[0]) for r in ranking_rows(rep.findings, 64)[1:] if r[0].endswith("*")
+    }
     assert starred == set(rep.culprits) == {r.rank for r in rep.ranks if r.late} == {2, 5}
     assert "outside the fleet's normal spread" in LATE_LEGEND
 

@@ -216,7 +216,8 @@ def test_docs_name_only_files_in_the_repo():
 
 
 def test_core_install_pulls_only_jax_numpy_rich_and_their_dependencies(tmp_path):
-    """`pip install .` (no extras) resolves to jax, numpy, rich and their own requirements.
+    """`pip install .` (no extras) resolves to jax, numpy, rich, scipy (which jax requires
+    too; named because `jaxpace.diagnosis.stats` uses it) and their own requirements.
 
     Needs the package index (CI installs from it too). If it cannot be reached the
     test FAILS with pip's message rather than skipping: a skipped check could let a
@@ -233,8 +234,8 @@ def test_core_install_pulls_only_jax_numpy_rich_and_their_dependencies(tmp_path)
     assert proc.returncode == 0, "pip could not resolve the core install:\n" + proc.stderr[-3000:]
     items = json.loads(report.read_text())["install"]
     meta = {_norm(i["metadata"]["name"]): i["metadata"] for i in items}
-    assert set(_requires(meta["jaxpace"])) == {"jax", "numpy", "rich"}
-    closure, todo = set(), ["jax", "numpy", "rich"]
+    assert set(_requires(meta["jaxpace"])) == {"jax", "numpy", "rich", "scipy"}
+    closure, todo = set(), ["jax", "numpy", "rich", "scipy"]
     while todo:
         name = todo.pop()
         if name not in closure:

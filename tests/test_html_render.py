@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import re
 import xml.etree.ElementTree as ET
 
@@ -125,3 +126,33 @@ def test_forecast_note_is_a_caption_not_text_on_the_axis():
     assert "too few" not in forecast_svg and "compute samples" not in forecast_svg
     caption = re.search(r"<figcaption>(.*?)</figcaption>", page, flags=re.S).group(1)
     assert "compute samples" in caption
+
+
+def _sim_rows(nodes):
+    from types import SimpleNamespace
+
+    def result(n, paced):
+        eff = 0.99 ** math.log2(n) * (1.02 if paced else 1.0)
+        return SimpleNamespace(
+            ranks=8 * n, throughput_per_s=8 * n * 95.0 * eff, scaling_efficiency=eff,
+            cv=0.01 + 0.004 * math.log2(n), p99_step_s=0.012 + 0.0004 * math.log2(n),
+            mean_step_s=0.0105, engaged_fraction=0.5 if paced else 0.0,
+        )  # fmt: skip
+
+    return [(n, result(n, False), result(n, True) if n > 1 else None) for n in nodes]
+
+
+@pytest.mark.parametrize("nodes", [(1,), (1, 2), tuple(2**k for k in range(11))])
+def test_simulator_plots_share_the_report_plot_helper(nodes):
+    """`jaxpace simulate --html` draws with `report.render.svg`: same checks as the report's."""
+    from jaxpace.sim.cli import render_scaling_html
+
+    svgs = _svgs(render_scaling_html(_sim_rows(nodes), "paper", "adaptive"))
+    assert len(svgs) == 4
+    for svg in svgs:
+        _check_svg(svg)
+        root = ET.fromstring(svg)
+        x_labels = [el.text for el in root.iter(f"{SVG_NS}text") if el.get("y") == "226"]
+        assert x_labels == [str(n) for n in nodes]  # one tick label per node count
+        paths = list(root.iter(f"{SVG_NS}path"))
+        assert len(paths) == (1 if nodes == (1,) else 2)  # no pacing, and pacing from 2 nodes

@@ -143,7 +143,7 @@ def test_whole_runs_are_the_same_with_and_without_kernels(scenario, policy, node
 
 def test_disabled_by_environment_runs_numpy():
     code = (
-        "from jaxpace import _kernels as kernels; from jaxpace.sim import simulate;"
+        "from jaxpace.native import kernels; from jaxpace.sim import simulate;"
         "print(kernels.available());"
         "r = simulate('paper', nodes=2, steps=20, policy='adaptive', seed=1);"
         "print(r.steps)"

@@ -144,7 +144,7 @@ def test_a_missing_command_is_one_line_and_exit_2():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the rank wrapper is Linux's")
 def test_the_rank_wrapper_does_not_start_a_rank_whose_launcher_is_gone(tmp_path):
-    """`_rank_exec` checks its parent after the prctl: a launcher that died in between (its
+    """`jaxpace.launch.rank_exec` checks its parent after the prctl: a launcher that died in between (its
     SIGTERM would never come) means the rank is not started at all."""
     from jaxpace.launch import rank_exec as _rank_exec
 

@@ -126,3 +126,22 @@ def test_prometheus_labels_carry_hostile_names_exactly(tmp_path):
     fams = {f.name: f for f in text_string_to_metric_families(Path(path).read_text())}
     got = {s.labels["site"] for s in fams["jaxpace_wait_seconds"].samples}
     assert got == set(sites)
+
+
+def test_the_sites_table_on_the_cli_shows_escapes_not_sends_them(tmp_path, capsys):
+    """With two sites `jaxpace report` prints a table of sites: its names are data too."""
+    import argparse
+
+    from jaxpace.report import cli as report_cli
+
+    first = synthetic_records(4, 30, site=ESCAPES, seed=1)
+    second = [r for r in synthetic_records(4, 30, site="pp", seed=2) if r["type"] != "header"]
+    run = tmp_path / "run"
+    load_records(first + second).write_jsonl(run)
+    ap = argparse.ArgumentParser()
+    report_cli.configure_parser(ap)
+    assert report_cli.cli_main(ap.parse_args([str(run), "--site", "pp"])) == 0
+    out = capsys.readouterr().out
+    assert "Sites, in step order" in out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "grads\\x1b]0;PWNED-TITLE\\x07" in out.split("Sites, in step order")[1]

@@ -7,6 +7,8 @@ devices in one process or 4 processes x 2 devices under `jaxpace launch`.
 
 import gzip
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -15,7 +17,7 @@ import pytest
 from conftest import REPO, SCRIPTS, run_4x2, run_report
 
 from jaxpace.errors import RecordsError
-from jaxpace.records.sources import detect
+from jaxpace.records.sources import detect, xprof
 from jaxpace.records.sources import load as load_source
 from jaxpace.records.sources.synthetic import write_xprof_traces
 from jaxpace.records.sources.xprof import collective_kind
@@ -297,3 +299,158 @@ def test_loaded_records_keep_their_source(tmp_path):
     again = load_source(loaded.records)
     assert again.source == loaded.source and again.timed
     assert analyze(loaded.records).source == analyze(tmp_path).source
+
+
+# Issue 49: traces are untrusted input (docs/reliability: "Inputs jaxpace reads").
+
+
+def _shifted(out, jitter_us):
+    """4 processes x 2 devices, no `run_id`: process 1 traced steps 8-57, the others
+    10-59; the transfer grows 0.2 ms a step and nobody is late."""
+    windows = [(10, 60), (8, 58), (10, 60), (10, 60)]
+    transfer = 300.0 + 200.0 * np.arange(60)
+    write_xprof_traces(
+        out, 4, 2, 60, run_ids=False, windows=windows, transfer_us=transfer,
+        jitter_us=jitter_us, seed=1,
+    )  # fmt: skip
+
+
+def test_shifted_windows_without_run_id_are_aligned_or_name_nobody(tmp_path):
+    # Joined by occurrence order, process 1's executions met the others' two steps later:
+    # 0.4 ms less time inside, and "rank 2 ... late, z = 13.3, Holm p < 1e-12".
+    _shifted(tmp_path / "jitter", jitter_us=150.0)
+    rep = analyze(tmp_path / "jitter")
+    assert rep.culprit is None and rep.culprits == () and rep.late_groups == ()
+    assert not any(r.late for r in rep.ranks)
+    assert any("process 1 began 2 executions earlier" in n for n in rep.notes)
+    assert rep.num_steps == 48  # the steps every process traced
+    # Perfectly regular steps: the exits say nothing of the offset. Not aligned, PARTIAL,
+    # nobody named (the ranking's top is not evidence).
+    _shifted(tmp_path / "regular", jitter_us=0.0)
+    rep = analyze(tmp_path / "regular")
+    assert rep.partial and rep.culprit is None and rep.culprits == () and rep.late_groups == ()
+    assert any("cannot be aligned" in n for n in rep.notes)
+    assert any(d.startswith("NO CULPRIT at `jit_step/all-reduce`") for d in rep.decisions)
+
+
+def test_two_runs_in_one_folder_are_two_runs_chosen_with_run(tmp_path):
+    # A rerun into the same folder (`start_trace(f"traces/p{i}")` twice) repeats the
+    # XLA:CPU run_ids exactly: it was refused as "120 duplicate records".
+    write_xprof_traces(tmp_path, 2, 2, 30, late_ranks=[3], session="2026_01_01_00_00_00")
+    write_xprof_traces(tmp_path, 2, 2, 30, seed=5, session="2026_01_01_00_05_00")
+    with pytest.raises(RecordsError, match=r"holds 2 runs.*--run N"):
+        analyze(tmp_path)
+    traces = xprof.read(tmp_path)
+    assert [(r.number, r.sessions, r.processes) for r in traces.runs] == [
+        (1, ("2026_01_01_00_00_00",), 2),
+        (2, ("2026_01_01_00_05_00",), 2),
+    ]
+    assert analyze(traces.load(1).records).culprits == (3,)
+    assert analyze(xprof.load(tmp_path, run="2026_01_01_00_05_00").records).culprit is None
+    proc = run_report(str(tmp_path))
+    assert proc.returncode == 0 and "holds 2 runs" in proc.stdout, proc.stderr[-2000:]
+    assert f"jaxpace report {tmp_path} --run 2" in proc.stdout
+    proc = run_report(str(tmp_path), "--run", "1", "--json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["culprit"] == 3 and rep["num_processes"] == 2
+    # Another run in the same folders, run_ids higher (another program build): its
+    # sessions are traced by other processes (4 x 1 device against 2 x 2), so it is not
+    # a later window of the first. Merged, such runs made "ranks / processes 8 / 4"
+    # beside "process 7" and halved a straggler's lateness.
+    more = tmp_path / "more"
+    write_xprof_traces(more, 2, 2, 30, late_ranks=[3], late_us=4000.0)
+    write_xprof_traces(more, 4, 1, 30, seed=6, session="2026_01_01_00_09_00", first_run_id=95000)
+    runs = xprof.read(more).runs
+    assert [(r.processes, len(r.files)) for r in runs] == [(2, 2), (4, 4)]
+    late = analyze(xprof.load(more, run=1).records)
+    assert late.culprits == (3,) and late.rank_stats(3).excess_lateness_s > 0.003
+    # Another run's process folders beside these (other run_ids, the same devices).
+    other = tmp_path / "other"
+    write_xprof_traces(other / "a", 2, 2, 30, late_ranks=[1], late_us=4000.0)
+    write_xprof_traces(other / "b", 2, 2, 30, seed=7)
+    runs = xprof.read(other).runs
+    assert [len(r.files) for r in runs] == [2, 2]
+    assert all(str(f).startswith(str(other / "a")) for f in runs[0].files)
+    late = analyze(xprof.load(other, run=1).records)
+    assert late.culprits == (1,) and late.rank_stats(1).excess_lateness_s > 0.003
+
+
+def _with(path, pattern, repl, count=1):
+    """Rewrites the gzip'd trace `path`, replacing `pattern` (a regex) by `repl`."""
+    text = gzip.decompress(path.read_bytes()).decode()
+    new, n = re.subn(pattern, repl, text, count=count)
+    assert n == count
+    path.write_bytes(gzip.compress(new.encode()))
+
+
+def test_non_finite_and_huge_numbers_are_dropped_and_counted(tmp_path):
+    # `"dur": Infinity` passed the NaN check and became INT64_MIN (a NumPy warning):
+    # a rank "263,524,915 s late", no note.
+    paths = write_xprof_traces(tmp_path, 2, 2, 30, late_ranks=[3], seed=3)
+    _with(paths[0], r'"dur":[0-9.]+(,"name":"all-reduce")', r'"dur":Infinity\1')
+    # An integer past Python's 4300 digits raised a ValueError traceback.
+    _with(paths[0], r'"dur":[0-9.]+(,"name":"all-reduce")', r'"dur":' + "9" * 5000 + r"\1")
+    _with(paths[1], r'("all-reduce","args":\{"device_ordinal":)"2048"', r'\1"1e400"')
+    _with(paths[1], r'"ts":[0-9.]+(,"dur":[0-9.]+,"name":"all-reduce")', r'"ts":-1e300\1')
+    rep = analyze(tmp_path, warmup_steps=0)
+    assert rep.culprits == (3,) and rep.partial
+    assert max(r.excess_lateness_s for r in rep.ranks) < 0.01
+    notes = [n for n in rep.notes if "skipped for numbers out of range" in n]
+    assert len(notes) == 2 and notes[0].startswith(
+        f"PARTIAL: 2 collective events of trace {paths[0]}"
+    )
+    assert "`traceEvents[7]`: `ts`" in notes[0] and "inf" in notes[0]
+    assert "`device_ordinal` '1e400'" in notes[1]
+
+
+def test_deep_nesting_and_decompression_bombs_fail_fast_naming_the_file(tmp_path, monkeypatch):
+    # 100k levels raised a RecursionError traceback.
+    deep = tmp_path / "deep" / "h.trace.json"
+    deep.parent.mkdir()
+    deep.write_text('{"traceEvents":[{"ph":"X","args":' + "[" * 100_000 + "]" * 100_000 + "}]}")
+    with pytest.raises(RecordsError, match=r"h\.trace\.json: `traceEvents\[0\]` is nested deeper"):
+        analyze(tmp_path / "deep")
+    # Whitespace past the decompressed bound (1 GiB of it took 61 s): a clear error.
+    monkeypatch.setattr(xprof, "MAX_TRACE_BYTES", 1 << 20)
+    paths = write_xprof_traces(tmp_path / "bomb", 1, 2, 10)
+    _with(paths[0], r"\[", "[" + " " * (2 << 20))
+    with pytest.raises(RecordsError, match=r"host-0\.trace\.json\.gz: more than 1,048,576 bytes"):
+        analyze(tmp_path / "bomb")
+    # Tiny events packed under that bound would take minutes: events are bounded too.
+    monkeypatch.setattr(xprof, "MAX_TRACE_EVENTS", 1000)
+    tiny = tmp_path / "tiny" / "t.trace.json"
+    tiny.parent.mkdir()
+    tiny.write_text('{"traceEvents":[' + '{"a":1},' * 2000 + "{}]}")
+    with pytest.raises(RecordsError, match=r"t\.trace\.json: more than 1,000 events"):
+        analyze(tmp_path / "tiny")
+
+
+def test_the_reader_gives_one_answer_whatever_the_hash_seed(tmp_path):
+    """No set's iteration order decides a result: two runs, shifted windows, GPU-like
+    folders whose names tie in natural order (`p01`, `p1`)."""
+    _shifted(tmp_path / "a", jitter_us=150.0)
+    write_xprof_traces(tmp_path / "b", 2, 2, 20, run_ids=False, seed=2)
+    for p in (tmp_path / "b").iterdir():
+        p.rename(p.with_name(p.name.replace("p0", "p01")))
+    code = (
+        "import hashlib, sys; from pathlib import Path; from jaxpace.records.sources import xprof\n"
+        "t = xprof.read(Path(sys.argv[1])); h = hashlib.sha256()\n"
+        "for r in t.runs:\n"
+        "    recs = t.load(r.number).records\n"
+        "    h.update(repr((r, recs.notes, recs.headers, recs.sites)).encode())\n"
+        "    for k in sorted(recs.columns): h.update(recs.columns[k].tobytes())\n"
+        "print(len(t.runs), h.hexdigest())"
+    )
+    out = {
+        seed: subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )  # fmt: skip
+        for seed in ("0", "1")
+    }
+    assert all(p.returncode == 0 for p in out.values()), [p.stderr[-2000:] for p in out.values()]
+    assert out["0"].stdout == out["1"].stdout and out["0"].stdout.startswith("2 ")

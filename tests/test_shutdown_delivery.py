@@ -155,8 +155,42 @@ def test_sigterm_with_the_default_action_delivers_every_step_then_dies_of_it(tmp
 def test_sigterm_with_the_programs_own_handler_delivers_every_step(tmp_path):
     rc, err = _sigterm(tmp_path, "sigterm_handled")
     assert rc == 143, err[-3000:]  # the program's handler ran (sys.exit(143))
+    assert (tmp_path / "handler-calls").read_text() == f"{int(signal.SIGTERM)}\n"  # once
     _check_sinks(tmp_path)
     assert _records(tmp_path) == STEPS * RANKS
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_with_a_handler_installed_after_jaxpaces_calls_it_once_and_delivers(tmp_path):
+    rc, err = _sigterm(tmp_path, "sigterm_handled_after")
+    assert rc == 143, err[-3000:]
+    assert (tmp_path / "handler-calls").read_text() == f"{int(signal.SIGTERM)}\n"  # once
+    _check_sinks(tmp_path)
+    assert _records(tmp_path) == STEPS * RANKS
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_with_a_native_handler_delivers_calls_it_once_and_does_not_kill(tmp_path):
+    """A handler installed by native code (here `faulthandler.register`; under
+    `jax.distributed`, XLA's preemption notifier: tests/test_signals.py) is invisible to
+    `signal.getsignal`. Before, jaxpace's handler replaced it and killed the process."""
+    rc, err = _sigterm(tmp_path, "sigterm_native")
+    assert rc == 0, err[-3000:]  # the native handler ran and the program ended normally
+    dump = (tmp_path / "native-dump").read_text()
+    assert dump.count("most recent call first") == 1, dump  # called once
+    _check_sinks(tmp_path)
+    assert _records(tmp_path) == STEPS * RANKS
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["sigterm_paced_first", "sigterm_paced_after"])
+def test_sigterm_delivers_every_step_whichever_pacer_traced_first(tmp_path, mode):
+    """Issue 45: a pacing pacer traced before the one with sinks left 1 of 30 steps in its
+    Prometheus file: two handlers each took the other for the program's own, and the
+    sinks were never closed. One handler now serves every pacer, in either order."""
+    rc, err = _sigterm(tmp_path, mode)
+    assert rc == -signal.SIGTERM, err[-3000:]
+    _check_sinks(tmp_path)
 
 
 @pytest.mark.timeout(300)

@@ -37,7 +37,7 @@ def _launch_parser(p: argparse.ArgumentParser) -> None:
         "--heartbeat-timeout",
         type=int,
         default=10,
-        help="seconds before JAX declares a silent peer dead (default 10)",
+        help="whole seconds (at least 1) before JAX declares a silent peer dead (default 10)",
     )
     p.add_argument(
         "--grace",
@@ -49,8 +49,8 @@ def _launch_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--output-file",
         default=None,
-        help="also write every prefixed output line here (the launcher keeps only the last "
-        "200 lines per rank in memory)",
+        help="also write every prefixed output line here, a regular file (truncated) or a new "
+        "path (the launcher keeps only the last 200 lines per rank in memory)",
     )
     p.add_argument(
         "--no-cpu",
@@ -88,6 +88,8 @@ def _launch_main(args: argparse.Namespace) -> int:
         what = e.filename if e.filename is not None else cmd[0]
         print(f"jaxpace launch: cannot open or run {what!r}: {e.strerror}", file=sys.stderr)
         return 2
+    if res.output_file_error:
+        print(f"jaxpace launch: warning: {res.output_file_error}.", file=sys.stderr)
     if not res.ok:
         print(f"jaxpace launch: {launch.describe_failure(res, args.timeout)}", file=sys.stderr)
         if res.signal is not None:

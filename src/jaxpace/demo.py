@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxpace.records.safe_io import write_atomic
+
 __all__ = ["IMBALANCE_PROFILES", "PHASES", "cli_main", "configure_parser", "run_demo"]
 
 # The phases the demo runs, each from the same initial parameters.
@@ -150,7 +152,7 @@ def run_demo(args: argparse.Namespace, console=None) -> dict[str, Any]:
         "files": paths,
         "elapsed_s": time.monotonic() - t0,
     }
-    (out / "demo-summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(out / "demo-summary.json", json.dumps(summary, indent=2), what="demo summary")
     return summary
 
 

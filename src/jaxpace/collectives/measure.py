@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 _LAX = _kinds.LAX  # the real jax.lax functions (captured before any test harness patch)
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# the jaxpace package (every frame inside it is jaxpace's own, not the caller's)
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Unmeasured(enum.Enum):
@@ -603,7 +604,7 @@ def _io_reduce(call, exchange, axis_name, axis_index_groups):
         # `step_tag` is never negative, so each tie rewrites a leaf's first element
         # with itself, bit for bit; XLA cannot know that, so every collective that
         # carries a leaf (whatever XLA's combiner does) waits for the pre-callback.
-        # (For a large leaf XLA:CPU makes that a pass over the leaf: `_tie`.)
+        # (For a large leaf XLA:CPU makes that a pass over the leaf: `jaxpace.collectives.tie`.)
         leaves, tdef = jax.tree_util.tree_flatten(x)
         never = step_tag < 0
         leaves = [

@@ -1,4 +1,4 @@
-"""One definition of a culprit, shared by the report and the runtime's live view (NumPy only).
+"""One definition of a culprit, shared by the report and the runtime's live view (NumPy and SciPy).
 
 A rank is a *culprit* only when all three tests say so, and its lateness is
 above the noise floor:
@@ -41,9 +41,12 @@ above the noise floor:
    and test 3 is not applied, so a rank that turns slow partway through a long
    run is still named.
 
-Groups (host, NUMA node, NIC, switch, process) take test 2 against the spread
-of the groups of their kind (`fleet_test` on group means), and test 3 on the
-group's per-step lateness over the other ranks.
+Groups (host, NUMA node, NIC, switch, process; `group_partitions`) take the
+same three tests in `decide_groups`: test 1 on the group's per-step lateness
+over the other ranks (Holm over every group of every kind), test 2 against the
+spread of the groups of their kind (`fleet_test` on group means), test 3 on
+that per-step lateness; `decide` (ranks) and `decide_groups` share test 1's
+statistic (`_t_test`) and the rule that joins the tests (`_evidence`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import dataclasses
 import functools
 import math
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -86,8 +90,11 @@ __all__ = [
     "short_run_consistent",
     "FleetTest",
     "LatestCounts",
+    "LateGroup",
     "decide",
     "decide_earliness",
+    "decide_groups",
+    "group_partitions",
     "fleet_spread",
     "fleet_test",
     "fleet_threshold",
@@ -470,6 +477,25 @@ def _lateness_test(excess: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return d, np.sqrt(se**2 + 1.571 * med_se2 / R), df
 
 
+def _t_test(effect: np.ndarray, se: np.ndarray, df: int) -> tuple[np.ndarray, np.ndarray]:
+    """Test 1 for ranks and groups: (z = effect / se, its one-sided Student-t p-value).
+
+    No error (se 0) makes a positive effect infinitely significant; an unknown
+    or infinite error is no evidence (z 0); below 1 degree of freedom p is 1.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(se > 0, effect / se, np.where(effect > 0, np.inf, 0.0))
+    z = np.where(np.isfinite(se), z, 0.0)
+    return z, (t_sf(z, df) if df >= 1 else np.ones(np.shape(z)))
+
+
+def _evidence(
+    significant: np.ndarray, outlier: np.ndarray, effect: np.ndarray, floor_s: float
+) -> np.ndarray:
+    """Tests 1 and 2 and the noise floor, for ranks and groups: what test 3 then confirms."""
+    return significant & outlier & (effect > floor_s)
+
+
 def decide(lateness: np.ndarray, step_s: float, alpha: float = ALPHA) -> Decision:
     """The culprit decision on (steps, ranks) lateness (`max_j wait_j - wait_i`, seconds).
 
@@ -488,15 +514,12 @@ def decide(lateness: np.ndarray, step_s: float, alpha: float = ALPHA) -> Decisio
         d, se, df = _lateness_test(excess)
     else:
         d, se, df = mean_ex - (np.median(mean_ex) if R else 0.0), np.full(R, np.inf), 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(se > 0, d / se, np.where(d > 0, np.inf, 0.0))
-    z = np.where(np.isfinite(se), z, 0.0)
-    p = t_sf(z, df) if df >= 1 else np.ones(R)
+    z, p = _t_test(d, se, df)
     half = t95(df) * se if df >= 1 else np.full(R, np.inf)
     p_adj, last_p_adj = holm(p), holm(_last_arrival_p(last, R, n))
     floor = noise_floor(excess, step_s) if n else 20e-6
     fleet = fleet_test(mean_ex, step_s, alpha, over_s=mean_ex)
-    evidence = ((p_adj < alpha) | (last_p_adj < alpha)) & fleet.outlier & (d > floor)
+    evidence = _evidence((p_adj < alpha) | (last_p_adj < alpha), fleet.outlier, d, floor)
     steady = short_run_consistent(excess, floor)
     late, episode = evidence & steady, evidence & ~steady
     return Decision(
@@ -532,6 +555,202 @@ def decide_earliness(
     st = np.asarray(step_times_s, dtype=np.float64).reshape(-1)[ok]
     step = float(np.median(st[np.isfinite(st)])) if np.isfinite(st).any() else math.nan
     return decide(lateness_from_earliness(e[ok]), step, alpha)
+
+
+def group_partitions(
+    ranks: np.ndarray, processes: np.ndarray, groups: Mapping[str, Mapping[int, str]]
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(kind, labels, code per rank) of each testable grouping of the ranks.
+
+    Processes first, then `groups` (`{kind: {rank: label}}`) by kind; a kind
+    that leaves a rank out, has a single group, or only groups of one rank is
+    not testable, and a grouping equal to an earlier one is left out.
+    """
+    out: list[tuple[str, np.ndarray, np.ndarray]] = []
+    seen: list[np.ndarray] = []
+    kinds: list[tuple[str, list]] = [("process", [str(int(p)) for p in processes])]
+    for kind, mapping in sorted(groups.items()):
+        labels = [mapping.get(int(r)) for r in ranks]
+        if any(lbl is None for lbl in labels):
+            continue
+        kinds.append((str(kind), [str(x) for x in labels]))
+    for kind, labels in kinds:
+        names, codes = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)
+        sizes = np.bincount(codes, minlength=names.size)
+        if names.size < 2 or sizes.max() < 2:
+            continue
+        # Canonical form of the partition: the first rank index of each rank's group.
+        first = np.full(names.size, -1)
+        first[codes[::-1]] = np.arange(codes.size)[::-1]
+        canon = first[codes]
+        if any(np.array_equal(canon, s) for s in seen):
+            continue
+        seen.append(canon)
+        out.append((kind, names, codes))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LateGroup:
+    """A group of ranks that `decide_groups` found late together.
+
+    Attributes:
+      kind, label: the grouping and the group's name in it.
+      members: its ranks' column indices; late_members: those later than the
+        median non-member by more than the noise floor.
+      effect_s: mean over steps of (members' mean lateness minus the other ranks'), seconds.
+      se_s: its standard error (batch means, plus the persistent spread of healthy ranks);
+        ci_low_s/ci_high_s: effect -+ t95 x se.
+      p_adjusted: test 1's p-value, Holm-adjusted over every group of every kind.
+      typical_s: the median member's mean lateness minus the median non-member's.
+      fleet_sd: test 2's distance above the groups of its kind, robust SDs.
+    """
+
+    kind: str
+    label: str
+    members: np.ndarray
+    late_members: np.ndarray
+    effect_s: float
+    se_s: float
+    ci_low_s: float
+    ci_high_s: float
+    p_adjusted: float
+    typical_s: float
+    fleet_sd: float
+
+
+def decide_groups(
+    lateness: np.ndarray,
+    partitions: list[tuple[str, np.ndarray, np.ndarray]],
+    floor_s: float,
+    step_s: float = math.nan,
+    alpha: float = ALPHA,
+) -> tuple[LateGroup, ...]:
+    """The culprit decision for groups: the late ones, most significant first.
+
+    Args:
+      lateness: (steps, ranks) as for `decide`.
+      partitions: `group_partitions` of the ranks.
+      floor_s: the ranks' noise floor (`Decision.floor_s`).
+      step_s: the median step time (seconds; NaN when unknown).
+      alpha: the family-wise error rate over every group of every kind.
+
+    Per kind and group, per step: the mean lateness of its members minus that
+    of the other ranks. Test 1: its mean over steps against a batch-means t
+    statistic, Holm over every group of every kind. Test 2: the group's mean
+    lateness is an outlier of the groups of its kind (`fleet_test` at `alpha`
+    over the number of kinds; the small-job rule's share of the step divided
+    by the square root of the group's size), with and without its latest
+    member. Test 3, in a short run: above `floor_s` in every block of steps.
+    A group passing all three (and `floor_s`) is late when its median member
+    is later than the median non-member by more than `floor_s` and more than
+    half its members are; of two nested late groups, the one that explains
+    the lateness stays (`_nested`).
+    """
+    n, R = lateness.shape
+    cands: list[tuple[int, LateGroup]] = []  # (place in p_all, group)
+    p_all: list[float] = []
+    m_rank = lateness.mean(axis=0)
+    total = lateness.sum(axis=1, keepdims=True)
+    # Healthy ranks differ persistently too (static speed spread): a group mean of k
+    # such ranks varies by tau^2 / k around the others' mean, on top of step noise.
+    # tau is estimated inside the groups of each kind, so late groups do not inflate it.
+    se_rank, _ = batch_means_se(lateness)
+    med_se2 = float(np.median(se_rank**2)) if np.isfinite(se_rank).all() else 0.0
+    for kind, names, codes in partitions:
+        G = names.size
+        sizes = np.bincount(codes, minlength=G)
+        outlier, dist = _group_outliers(codes, m_rank, sizes, step_s, alpha / len(partitions))
+        order = np.argsort(codes, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        sums = np.add.reduceat(lateness[:, order], starts, axis=1)  # (n, G)
+        rest = np.maximum(R - sizes, 1)
+        diff = sums / sizes - (total - sums) / rest
+        eff = diff.mean(axis=0)
+        se, df = batch_means_se(diff)
+        if df < 1:
+            continue
+        resid = m_rank - (np.bincount(codes, m_rank, G) / sizes)[codes]
+        inflate = float(np.mean(sizes[codes] / np.maximum(sizes[codes] - 1, 1)))
+        tau2 = max(float(robust_std(resid)) ** 2 * inflate - med_se2, 0.0)
+        se = np.sqrt(se**2 + tau2 * (1.0 / sizes + 1.0 / rest))
+        _, p = _t_test(eff, se, df)
+        p_all.extend(p.tolist())  # every group of every kind counts towards the correction
+        base = len(p_all) - G
+        steady = short_run_consistent(diff, floor_s, centre=False)  # test 3 (short runs)
+        for g in np.flatnonzero(_evidence(p < alpha, outlier, eff, floor_s) & steady):
+            members = codes == g
+            if members.all():
+                continue
+            ref = np.median(m_rank[~members])
+            half = t95(df) * float(se[g])
+            cands.append((
+                base + int(g),
+                LateGroup(
+                    kind=kind, label=str(names[g]), members=np.flatnonzero(members),
+                    late_members=np.flatnonzero(members & (m_rank - ref > floor_s)),
+                    effect_s=float(eff[g]), se_s=float(se[g]), ci_low_s=float(eff[g]) - half,
+                    ci_high_s=float(eff[g]) + half, p_adjusted=math.nan,
+                    typical_s=float(np.median(m_rank[members]) - ref), fleet_sd=float(dist[g]),
+                ),
+            ))  # fmt: skip
+    if not cands:
+        return ()
+    p_adj = holm(np.array(p_all))
+    out = [
+        dataclasses.replace(c, p_adjusted=float(p_adj[i]))
+        for i, c in cands
+        if p_adj[i] < alpha and c.typical_s > floor_s and c.late_members.size > c.members.size / 2
+    ]
+    out = _nested(out)
+    out.sort(key=lambda g: (g.p_adjusted, -g.effect_s))
+    return tuple(out)
+
+
+def _group_outliers(
+    codes: np.ndarray, m_rank: np.ndarray, sizes: np.ndarray, step_s: float, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Test 2 for the groups of one kind: (outlier per group, distance in robust SDs).
+
+    A group is an outlier of the spread of its kind's group means, and stays one
+    without its latest member: one straggler does not make its NIC pair late.
+    """
+    G = sizes.size
+    sums = np.bincount(codes, m_rank, G)
+    latest = np.full(G, -np.inf)
+    np.maximum.at(latest, codes, m_rank)
+    without = np.where(sizes > 1, (sums - latest) / np.maximum(sizes - 1, 1), sums)
+    # A group of one rank is that rank: its mean excess is already its lateness over the others.
+    mean = sums / sizes
+    over = np.where(sizes == 1, mean, mean - median_of_others(mean[None, :])[0]) if G > 1 else None
+    fleet = fleet_test(mean, step_s, alpha, over_s=over, sizes=sizes)
+    over_w = (
+        np.where(sizes == 1, without, without - median_of_others(without[None, :])[0])
+        if G > 1
+        else None
+    )
+    rest = fleet_test(without, step_s, alpha, over_s=over_w, sizes=sizes)  # the group's share
+    return fleet.outlier & rest.outlier, fleet.distance
+
+
+def _nested(found: list[LateGroup]) -> list[LateGroup]:
+    """Of two late groups where one holds the other, keeps the one that explains the lateness.
+
+    The coarser group goes when its late members all sit in the finer one (a
+    late NUMA node inside a host); the finer one goes when the coarser group has
+    late members outside it too (a whole late host and its NUMA halves).
+    """
+    drop: set[int] = set()
+    sets = [set(g.members.tolist()) for g in found]
+    for a in range(len(found)):
+        for b, coarse in enumerate(found):
+            if a == b or not sets[a] < sets[b]:
+                continue
+            if set(coarse.late_members.tolist()) <= sets[a]:
+                drop.add(b)
+            else:
+                drop.add(a)
+    return [g for i, g in enumerate(found) if i not in drop]
 
 
 class LatestCounts:

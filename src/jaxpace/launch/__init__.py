@@ -19,7 +19,7 @@ from typing import TextIO
 
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, LaunchError
-from jaxpace.launch.output import OutputSink, read_available
+from jaxpace.launch.output import OutputSink, open_output_file, read_available
 from jaxpace.runtime.watchdog import STALL_EXIT_CODE
 
 __all__ = [
@@ -171,6 +171,8 @@ class LaunchResult:
     `r`; `dropped_lines[r]` says how many earlier lines were let go (pass
     `output_file` to keep every line). `signal` is the signal number that
     stopped the launcher (SIGTERM, SIGHUP), forwarded to every rank, or None.
+    `output_file_error` says why writing `output_file` stopped (a full disk),
+    or is None; the job itself is not stopped for it.
     """
 
     returncodes: list[int | None]
@@ -180,6 +182,7 @@ class LaunchResult:
     elapsed_s: float
     dropped_lines: list[int] = dataclasses.field(default_factory=list)
     signal: int | None = None
+    output_file_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -264,8 +267,12 @@ def launch(
     """Runs `cmd` as `num_processes` local processes joined through `jax.distributed`.
 
     Each process gets `JAXPACE_*` variables (coordinator on 127.0.0.1 at a free
-    port, its process id, device count, short timeouts) and, with `cpu=True`,
-    `JAX_PLATFORMS=cpu`. Each rank runs in its own process group. Output is
+    port, its process id, device count, short timeouts) for `init_from_env`,
+    and the variables with which a plain `jax.distributed.initialize()` (no
+    arguments, no jaxpace) joins the same job: `JAX_COORDINATOR_ADDRESS` and
+    JAX's Open MPI cluster variables; with `cpu=True` also
+    `JAX_PLATFORMS=cpu` and `JAX_NUM_CPU_DEVICES=local_devices`
+    (docs/multihost.md lists them all). Each rank runs in its own process group. Output is
     passed on in whole lines prefixed `[rank N]` (stdout and stderr are read
     separately, so one never splits a line of the other).
 
@@ -284,13 +291,16 @@ def launch(
       timeout_s: wall-clock limit for the whole job, > 0 and finite (None = no limit).
       env: extra environment for every rank.
       stream: where prefixed output goes (None = only the kept tail).
-      heartbeat_timeout_s: seconds after which JAX declares a silent peer dead.
-      init_timeout_s: seconds `jax.distributed.initialize` waits for peers.
+      heartbeat_timeout_s: seconds after which JAX declares a silent peer dead, an
+        integer `[1, 366 days]`.
+      init_timeout_s: seconds `jax.distributed.initialize` waits for peers, an
+        integer `[1, 366 days]`.
       per_rank_env: optional extra environment per rank (len == num_processes).
       cpu: force the CPU platform (simulated devices).
       grace_s: seconds between forwarding a stop signal and killing, `[0, 600]`.
       tail_lines: lines kept per rank in `LaunchResult.output`, `[1, 100000]`.
-      output_file: also write every prefixed line here (None = no file).
+      output_file: also write every prefixed line here (None = no file): a regular
+        file (truncated) or a new path; anything else is refused before a rank starts.
 
     Returns:
       A `LaunchResult`.
@@ -301,11 +311,12 @@ def launch(
     """
     _check_launch_args(cmd, num_processes, local_devices, per_rank_env)
     _check_run_args(timeout_s, grace_s, tail_lines)
+    _check_jax_timeouts(heartbeat_timeout_s, init_timeout_s)
     num_processes, local_devices = int(num_processes), int(local_devices)
     base = _rank_env_base(
         num_processes, local_devices, env, init_timeout_s, heartbeat_timeout_s, cpu
     )
-    log = open(output_file, "w", encoding="utf-8") if output_file is not None else None  # noqa: SIM115
+    log = open_output_file(output_file) if output_file is not None else None
     sink = OutputSink(
         num_processes, stream, log, tail_lines=int(tail_lines), tail_bytes=_TAIL_BYTES
     )
@@ -320,7 +331,10 @@ def launch(
                 job.shutdown(float(grace_s))
     finally:
         if log is not None:
-            log.close()
+            try:
+                log.close()
+            except OSError as e:  # its last buffered lines could not be written (full disk)
+                sink.log_error = sink.log_error or e.strerror or str(e)
     if caught and caught[0] == signal.SIGINT:
         raise KeyboardInterrupt
     codes = [p.returncode for p in procs]
@@ -335,6 +349,12 @@ def launch(
         elapsed_s=time.monotonic() - start,
         dropped_lines=[t.dropped for t in sink.tails],
         signal=caught[0] if caught else None,
+        output_file_error=(
+            f"writing `--output-file` {os.fspath(output_file)!r} failed ({sink.log_error}); "
+            "lines after the failure are not in it"
+            if sink.log_error
+            else None
+        ),
     )
 
 
@@ -365,10 +385,34 @@ def _check_run_args(timeout_s, grace_s, tail_lines) -> None:
     check_number("tail_lines", tail_lines, lo=1, hi=100_000, integer=True)
 
 
+def _check_jax_timeouts(heartbeat_timeout_s, init_timeout_s) -> None:
+    """Both are whole seconds of at least 1 (JAX took 0 and -5 and misbehaved later)."""
+    hi = int(_MAX_TIMEOUT_S)
+    try:
+        check_number("heartbeat_timeout_s", heartbeat_timeout_s, lo=1, hi=hi, integer=True)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{e} `--heartbeat-timeout` is the seconds after which JAX declares a silent "
+            "peer dead: a whole number of at least 1, e.g. `--heartbeat-timeout 10`."
+        ) from None
+    try:
+        check_number("init_timeout_s", init_timeout_s, lo=1, hi=hi, integer=True)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{e} It is the seconds `jax.distributed.initialize` waits for every peer: a "
+            "whole number of at least 1, e.g. 60."
+        ) from None
+
+
 def _rank_env_base(
     num_processes, local_devices, env, init_timeout_s, heartbeat_timeout_s, cpu
 ) -> dict[str, str]:
-    """The environment every rank shares: coordinator, counts, short timeouts."""
+    """The environment every rank shares: coordinator, counts, short timeouts.
+
+    Besides `JAXPACE_*` (read by `init_from_env`), the variables JAX itself
+    reads, so that a program calling `jax.distributed.initialize()` with no
+    arguments joins the job without importing jaxpace: see `_rank_env`.
+    """
     port = free_port()
     base = dict(os.environ)
     base.update(env or {})
@@ -380,12 +424,43 @@ def _rank_env_base(
             _ENV["init_timeout"]: str(init_timeout_s),
             _ENV["heartbeat_timeout"]: str(heartbeat_timeout_s),
             "PYTHONUNBUFFERED": "1",
+            # Read by `jax.distributed.initialize()` itself.
+            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+            # JAX's Open MPI cluster detection (jax/_src/clusters/ompi_cluster.py) gives a
+            # bare `initialize()` the process count and id; see `_rank_env`.
+            _OMPI_URI: f"0.0;tcp://127.0.0.1:{port}",
+            "OMPI_COMM_WORLD_SIZE": str(num_processes),
         }
     )
     if cpu:
         base["JAX_PLATFORMS"] = "cpu"
+        base["JAX_NUM_CPU_DEVICES"] = str(local_devices)  # `--local-devices`, for any program
         base.pop("XLA_FLAGS", None)
     return base
+
+
+# JAX's Open MPI cluster detection keys on this variable's presence; its address part is
+# only parsed when `JAX_COORDINATOR_ADDRESS` is unset, and then names the same coordinator.
+_OMPI_URI = "OMPI_MCA_orte_hnp_uri"
+
+
+def _rank_env(rank: int) -> dict[str, str]:
+    """The variables that differ between ranks: `JAXPACE_PROCESS_ID` and the Open MPI rank.
+
+    Why Open MPI's variables: in jax 0.10.2 a bare `jax.distributed.initialize()`
+    takes the process count and id only from a detected cluster, and JAX
+    checks Open MPI first, so an enclosing SLURM allocation's variables (left
+    as they are, for the tools that need them) cannot take over. SLURM's would
+    have to fake a job id and a node list, and overwrite the real ones under
+    `salloc`; Kubernetes and Cloud TPU detection query a server. The local rank
+    is the rank (one host), which JAX also uses as the visible GPU
+    (`jax_cuda_visible_devices`) when the ranks run on accelerators (`cpu=False`).
+    """
+    return {
+        _ENV["process_id"]: str(rank),
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+    }
 
 
 def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
@@ -399,7 +474,7 @@ def _spawn(cmd, base, num_processes, per_rank_env) -> list[subprocess.Popen]:
     try:
         for rank in range(num_processes):
             e = dict(base)
-            e[_ENV["process_id"]] = str(rank)
+            e.update(_rank_env(rank))
             if per_rank_env is not None:
                 e.update(per_rank_env[rank])
             procs.append(

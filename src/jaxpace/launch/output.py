@@ -4,13 +4,70 @@ from __future__ import annotations
 
 import collections
 import os
+import stat
 from typing import BinaryIO, TextIO
 
-__all__ = ["MAX_LINE_BYTES", "OutputSink", "RankTail", "read_available"]
+from jaxpace.errors import ConfigError
+from jaxpace.records.safe_io import path_kind
+
+__all__ = ["MAX_LINE_BYTES", "OutputSink", "RankTail", "open_output_file", "read_available"]
 
 # A line longer than this is passed on in pieces of this size (nothing is
 # dropped; only the piece boundaries are not the child's).
 MAX_LINE_BYTES = 64 * 1024
+
+
+def open_output_file(path: str | os.PathLike) -> TextIO:
+    """Opens the launcher's `--output-file` for writing, truncated; never blocks.
+
+    Only a regular file or a new path is accepted: a FIFO (opening it would
+    block before any rank starts, past `--timeout`), a device (`/dev/full`), a
+    socket, a directory or a symlink (dangling or not) is refused with a
+    `ConfigError` naming `--output-file`. The open itself is `O_NONBLOCK` and
+    `O_NOFOLLOW`, and what was opened is checked again (`fstat`) before it is
+    truncated, so a file swapped in between is refused too.
+    """
+    p = os.fspath(path)
+    fix = "Pass a regular file or a new path with `--output-file`."
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise ConfigError(
+            f"`--output-file` {p!r} cannot be used: {e.strerror or e}. {fix}"
+        ) from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ConfigError(_not_regular(p, path_kind(p, mode), fix))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(p, flags, 0o644)
+    except OSError as e:
+        raise ConfigError(
+            f"`--output-file` {p!r} cannot be opened for writing: {e.strerror or e}. {fix}"
+        ) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(_not_regular(p, path_kind(p, mode), fix))
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "w", encoding="utf-8")
+    except OSError as e:
+        os.close(fd)
+        raise ConfigError(
+            f"`--output-file` {p!r} cannot be written: {e.strerror or e}. {fix}"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _not_regular(path: str, kind: str, fix: str) -> str:
+    return (
+        f"`--output-file` {path!r} is {kind}, not a regular file; the launcher writes its "
+        f"output only to a regular file or a new path (checked before any rank starts). {fix}"
+    )
 
 
 class RankTail:
@@ -37,7 +94,9 @@ class OutputSink:
     Every rank's stdout and stderr have their own buffer, so a line the child
     wrote to stderr in the middle of a stdout line (C++ logging, warnings) is
     never spliced into it. Each line goes, whole, to `stream` and `log`, and
-    into the rank's bounded `RankTail`.
+    into the rank's bounded `RankTail`. When writing to `log` fails (a full
+    disk), the log is no longer written and `log_error` says why (the job
+    goes on: its output still reaches `stream` and the tails).
     """
 
     def __init__(
@@ -52,6 +111,7 @@ class OutputSink:
         self.stream = stream
         self.log = log
         self.tails = [RankTail(tail_lines, tail_bytes) for _ in range(num_processes)]
+        self.log_error: str | None = None
         self._partial: dict[tuple[int, int], bytes] = {}
 
     def feed(self, rank: int, key: int, data: bytes) -> None:
@@ -80,13 +140,19 @@ class OutputSink:
         line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
         self.tails[rank].add(line)
         text = f"[rank {rank}] {line}\n"
-        for out in (self.stream, self.log):
-            if out is not None:
-                try:
-                    out.write(text)
-                    out.flush()
-                except (OSError, ValueError):
-                    pass
+        if self.stream is not None:
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+        if self.log is not None:
+            try:
+                self.log.write(text)
+                self.log.flush()
+            except (OSError, ValueError) as e:
+                self.log_error = getattr(e, "strerror", None) or str(e) or type(e).__name__
+                self.log = None  # the caller closes the file
 
 
 def read_available(f: BinaryIO) -> bytes | None:

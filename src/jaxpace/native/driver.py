@@ -69,7 +69,7 @@ _LAZY_S = 0.05  # drain period when no attached policy can delay
 
 
 class _ReleaseNative(threading.Event):
-    """A stop event in `_delay`'s SIGTERM set: setting it ends every native sleep at once."""
+    """A stop event in `jaxpace.runtime.delay`'s SIGTERM set: setting it ends every native sleep at once."""
 
     def set(self) -> None:
         super().set()

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from jaxpace.records.safe_io import check_replaceable, make_dirs, write_atomic
 
 __all__ = [
     "FORMAT_VERSION",
@@ -115,12 +115,13 @@ def step_record(
 def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> str:
     """Writes records one JSON object a line, atomically; returns the path.
 
-    The text goes to a uniquely named temporary file beside `path`, which then
-    replaces `path` in one rename: a reader never sees half a file, and
-    concurrent writers never share a temporary name (the last one wins).
-    Missing parent directories are created. Only a regular file (or nothing)
-    at `path` is replaced: a symlink, directory, device node, FIFO or socket
-    there raises `FileExistsError`/`IsADirectoryError` and is left as it was.
+    Through `safe_io.write_atomic`, the one atomic writer: a uniquely named
+    temporary file beside `path`, then one rename (a reader never sees half a
+    file, concurrent writers never share a temporary name, a failed write
+    leaves the earlier file whole). Missing parent directories are created.
+    Only a regular file (or nothing) at `path` is replaced: a symlink,
+    directory, device node, FIFO or socket there raises
+    `FileExistsError`/`IsADirectoryError` and is left as it was.
     """
     p = os.fspath(path)
     if p.endswith(os.sep) or (os.altsep and p.endswith(os.altsep)):
@@ -128,75 +129,14 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -
             f"records path {p!r} names a directory; pass a file path such as "
             f"{os.path.join(p, records_filename(0))!r}."
         )
-    check_replaceable(p)
-    d = os.path.dirname(p) or "."
-    make_dirs(d)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(p) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            for rec in records:
-                f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        os.chmod(tmp, 0o644)
-        check_replaceable(p)  # again, just before the rename
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return p
 
+    def fill(f) -> None:
+        for rec in records:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
-def check_replaceable(path: str) -> None:
-    """Raises unless `path` is missing or a regular file (never follows a symlink)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except NotADirectoryError as e:
-        raise NotADirectoryError(
-            f"cannot write records to {path!r}: a parent of it is a file, not a directory. "
-            "Pick another path."
-        ) from e
-    mode = st.st_mode
-    if stat.S_ISREG(mode):
-        return
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(
-            f"cannot write records to {path!r}: it is a directory. Pass a file path inside it, "
-            f"e.g. {os.path.join(path, records_filename(0))!r}."
-        )
-    kinds = [
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISCHR, "a device node"),
-        (stat.S_ISBLK, "a device node"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    ]
-    kind = next((k for test, k in kinds if test(mode)), "not a regular file")
-    raise FileExistsError(
-        f"refusing to write records over {path!r}: it is {kind}, and only a regular file "
-        "(or a new path) is replaced. Pass a new file path or a directory."
+    return write_atomic(
+        p,
+        fill,
+        what="records",
+        make_parents=True,
     )
-
-
-def make_dirs(directory: str) -> None:
-    """`os.makedirs(directory, exist_ok=True)` with an error that says which part is wrong."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except FileExistsError as e:
-        raise NotADirectoryError(
-            f"cannot create directory {directory!r} for records: {directory!r} or one of its "
-            "parents exists and is not a directory. Pick another path."
-        ) from e
-    except NotADirectoryError as e:
-        raise NotADirectoryError(
-            f"cannot create directory {directory!r} for records: one of its parents is a "
-            "file, not a directory. Pick another path."
-        ) from e
-    except PermissionError as e:
-        raise PermissionError(
-            f"cannot create directory {directory!r} for records: permission denied. "
-            "Pick a writable path."
-        ) from e

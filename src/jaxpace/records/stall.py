@@ -7,6 +7,8 @@ import json
 import os
 import tempfile
 
+from jaxpace.records.safe_io import write_atomic
+
 __all__ = ["stacks", "stall_filename", "write"]
 
 
@@ -17,15 +19,13 @@ def stall_filename(process_index: int) -> str:
 def write(directory: str, process_index: int, rec: dict) -> str:
     """Writes `rec` as `stall-p{process_index}.json` in `directory` (created); returns the path.
 
-    Atomic (a temporary file, then one rename). Raises `OSError` when it cannot write.
+    Through `safe_io.write_atomic` (a temporary file, then one rename; a
+    symlink or special file there is refused). Raises `OSError` when it cannot write.
     """
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, stall_filename(process_index))
-    fd, tmp = tempfile.mkstemp(prefix=".stall-", dir=directory)
-    with os.fdopen(fd, "w") as f:
-        json.dump(rec, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(
+        path, lambda f: json.dump(rec, f, indent=1), what="stall record", make_parents=True
+    )
 
 
 def stacks() -> str:

@@ -38,7 +38,7 @@ import jaxpace.report.stages as stages
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, RecordsError
 from jaxpace.records.reader import Records
-from jaxpace.report.model import DEFAULT_WARMUP_STEPS, Report
+from jaxpace.report.model import DEFAULT_WARMUP_STEPS, Findings, Report, RunInfo, StepTiming
 
 __all__ = ["analyze", "load_step_records"]
 
@@ -134,7 +134,7 @@ def analyze(
         sel.compute, amplification, culprits.culprit, analyzed_steps=sel.n
     )
     notes += [forecast_note] if forecast_note else []
-    return Report(
+    run = RunInfo(
         run_id=recs.run_id,
         source=loaded.source,
         site=site,
@@ -147,8 +147,17 @@ def analyze(
         analyzed_steps=sel.n,
         partial=bool(recs.partial or site_partial),
         notes=tuple(notes),
+        context=ctx,
+    )
+    timing = StepTiming(
         iteration=iteration,
         amplification=amplification,
+        periodic=sel.periodic,
+        what_if=stages.what_if(data, sel, culprits, iteration.mean_s),
+        forecast=forecast,
+        pacing=stages.pacing_effect(data, sel, ctx),
+    )
+    findings = Findings(
         ranks=culprits.rank_stats,
         ranking=culprits.ranking,
         culprit=culprits.culprit,
@@ -156,20 +165,15 @@ def analyze(
         noise_floor_s=culprits.noise_floor_s,
         failure_modes=failure_modes,
         primary_mode=primary,
-        periodic=sel.periodic,
-        what_if=stages.what_if(data, sel, culprits, iteration.mean_s),
-        forecast=forecast,
-        pacing=stages.pacing_effect(data, sel, ctx),
         culprits=culprits.culprits,
         late_groups=culprits.groups,
         costs=costs,
         decisions=((refused,) if refused else ())
         + stages.decisions(culprits, failure_modes, primary, costs, sel.periodic, ctx.hours_unit),
         fleet=culprits.fleet,
-        context=ctx,
-        sites_table=_sites_table(loaded, warmup_steps),
-        data=data,
     )
+    sites_table = _sites_table(loaded, warmup_steps)
+    return Report(run, timing, findings, sites_table=sites_table, data=data)
 
 
 def _other_sites_note(recs: Records, site: str) -> list[str]:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import RECORDS_GLOB
-from jaxpace.records.reader import find_runs
+from jaxpace.records.reader import Records, find_runs
 from jaxpace.records.safe_io import check_output_path
-from jaxpace.records.sources import detect
+from jaxpace.records.sources import detect, xprof
 from jaxpace.report.analyze import analyze
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, write_json
 from jaxpace.report.render.html import write_html
@@ -45,6 +45,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="print every table, the evidence and the notes (default: a short summary)",
     )
     parser.add_argument(
+        "--run",
+        help="which run to report when RUN_DIR's `jax.profiler` traces hold several (a "
+        "program traced again into the same folder): its number as listed, or a profiler "
+        "session folder name only it holds",
+    )
+    parser.add_argument(
         "--expected-transfer-ms",
         type=float,
         default=None,
@@ -64,13 +70,17 @@ def cli_main(args: argparse.Namespace) -> int:
         print("\n".join(f"  jaxpace report {r}" for r in runs))
         return 0
     args.run_dir = _one_run(args.run_dir)
+    writing = "html"  # the output being written, named if writing it fails
     try:
+        source = _trace_run(args)
+        if source is None:  # the runs were listed
+            return 0
         outputs = _output_paths(args)
         stalls = format_stalls(load_stalls(args.run_dir))  # a hung run: its stall records first
         if stalls:
             print(printable(stalls, keep_newlines=True) + "\n")
         report = analyze(
-            args.run_dir,
+            source,
             warmup_steps=args.warmup,
             site=args.site,
             expected_transfer_s=(
@@ -81,11 +91,10 @@ def cli_main(args: argparse.Namespace) -> int:
         )
         print_summary(report, verbose=bool(getattr(args, "verbose", False)))
         _print_sites(report)
-        html = write_html(report, outputs["html"])
-        trace = write_trace(report, outputs["trace"])
-        written = [html, trace]
-        if args.json:
-            written.append(write_json(report, outputs["json"]))
+        written = []
+        for writing, write in (("html", write_html), ("trace", write_trace), ("json", write_json)):
+            if writing in outputs:
+                written.append(write(report, outputs[writing]))
     except (RecordsError, ValueError) as e:
         print(f"jaxpace report: error: {printable(e, keep_newlines=True)}", file=sys.stderr)
         return 2
@@ -96,15 +105,38 @@ def cli_main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    except OSError as e:
-        print(
-            f"jaxpace report: error: cannot write output ({e.strerror or e}: "
-            f"{e.filename}). Pass writable paths with --html/--trace/--json.",
-            file=sys.stderr,
-        )
+    except OSError as e:  # from `write_atomic`: its message names the path and the OS error
+        if e.filename is None:
+            detail = f"{e} (That path is set with `--{writing}`.)"
+        else:
+            detail = (
+                f"cannot write output ({e.strerror or e}: {e.filename}). Pass writable paths "
+                "with --html/--trace/--json."
+            )
+        print(f"jaxpace report: error: {printable(detail)}", file=sys.stderr)
         return 2
     print("wrote " + ", ".join(str(w) for w in written))
     return 0
+
+
+def _trace_run(args: argparse.Namespace) -> Records | str | None:
+    """What to analyze: `args.run_dir`, or the `--run` chosen among the runs of its
+    `jax.profiler` traces; None after listing several runs when `--run` is not given."""
+    run = getattr(args, "run", None)
+    if detect(args.run_dir) != "xprof":
+        if run is not None:
+            raise RecordsError(
+                f"`--run` chooses among the runs of `jax.profiler` traces, and "
+                f"{args.run_dir} holds none; report a run of records or Inspector logs by "
+                "its folder instead."
+            )
+        return args.run_dir
+    traces = xprof.read(Path(args.run_dir))
+    if len(traces.runs) > 1 and run is None:
+        print(f"{args.run_dir} holds {len(traces.runs)} runs of `jax.profiler` traces; report one:")
+        print(traces.listing(f"jaxpace report {args.run_dir}"))
+        return None
+    return traces.load(run).records
 
 
 def _runs_inside(run_dir: str) -> list[Path]:
@@ -132,11 +164,11 @@ def _output_paths(args: argparse.Namespace) -> dict[str, Path]:
 
 def _print_sites(report) -> None:
     """Every site in step order, with who is late within each group (several sites only):
-    the rows `analyze` computed (`Report.sites_table`)."""
+    the rows `analyze` computed (`Report.sites_table`); names shown as `printable` text."""
     if report.sites_table:
         from jaxpace.report.stages.links import format_site_table
 
-        print("\n" + format_site_table(list(report.sites_table)))
+        print("\n" + printable(format_site_table(list(report.sites_table)), keep_newlines=True))
 
 
 def _one_run(run_dir: str) -> str:

@@ -12,31 +12,35 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from jaxpace.records.safe_io import write_atomic
 from jaxpace.records.site_data import SiteData
-
-if TYPE_CHECKING:
-    from jaxpace.report.stages.links import SiteRow
 
 __all__ = [
     "DEFAULT_WARMUP_STEPS",
     "FAILURE_MODES",
     "FORECAST_RANKS",
     "FailureMode",
+    "Findings",
     "FleetSpread",
     "Forecast",
     "GroupFinding",
+    "GroupLate",
     "IterationStats",
+    "LinkWait",
     "PacingEffect",
     "PeriodicOutliers",
     "RankStats",
     "Report",
     "RunContext",
+    "RunInfo",
     "SiteData",
+    "SiteRow",
     "SlowRank",
+    "StepTiming",
     "WaitingCost",
     "WhatIf",
     "write_json",
@@ -351,6 +355,8 @@ class RunContext:
       probe: which probes timed the analyzed site, as the runtime said, or None.
       policy_stopped: the policy backed off or its A/B guard rejected pacing
         on some process during the run.
+      no_culprit: why the analyzed site's waits cannot name anyone late (the
+        source's reader said so in the header's `sites[site]["no_culprit"]`), or None.
     """
 
     platform: str = "unknown"
@@ -360,6 +366,7 @@ class RunContext:
     invariant_over: str | None = None
     probe: str | None = None
     policy_stopped: bool = False
+    no_culprit: str | None = None
 
     @property
     def hours_unit(self) -> str:
@@ -393,8 +400,48 @@ class PacingEffect:
 
 
 @dataclasses.dataclass(frozen=True)
-class Report:
-    """What `analyze` found. `to_dict()` / `to_json()` give everything but raw arrays.
+class GroupLate:
+    """A rank that arrives last in its group at a site: `lead_s` is the median over steps of
+    how long the others of its group had been waiting (median over them) when it arrived;
+    `latest_share` the share of steps it was the latest; `p_value` the chance of that many."""
+
+    rank: int
+    group: tuple[int, ...]
+    lead_s: float
+    latest_share: float
+    p_value: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkWait:
+    """One ppermute pair: the destination's median wait for its source (seconds)."""
+
+    source: int
+    destination: int
+    wait_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteRow:
+    """One site of `Report.sites_table` (`stages.links.site_table`). `wait_s`: median over
+    steps of the mean wait over ranks; `share`: the site's part of the sum of those over all
+    sites; `order_s`: median time into the step."""
+
+    site: str
+    kind: str | None
+    groups: tuple[tuple[int, ...], ...]
+    steps: int
+    wait_s: float
+    share: float
+    order_s: float
+    late: tuple[GroupLate, ...]
+    links: tuple[LinkWait, ...]
+    slow_link: LinkWait | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """What was analyzed: the run, its site and steps, and what the headers say of it.
 
     Attributes:
       run_id, site, sites, granularity: what was analyzed (`sites` lists all).
@@ -406,31 +453,9 @@ class Report:
       analyzed_steps: steps used for statistics (after warm-up, without
         periodic outliers).
       partial: input was incomplete; `notes` says how.
-      iteration: step-time statistics.
-      amplification: mean over steps of the max-rank compute, over the mean
-        compute (>= 1; 1 = no rank ever waits for another); NaN without compute.
-      ranks: per-rank statistics, by rank.
-      ranking: ranks from most to least culpable (late ranks first, then by
-        largest excess lateness).
-      culprit: the persistent culprit rank, or None (never for balanced runs).
-      culprit_process: its process (or a process whose ranks are late together).
-      culprits: every individual culprit rank, latest first (`culprit` is the first).
-      late_groups: groups of ranks late together (`GroupFinding`), most significant first.
-      costs: GPU-hours spent waiting for each culprit and late group (`WaitingCost`).
-      decisions: one line per decision (culprit, group, mode, or none), each with
-        its evidence and confidence, in the order a user should act on them.
-      noise_floor_s: excess lateness below this is not called late.
-      failure_modes: one `FailureMode` per name in `FAILURE_MODES`.
-      primary_mode: the detected mode with the highest score, or "balanced".
-      periodic: periodic slow steps, or None.
-      what_if, forecast, pacing: see their classes (None when not computable).
-      fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
+      notes: what the reader should know (tagged ones, `PARTIAL:`, `NO CULPRIT:`, first).
       context: what the headers say about the run (platform, policy, an
         invariant operand, sampling): `RunContext`.
-      sites_table: with 2 or more sites, one `SiteRow` per site in step order
-        (`stages.links.site_table`: its wait, share, the latest rank within each
-        group and ppermute's slow pair); else empty. Evidence per site, not the
-        culprit decision. `to_dict` adds each row's `num_groups`.
     """
 
     run_id: str | None
@@ -444,8 +469,51 @@ class Report:
     analyzed_steps: int
     partial: bool
     notes: tuple[str, ...]
+    source: str = "jaxpace records"
+    context: RunContext = dataclasses.field(default_factory=RunContext)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """How the steps ran, and what they would take otherwise.
+
+    Attributes:
+      iteration: step-time statistics.
+      amplification: mean over steps of the max-rank compute, over the mean
+        compute (>= 1; 1 = no rank ever waits for another); NaN without compute.
+      periodic: periodic slow steps, or None.
+      what_if, forecast, pacing: see their classes (None when not computable).
+    """
+
     iteration: IterationStats
     amplification: float
+    periodic: PeriodicOutliers | None
+    what_if: WhatIf | None
+    forecast: Forecast | None
+    pacing: PacingEffect | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Findings:
+    """Who is late, what kind of trouble the run has, and what it costs.
+
+    Attributes:
+      ranks: per-rank statistics, by rank.
+      ranking: ranks from most to least culpable (late ranks first, then by
+        largest excess lateness).
+      culprit: the persistent culprit rank, or None (never for balanced runs).
+      culprit_process: its process (or a process whose ranks are late together).
+      noise_floor_s: excess lateness below this is not called late.
+      failure_modes: one `FailureMode` per name in `FAILURE_MODES`.
+      primary_mode: the detected mode with the highest score, or "balanced".
+      culprits: every individual culprit rank, latest first (`culprit` is the first).
+      late_groups: groups of ranks late together (`GroupFinding`), most significant first.
+      costs: GPU-hours spent waiting for each culprit and late group (`WaitingCost`).
+      decisions: one line per decision (culprit, group, mode, or none), each with
+        its evidence and confidence, in the order a user should act on them.
+      fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
+    """
+
     ranks: tuple[RankStats, ...]
     ranking: tuple[int, ...]
     culprit: int | None
@@ -453,19 +521,11 @@ class Report:
     noise_floor_s: float
     failure_modes: tuple[FailureMode, ...]
     primary_mode: str
-    periodic: PeriodicOutliers | None
-    what_if: WhatIf | None
-    forecast: Forecast | None
-    pacing: PacingEffect | None
     culprits: tuple[int, ...] = ()
     late_groups: tuple[GroupFinding, ...] = ()
     costs: tuple[WaitingCost, ...] = ()
     decisions: tuple[str, ...] = ()
-    source: str = "jaxpace records"
     fleet: FleetSpread | None = None
-    context: RunContext = dataclasses.field(default_factory=RunContext)
-    sites_table: tuple[SiteRow, ...] = ()
-    data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def mode(self, name: str) -> FailureMode:
         """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
@@ -481,16 +541,102 @@ class Report:
                 return r
         raise KeyError(f"rank {rank} is not in this report; ranks: {[r.rank for r in self.ranks]}.")
 
+
+# The report's flat names, in the order of `to_dict()`'s keys, and the part holding each.
+_FLAT: dict[str, str] = {
+    **dict.fromkeys(
+        ("run_id", "site", "sites", "granularity", "num_ranks", "num_processes", "num_steps",
+         "warmup_steps", "analyzed_steps", "partial", "notes"), "run"),
+    "iteration": "timing",
+    "amplification": "timing",
+    **dict.fromkeys(("ranks", "ranking", "culprit", "culprit_process", "noise_floor_s",
+                     "failure_modes", "primary_mode"), "findings"),
+    **dict.fromkeys(("periodic", "what_if", "forecast", "pacing"), "timing"),
+    **dict.fromkeys(("culprits", "late_groups", "costs", "decisions"), "findings"),
+    "source": "run",
+    "fleet": "findings",
+    "context": "run",
+}  # fmt: skip
+
+
+def _flat(name: str) -> property:
+    part = _FLAT[name]
+    return property(lambda self: getattr(getattr(self, part), name), doc=f"`{part}.{name}`.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What `analyze` found, in three parts the renderers take. `to_dict()` / `to_json()`
+    give everything but raw arrays, as one flat object.
+
+    Attributes:
+      run: what was analyzed (`RunInfo`).
+      timing: how the steps ran, and what they would take otherwise (`StepTiming`).
+      findings: who is late, the failure modes, what waiting costs (`Findings`).
+      sites_table: with 2 or more sites, one `SiteRow` per site in step order
+        (`stages.links.site_table`: its wait, share, the latest rank within each
+        group and ppermute's slow pair); else empty. Evidence per site, not the
+        culprit decision. `to_dict` adds each row's `num_groups`.
+      data: the analyzed site's arrays (`SiteData`), for the plots and the trace.
+
+    Every attribute of the parts reads from the report too (`report.culprit` is
+    `report.findings.culprit`); those names are the keys of `to_dict()`.
+    """
+
+    run: RunInfo
+    timing: StepTiming
+    findings: Findings
+    sites_table: tuple[SiteRow, ...] = ()
+    data: SiteData | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    run_id = _flat("run_id")
+    site = _flat("site")
+    sites = _flat("sites")
+    granularity = _flat("granularity")
+    num_ranks = _flat("num_ranks")
+    num_processes = _flat("num_processes")
+    num_steps = _flat("num_steps")
+    warmup_steps = _flat("warmup_steps")
+    analyzed_steps = _flat("analyzed_steps")
+    partial = _flat("partial")
+    notes = _flat("notes")
+    source = _flat("source")
+    context = _flat("context")
+    iteration = _flat("iteration")
+    amplification = _flat("amplification")
+    periodic = _flat("periodic")
+    what_if = _flat("what_if")
+    forecast = _flat("forecast")
+    pacing = _flat("pacing")
+    ranks = _flat("ranks")
+    ranking = _flat("ranking")
+    culprit = _flat("culprit")
+    culprit_process = _flat("culprit_process")
+    noise_floor_s = _flat("noise_floor_s")
+    failure_modes = _flat("failure_modes")
+    primary_mode = _flat("primary_mode")
+    culprits = _flat("culprits")
+    late_groups = _flat("late_groups")
+    costs = _flat("costs")
+    decisions = _flat("decisions")
+    fleet = _flat("fleet")
+
+    def mode(self, name: str) -> FailureMode:
+        """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
+        return self.findings.mode(name)
+
+    def rank_stats(self, rank: int) -> RankStats:
+        """The `RankStats` of `rank`."""
+        return self.findings.rank_stats(rank)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (NaN becomes None); no raw per-step arrays."""
         out = {}
-        for f in dataclasses.fields(self):
-            if f.name == "data":
-                continue
-            v = getattr(self, f.name)
-            out[f.name] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+        for name in (*_FLAT, "sites_table"):
+            v = getattr(self, name)
+            out[name] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
             if isinstance(v, tuple) and v and dataclasses.is_dataclass(v[0]):
-                out[f.name] = [dataclasses.asdict(x) for x in v]
+                out[name] = [dataclasses.asdict(x) for x in v]
         for row in out["sites_table"]:
             row["num_groups"] = len(row["groups"])
         return _jsonable(out)
@@ -498,12 +644,6 @@ class Report:
     def to_json(self, indent: int | None = 2) -> str:
         """`to_dict()` as a JSON string."""
         return json.dumps(self.to_dict(), indent=indent)
-
-    def summary_table(self) -> Any:
-        """The terminal summary as a `rich` renderable (a group of tables)."""
-        from jaxpace.report.render.terminal import summary_renderable
-
-        return summary_renderable(self)
 
 
 def _jsonable(x: Any) -> Any:
@@ -519,7 +659,7 @@ def _jsonable(x: Any) -> Any:
 
 
 def write_json(report: Report, path: str | os.PathLike) -> Path:
-    """Writes `report.to_json()` to `path` and returns the path."""
+    """Writes `report.to_json()` to `path` (atomically: `safe_io.write_atomic`); returns the path."""
     p = Path(path)
-    p.write_text(report.to_json() + "\n")
+    write_atomic(p, report.to_json() + "\n", what="JSON report")
     return p

@@ -1,27 +1,32 @@
 """The delay stage: clamp a policy's delay, sleep it interruptibly, release it on SIGTERM.
 
 Process-wide state here is explicit and bounded: a weak set of the stop
-events of live pacers (pruned automatically when a pacer is collected) and a
-once-only SIGTERM hook, installed by the first pacer that can sleep (at its
-first trace, from the tracing thread), never by a constructor.
+events of live pacers (pruned automatically when a pacer is collected). This
+module installs no signal handler and no `atexit` hook: `jaxpace.runtime.signals`
+owns both, calls `release_all` first on SIGTERM, and starts the wake-up fd
+watcher here (`start_release_watcher`) at the first trace of a pacer that can
+sleep or has sinks, never from a constructor.
 """
 
 from __future__ import annotations
 
-import atexit
 import math
-import os
 import signal
 import socket
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["clamp_delay", "ensure_sigterm_release", "interruptible_sleep", "register_stop"]
+__all__ = [
+    "clamp_delay",
+    "interruptible_sleep",
+    "register_stop",
+    "release_all",
+    "start_release_watcher",
+]
 
 _STOPS: weakref.WeakSet = weakref.WeakSet()
-_INSTALL_LOCK = threading.Lock()
-_installed = False
 
 
 def clamp_delay(delay_s: Any, max_delay_s: float) -> float:
@@ -67,49 +72,21 @@ def release_all() -> None:
         ev.set()
 
 
-def ensure_sigterm_release() -> bool:
-    """Makes SIGTERM end pacing sleeps promptly, then runs the previous handler (once).
+def start_release_watcher(on_sigterm: Callable[[], None]) -> Callable[[], None] | None:
+    """Starts the thread that releases every sleep as soon as SIGTERM arrives.
 
     While the main thread is blocked inside a compiled computation, Python-level
     signal handlers cannot run, and that computation may be waiting on our very
-    sleep. So a watcher thread reads the signal wake-up fd (written by the C
-    handler at once) and releases the sleeps; the Python handler then chains to
-    the previous one. Only the main thread may install signal handlers: from
-    another thread this returns False and a later call from the main thread
-    installs it.
+    sleep. So a watcher thread reads the signal wake-up fd (written by Python's
+    C-level handler at once, whichever Python handler is installed) and releases
+    the sleeps, then calls `on_sigterm` on that thread. `jaxpace.runtime.signals`
+    starts it (once, from the main thread, with its SIGTERM handler) and calls
+    the returned function at exit; this module installs no handler.
 
     Returns:
-      Whether the hook is installed.
+      The function that stops watching (restoring the wake-up fd), or None when
+      someone else (e.g. asyncio) owns the wake-up fd: it is left to them.
     """
-    global _installed
-    if _installed:
-        return True
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    with _INSTALL_LOCK:
-        if _installed:
-            return True
-        _installed = True
-        try:
-            _install()
-        except (ValueError, OSError):
-            pass
-    return True
-
-
-def _install() -> None:
-    prev = signal.getsignal(signal.SIGTERM)
-
-    def handler(signum, frame):
-        release_all()
-        if callable(prev):
-            prev(signum, frame)
-        else:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    if prev in (signal.SIG_DFL, None) or callable(prev):
-        signal.signal(signal.SIGTERM, handler)
     r, w = socket.socketpair()
     r.setblocking(True)
     w.setblocking(False)
@@ -119,7 +96,7 @@ def _install() -> None:
         signal.set_wakeup_fd(old_fd)
         r.close()
         w.close()
-        return
+        return None
 
     def watch() -> None:
         while True:
@@ -131,8 +108,12 @@ def _install() -> None:
                 return
             if signal.SIGTERM in data:
                 release_all()
+                try:
+                    on_sigterm()
+                except Exception:  # noqa: BLE001 - the watcher must keep watching
+                    pass
 
-    def close_at_exit() -> None:
+    def close() -> None:
         try:
             prev_fd = signal.set_wakeup_fd(-1)
             if prev_fd not in (-1, w.fileno()):
@@ -143,4 +124,4 @@ def _install() -> None:
         r.close()
 
     threading.Thread(target=watch, name="jaxpace-sigterm", daemon=True).start()
-    atexit.register(close_at_exit)
+    return close

@@ -156,7 +156,7 @@ def _site_context(pacer: PacerState) -> dict[str, dict[str, Any]]:
     `probe`: which probes timed it; `invariant_over`: the axis its operand was
     already reduced over (the skew is hidden), else None; `backed_off` /
     `ab_rejected`: the policy stopped pacing during the run on some rank; and the
-    site's layout (`collective`, its rank groups, ppermute's pairs; `_site_layout`).
+    site's layout (`collective`, its rank groups, ppermute's pairs; `jaxpace.collectives.layout`).
     """
     out: dict[str, dict[str, Any]] = {}
     invariant = dict(pacer.hooks.invariant_sites)

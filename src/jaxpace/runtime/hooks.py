@@ -19,7 +19,8 @@ import numpy as np
 from jaxpace import _jax_compat
 from jaxpace.collectives import exchange as _exchange
 from jaxpace.policy import base as _policy
-from jaxpace.runtime.delay import clamp_delay, ensure_sigterm_release, interruptible_sleep
+from jaxpace.runtime import signals
+from jaxpace.runtime.delay import clamp_delay, interruptible_sleep
 from jaxpace.runtime.probe import now_ns
 from jaxpace.runtime.sites import RankState, Site, SiteNames
 
@@ -73,8 +74,8 @@ class Hooks:
     def begin_trace(self) -> None:
         """Freezes settings and agrees on them across processes (once)."""
         self._p.freeze_and_agree()
-        if self._p.policy.max_delay_s > 0:
-            ensure_sigterm_release()
+        if self._p.policy.max_delay_s > 0:  # SIGTERM releases the sleeps (main thread only)
+            signals.ensure_sigterm()
 
     def callbacks_available(self) -> bool:
         if self._callbacks_ok is None:

@@ -13,9 +13,8 @@ from typing import Any
 from jaxpace import policy as _policy
 from jaxpace.collectives import measure as _collectives
 from jaxpace.errors import TracedConfigChangeError
-from jaxpace.runtime import consensus
+from jaxpace.runtime import consensus, signals
 from jaxpace.runtime import export as _export
-from jaxpace.runtime import signals as shutdown
 from jaxpace.runtime.config import (
     Granularity,
     PacerConfig,
@@ -158,6 +157,13 @@ class Pacer:
         """Exceptions raised by sinks (each caught and logged, rate-limited)."""
         return self._sink_thread.errors
 
+    @property
+    def sink_disabled(self) -> int:
+        """Sinks no longer called because they raised a `BaseException` that is not an
+        `Exception` (`SystemExit` from `sys.exit()`, ...); each is logged, and counted in
+        `sink_errors` too. The other sinks keep receiving every summary."""
+        return len(self._sink_thread.disabled)
+
     def configure(self, *, policy: _policy.PacingPolicy | None = None, **changes: Any) -> None:
         """Changes settings; only allowed before the first traced call.
 
@@ -215,7 +221,7 @@ class Pacer:
         """Freezes settings and agrees on them across processes (once, at first trace)."""
         self._traced = True
         if self._sink_thread.sinks:  # SIGTERM delivers their summaries (main thread only)
-            shutdown.ensure_sigterm_delivery()
+            signals.ensure_sigterm()
         if self._consensus_done:
             return
         with self._lock:
@@ -224,7 +230,7 @@ class Pacer:
             mine = consensus.fingerprint(self.agreed_settings())
             self.run_id = consensus.agree(mine, self._config.consensus_timeout_s)
             self._consensus_done = True
-            shutdown.register(self)  # closed at interpreter exit (after jax.distributed's init)
+            signals.register(self)  # closed at interpreter exit (after jax.distributed's init)
             if self._config.enabled:
                 self._watchdog.start(self.run_id)
 

@@ -26,12 +26,23 @@ class SinkThread:
     the first summary, so a `Pacer` without sinks starts no thread. `close`
     never blocks longer than its timeout, even when a sink never returns: what
     is still queued then is discarded and counted in `dropped`.
+
+    A sink that raises an `Exception` is counted in `errors`, logged
+    (rate-limited) and keeps receiving. A sink that raises any other
+    `BaseException` (`SystemExit` from a `sys.exit()` in it, a custom
+    subclass) would otherwise end this thread and starve every other sink: it
+    is disabled instead (listed in `disabled`, counted in `errors`, logged
+    once; its `close()` is still called at the end) and the others keep
+    receiving every summary. Only a `KeyboardInterrupt` on the main thread
+    (summaries delivered inline at interpreter shutdown) propagates.
     """
 
     def __init__(self, sinks: Sequence[Sink], errlog: RateLimitedLog) -> None:
         self.sinks = list(sinks)
         self.dropped = 0
         self.errors = 0
+        # Sinks that raised a BaseException that is not an Exception: no longer called.
+        self.disabled: list[Sink] = []
         self._errlog = errlog
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
@@ -67,11 +78,41 @@ class SinkThread:
 
     def _deliver(self, item: dict[str, Any]) -> None:
         for sink in self.sinks:
+            if self._is_disabled(sink):
+                continue
             try:
                 sink(item)
             except Exception as e:  # noqa: BLE001
                 self.errors += 1
                 self._errlog.warning("sink", "jaxpace: metrics sink %r raised %r", sink, e)
+            except BaseException as e:  # noqa: BLE001 - SystemExit & co. must not end the thread
+                self._disable(sink, e, "raised")
+
+    def _is_disabled(self, sink: Sink) -> bool:
+        return any(d is sink for d in self.disabled)
+
+    def _disable(self, sink: Sink, e: BaseException, doing: str) -> None:
+        """Stops calling `sink` after it raised `e`, a BaseException that is not an Exception.
+
+        Re-raises a KeyboardInterrupt on the main thread (the user's Ctrl-C).
+        """
+        if (
+            isinstance(e, KeyboardInterrupt)
+            and threading.current_thread() is threading.main_thread()
+        ):
+            raise e
+        self.errors += 1
+        if not self._is_disabled(sink):
+            self.disabled.append(sink)
+        log.warning(
+            "jaxpace: metrics sink %r %s %r (a BaseException, not an Exception); it is disabled "
+            "and gets no more summaries, the other sinks keep receiving them. Make the sink "
+            "raise an Exception (or nothing) instead of calling sys.exit() or raising %s.",
+            sink,
+            doing,
+            e,
+            type(e).__name__,
+        )
 
     def _loop(self) -> None:
         q = self._queue
@@ -94,6 +135,8 @@ class SinkThread:
             except Exception as e:  # noqa: BLE001
                 self.errors += 1
                 self._errlog.warning("sink", "jaxpace: closing sink %r raised %r", sink, e)
+            except BaseException as e:  # noqa: BLE001 - the other sinks still get their close()
+                self._disable(sink, e, "raised on close()")
 
     def flush(self, timeout_s: float = 5.0) -> None:
         """Waits (bounded) until queued summaries are delivered."""
@@ -142,8 +185,11 @@ class SinkThread:
             stuck = t is not None and t.is_alive()
             log.warning(
                 "jaxpace: sinks closed; %d summaries dropped (queue full or undelivered "
-                "at close)%s",
+                "at close)%s%s",
                 self.dropped,
                 "; a sink is still running and was left behind (daemon thread)" if stuck else "",
+                f"; {len(self.disabled)} sink(s) disabled after raising a BaseException"
+                if self.disabled
+                else "",
             )
         return self.dropped

@@ -24,7 +24,6 @@ Keys (under `jaxpace/watchdog/{run_id}/`):
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import json
 import logging
@@ -44,7 +43,7 @@ from jaxpace.errors import StallError
 from jaxpace.native import probes as nat
 from jaxpace.records import stall as stall_record
 from jaxpace.records.stall import stall_filename
-from jaxpace.runtime import pauses
+from jaxpace.runtime import pauses, signals
 from jaxpace.runtime.bounded_kv import KV_TIMEOUT_S, BoundedKV
 from jaxpace.runtime.config import ON_STALL, WatchdogConfig
 from jaxpace.runtime.stall_peers import PeerAges, classify, secs
@@ -60,35 +59,6 @@ EXIT_GRACE_S = 5.0
 # The first steps of a site include the other processes' compile and connection set-up.
 WARMUP_STEPS = 2
 WARMUP_STALL_S = 60.0  # on_stall="exit": wait at most this for peers at the same collective
-
-
-# Watchdogs with a running thread. At interpreter exit their key-value calls must be
-# over before Python finalizes: a daemon thread that returns from a jaxlib (C++) call
-# during finalization is ended by a forced unwind through C++ frames, which aborts the
-# whole process ("terminate called ... FATAL: exception not rethrown", exit -6).
-_RUNNING: weakref.WeakSet = weakref.WeakSet()
-_ATEXIT_LOCK = threading.Lock()
-_atexit_registered = False
-
-
-def _stop_all_at_exit() -> None:
-    for w in list(_RUNNING):
-        try:
-            w.stop(timeout_s=1.0, join_kv_s=KV_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - never fail an exit
-            pass
-
-
-def _register_exit_stop(w: Any) -> None:
-    """Adds `w` to the watchdogs stopped at exit (registered once, after jax's own hooks)."""
-    global _atexit_registered
-    with _ATEXIT_LOCK:
-        _RUNNING.add(w)
-        if not _atexit_registered:
-            # atexit runs last-registered first: this runs before the
-            # `jax.distributed` shutdown that `initialize` registered earlier.
-            atexit.register(_stop_all_at_exit)
-            _atexit_registered = True
 
 
 class Watchdog:
@@ -143,7 +113,12 @@ class Watchdog:
             self.prefix = f"jaxpace/watchdog/{run_id or 'run'}"
             self._thread = threading.Thread(target=self._loop, name="jaxpace-watchdog", daemon=True)
             self._thread.start()
-            _register_exit_stop(self)
+            # At interpreter exit its key-value calls must be over before Python
+            # finalizes: a daemon thread that returns from a jaxlib (C++) call during
+            # finalization is ended by a forced unwind through C++ frames, which aborts
+            # the whole process ("terminate called ... FATAL: exception not rethrown",
+            # exit -6). `signals` runs `stop_at_exit` before JAX's shutdown.
+            signals.stop_at_exit(self)
             return True
 
     def stop(self, timeout_s: float = 1.0, join_kv_s: float = 0.0) -> None:
@@ -161,6 +136,10 @@ class Watchdog:
             pass
         if self._kv is not None:
             self._kv.close(join_s=join_kv_s)
+
+    def stop_at_exit(self) -> None:
+        """`stop`, waiting for a key-value call in flight too (`signals` calls it at exit)."""
+        self.stop(timeout_s=1.0, join_kv_s=KV_TIMEOUT_S)
 
     @property
     def running(self) -> bool:

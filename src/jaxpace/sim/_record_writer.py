@@ -25,6 +25,7 @@ from jaxpace._validate import check_number
 from jaxpace.errors import ScenarioError
 from jaxpace.records.format import header_record, make_dirs, records_filename
 from jaxpace.records.reader import Records
+from jaxpace.records.safe_io import write_atomic
 from jaxpace.sim._cluster import _Draws, _Setup
 from jaxpace.sim._engine import SimResult, _result, _run, resolve_policy
 from jaxpace.sim._scenario import Scenario, load_scenario
@@ -440,8 +441,8 @@ def write_records(records: Records | SimRecords, directory: str | os.PathLike) -
     """Writes `records-p{process}.jsonl` per process (docs/records.md), vectorized.
 
     Same lines as `Records.write_jsonl`, formatted column-wise (several times
-    faster at millions of records). Each file is written to a temporary name
-    and renamed into place.
+    faster at millions of records). Each file goes through `safe_io.write_atomic`
+    (a temporary file, then one rename; a symlink or special file is refused).
     """
     recs = records.records if isinstance(records, SimRecords) else records
     d = os.fspath(directory)
@@ -459,13 +460,8 @@ def write_records(records: Records | SimRecords, directory: str | os.PathLike) -
         idx = order[bounds[p] : bounds[p + 1]]
         lines = _step_lines(c, idx, sites)
         path = os.path.join(d, records_filename(p))
-        tmp = path + f".{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            if p in by_proc:
-                f.write(json.dumps(by_proc[p], separators=(",", ":")) + "\n")
-            f.write(lines)
-        os.replace(tmp, path)
-        out.append(Path(path))
+        head = json.dumps(by_proc[p], separators=(",", ":")) + "\n" if p in by_proc else ""
+        out.append(Path(write_atomic(path, head + lines, what="records")))
     return out
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from jaxpace.errors import ScenarioError
+from jaxpace.records.safe_io import check_replaceable, write_atomic
 from jaxpace.sim._engine import (
     MAX_NODES,
     MAX_STEPS,
@@ -124,6 +125,10 @@ def _check_output(flag: str, path: Path | None) -> None:
         )
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise _Usage(f"`{flag} {path}` is not writable; pick a writable path.")
+    try:  # a symlink, FIFO or device there: refused now, as `write_atomic` would after the run
+        check_replaceable(path, f"`{flag}` output", flag=flag)
+    except OSError as e:
+        raise _Usage(str(e)) from None
 
 
 def _available_bytes() -> int | None:
@@ -417,49 +422,30 @@ def _table(rows, scenario_name: str, policy: str):
 
 
 def _svg_chart(rows, key: str, label: str, width: int = 420, height: int = 260) -> str:
-    pts = [(n, getattr(b, key), getattr(p, key) if p is not None else None) for n, b, p in rows]
-    vals = [v for _, b, p in pts for v in (b, p) if v is not None]
+    """One scaling curve per pacing setting over the node counts (`jaxpace.report.render.svg`)."""
+    from jaxpace.report.render import svg
+
+    nodes = [n for n, _, _ in rows]
+    pts = [(getattr(b, key), getattr(p, key) if p is not None else None) for _, b, p in rows]
+    vals = [v for pair in pts for v in pair if v is not None]
     lo, hi = min(vals + [0.0]), max(vals) * 1.1 or 1.0
-    xs = list(range(len(pts)))
-    pad = 40
-
-    def X(i):
-        return pad + (width - 2 * pad) * (i / max(1, len(xs) - 1))
-
-    def Y(v):
-        return height - pad - (height - 2 * pad) * ((v - lo) / (hi - lo or 1.0))
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
-        f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">{html.escape(label)}</text>',
-        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#888"/>',
-        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#888"/>',
-    ]
-    for i, (n, _, _) in enumerate(pts):
-        parts.append(
-            f'<text x="{X(i):.1f}" y="{height - pad + 16}" text-anchor="middle" font-size="11">{n}</text>'
-        )
-    for v in (lo, (lo + hi) / 2, hi):
-        parts.append(
-            f'<text x="{pad - 4}" y="{Y(v) + 4:.1f}" text-anchor="end" font-size="10">{v:.3g}</text>'
-        )
-    for idx, color, name in ((1, "#555", "no pacing"), (2, "#d62728", "pacing")):
-        series = [(X(i), Y(p[idx])) for i, p in enumerate(pts) if p[idx] is not None]
+    parts = svg.svg_open(label, "nodes", "", width=width, height=height)  # y: the title's
+    ax, fx, fy = svg.axes(
+        0, max(len(nodes) - 1, 1), lo, hi, range(len(nodes)), svg.ticks(lo, hi, 4),
+        width=width, height=height, xfmt=lambda i: str(nodes[int(i)]),
+        yfmt=lambda v: f"{v:,.0f}" if abs(v) >= 1000 else svg.fmt(v),
+    )  # fmt: skip
+    parts += ax
+    named = []
+    for idx, stroke, name in ((0, "#555", "no pacing"), (1, "#d62728", "pacing")):
+        series = [(i, pair[idx]) for i, pair in enumerate(pts) if pair[idx] is not None]
         if series:
-            d = " ".join(f"{x:.1f},{y:.1f}" for x, y in series)
-            parts.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="2"/>')
-            parts.extend(
-                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in series
-            )
-            ly = 30 + 14 * idx
-            parts.append(
-                f'<text x="{width - pad}" y="{ly}" text-anchor="end" font-size="11" fill="{color}">{name}</text>'
-            )
-    parts.append(
-        f'<text x="{width / 2}" y="{height - 6}" text-anchor="middle" font-size="11">nodes</text>'
-    )
+            tips = [f"{nodes[i]} nodes, {name}: {v:.4g}" for i, v in series]
+            parts += svg.line_series(series, stroke, fx, fy, tips)
+            named.append((stroke, name))
+    parts += svg.legend(named, 110)
     parts.append("</svg>")
-    return "".join(parts)
+    return "\n".join(parts)
 
 
 def render_scaling_html(rows, scenario_name: str, policy: str) -> str:
@@ -470,6 +456,8 @@ def render_scaling_html(rows, scenario_name: str, policy: str) -> str:
 
     `rows` is a list of `(nodes, baseline SimResult, paced SimResult or None)`.
     """
+    from jaxpace.report.render import svg
+
     charts = "".join(
         _svg_chart(rows, key, label)
         for key, label in (
@@ -506,7 +494,7 @@ def render_scaling_html(rows, scenario_name: str, policy: str) -> str:
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 10px;text-align:right}"
-        "svg{margin:8px;border:1px solid #eee}</style></head>"
+        f"svg{{margin:8px;border:1px solid #eee}}{svg.CSS}</style></head>"
         f"<body><h1>{title}</h1><div>{charts}</div><table><tr>{head}</tr>{body}</table></body></html>"
     )
 
@@ -574,15 +562,22 @@ def _write(args: argparse.Namespace, console, scenario_name: str, rows) -> int:
                     for n, b, p in rows
                 ],
             }
-            args.json.write_text(json.dumps(data, indent=2))
+            write_atomic(
+                args.json,
+                json.dumps(data, indent=2),
+                what="`--json` output",
+                flag="--json",
+            )
             console.print(f"wrote {args.json}")
         if args.html is not None:
-            args.html.write_text(render_scaling_html(rows, scenario_name, args.policy))
+            write_atomic(
+                args.html,
+                render_scaling_html(rows, scenario_name, args.policy),
+                what="`--html` output",
+                flag="--html",
+            )
             console.print(f"wrote {args.html}")
-    except OSError as e:
-        print(
-            f"jaxpace simulate: cannot write output ({e.strerror or e}: {e.filename}).",
-            file=sys.stderr,
-        )
+    except OSError as e:  # write_atomic's message names the path and the OS error
+        print(f"jaxpace simulate: {e}", file=sys.stderr)
         return 2
     return 0

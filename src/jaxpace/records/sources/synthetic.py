@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxpace.records.safe_io import write_atomic
+
 __all__ = ["Comm", "arrivals", "write_inspector_logs", "write_xprof_traces"]
 
 
@@ -117,7 +119,8 @@ def write_inspector_logs(
     paths = []
     for r in range(num_ranks):
         p = d / f"{hosts[r]}-pid{1000 + r}.log"
-        with p.open("w") as f:
+
+        def fill(f, r=r) -> None:
             for ci, comm in enumerate(comms):
                 if r in comm.ranks:
                     f.write(
@@ -134,6 +137,8 @@ def write_inspector_logs(
                             p2p_every=p2p_every,
                         )
                     )
+
+        write_atomic(p, fill, what="synthetic NCCL Inspector log")
         paths.append(p)
     return paths
 
@@ -181,20 +186,29 @@ def write_xprof_traces(
     devices_per_process: int,
     num_steps: int,
     *,
-    transfer_us: float = 300.0,
+    transfer_us: float | np.ndarray = 300.0,
     other_events: int = 6,
     arrival_us: np.ndarray | None = None,
+    run_ids: bool = True,
+    windows: Sequence[tuple[int, int]] | None = None,
+    session: str = "2026_01_01_00_00_00",
+    first_run_id: int = 90000,
     **arrival_kw: float | int | Sequence[int],
 ) -> list[Path]:
-    """Writes `p<i>/plugins/profile/<run>/<host>.trace.json.gz` per process, as the
+    """Writes `p<i>/plugins/profile/<session>/<host>.trace.json.gz` per process, as the
     CPU profiler does (global device ids `process << 11 | local`, one `run_id` per
     step shared by all processes, each process's own clock from its trace start).
 
     Args:
+      transfer_us: the collective's transfer, or one per step (num_steps,).
       other_events: non-collective thunk events per device and step (as real traces
         hold), so reading costs what it costs on a real trace.
       arrival_us: (num_steps, ranks) arrival times in microseconds on a common
         clock, instead of drawing them with `arrivals`.
+      run_ids: write `args.run_id` (False: as GPU NCCL kernels, matched by order).
+      windows: per process, the steps `[start, stop)` its trace holds (default all).
+      session: the profiler session folder's name.
+      first_run_id: the `run_id` of step 0 (step k's is this + k).
       arrival_kw: `arrivals` arguments; `late_ranks` are global ranks.
     """
     R = num_processes * devices_per_process
@@ -204,17 +218,20 @@ def write_xprof_traces(
             raise ValueError(f"arrival_us has shape {a.shape}, not {(num_steps, R)}")
     else:
         a = arrivals(num_steps, R, **arrival_kw)  # type: ignore[arg-type]
+    transfer = np.broadcast_to(np.asarray(transfer_us, dtype=np.float64), (num_steps,))
     paths = []
     for p in range(num_processes):
         base = 1000.0 + 37.0 * p  # the process's own trace origin
         events = ['{"ph":"M","pid":701,"name":"process_name","args":{"name":"/host:CPU"}}']
-        for k in range(num_steps):
+        start, stop = windows[p] if windows is not None else (0, num_steps)
+        for k in range(start, stop):
             cols = slice(p * devices_per_process, (p + 1) * devices_per_process)
             arr = a[k, cols]
-            dur = a[k].max() - arr + transfer_us
+            dur = a[k].max() - arr + transfer[k]
             for j in range(devices_per_process):
                 dev = (p << 11) | j if num_processes > 1 else j
-                args = f'"device_ordinal":"{dev}","hlo_module":"jit_step","run_id":"{90000 + k}"'
+                args = f'"device_ordinal":"{dev}","hlo_module":"jit_step"'
+                args += f',"run_id":"{first_run_id + k}"' if run_ids else ""
                 t0 = arr[j] - 10.0 * other_events - base
                 for e in range(other_events):
                     events.append(
@@ -226,11 +243,11 @@ def write_xprof_traces(
                     f'"dur":{dur[j]:.3f},"name":"all-reduce","args":{{{args},'
                     '"hlo_op":"all-reduce"}}'
                 )
-        run = Path(directory) / f"p{p}" / "plugins" / "profile" / "2026_01_01_00_00_00"
+        run = Path(directory) / f"p{p}" / "plugins" / "profile" / session
         run.mkdir(parents=True, exist_ok=True)
         path = run / f"host-{p}.trace.json.gz"
         text = '{"displayTimeUnit":"ns","metadata":{"highres-ticks":true},"traceEvents":['
-        with gzip.open(path, "wt", compresslevel=1) as f:
-            f.write(text + ",".join(events) + "]}")
+        data = gzip.compress((text + ",".join(events) + "]}").encode(), compresslevel=1)
+        write_atomic(path, data, what="synthetic profiler trace")
         paths.append(path)
     return paths

@@ -1,4 +1,4 @@
-"""Self-contained HTML report with hand-written inline SVG plots (no scripts, no CDN)."""
+"""Self-contained HTML report with inline SVG plots (`render.svg`; no scripts, no CDN)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,31 @@ import numpy as np
 
 import jaxpace.report.fleet_view as fleet_view
 import jaxpace.report.render.tables as tables
+from jaxpace.records.safe_io import write_atomic
+from jaxpace.report.render.svg import CSS as PLOT_CSS
+from jaxpace.report.render.svg import (
+    FONT_PX,
+    MB,
+    ML,
+    MR,
+    MT,
+    H,
+    W,
+    axes,
+    color,
+    fmt,
+    index_ticks,
+    label_step,
+    legend,
+    line_series,
+    svg_open,
+    ticks,
+)
 from jaxpace.report.render.text import format_ms
 from jaxpace.report.stages.links import site_table_notes
 
 if TYPE_CHECKING:
-    from jaxpace.report.model import Report
+    from jaxpace.report.model import Findings, Report
 
 __all__ = ["PLOT_TITLES", "render_report_html", "write_html"]
 
@@ -33,98 +53,6 @@ PHASE_COLORS = {
     "sync wait": "#e45756",
     "transfer": "#54a24b",
 }
-# Viridis anchors, low -> high.
-_CMAP = np.array(
-    [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=float
-)
-
-W, H = 700, 330  # fits a 760 px window beside the page margins; CSS scales it down below
-ML, MR, MT, MB = 70, 20, 40, 50  # margins
-FONT_PX = 11  # the plots' text size, set in each SVG (so it renders the same anywhere)
-
-
-def _color(v: float) -> str:
-    v = min(max(v, 0.0), 1.0) * (len(_CMAP) - 1)
-    i = min(int(v), len(_CMAP) - 2)
-    c = _CMAP[i] + (v - i) * (_CMAP[i + 1] - _CMAP[i])
-    r, g, b = (int(round(x)) for x in c)
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def _fmt(x: float) -> str:
-    if not math.isfinite(x):
-        return "n/a"
-    return f"{x:.3g}"
-
-
-def _svg_open(title: str, xlabel: str, ylabel: str, width: int = W, height: int = H) -> list[str]:
-    return [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}" '
-        f'font-family="sans-serif" font-size="{FONT_PX}">',
-        f"<title>{escape(title)}</title>",
-        f'<text x="{width / 2}" y="20" text-anchor="middle" class="t" font-size="14" '
-        f'font-weight="bold">{escape(title)}</text>',
-        f'<text x="{ML + (width - ML - MR) / 2}" y="{height - 8}" text-anchor="middle">'
-        f"{escape(xlabel)}</text>",
-        f'<text x="16" y="{MT + (height - MT - MB) / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 16 {MT + (height - MT - MB) / 2})">{escape(ylabel)}</text>',
-    ]
-
-
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
-        return [lo] if math.isfinite(lo) else []
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.ceil(lo / step) * step
-    out = []
-    v = start
-    while v <= hi + 1e-12 * abs(hi):
-        out.append(round(v, 12))
-        v += step
-    return out
-
-
-def _axes(x0: float, x1: float, y0: float, y1: float, xt, yt, *, width=W, height=H, xfmt=_fmt):
-    """Axis lines and ticks; x/y maps from data to pixels."""
-    pw, ph = width - ML - MR, height - MT - MB
-
-    def fx(x):
-        return ML + (x - x0) / (x1 - x0 or 1) * pw
-
-    def fy(y):
-        return MT + ph - (y - y0) / (y1 - y0 or 1) * ph
-
-    out = [
-        f'<line x1="{ML}" y1="{MT + ph}" x2="{ML + pw}" y2="{MT + ph}" class="ax"/>',
-        f'<line x1="{ML}" y1="{MT}" x2="{ML}" y2="{MT + ph}" class="ax"/>',
-    ]
-    for t in xt:
-        X = fx(t)
-        out.append(
-            f'<line x1="{X:.1f}" y1="{MT + ph}" x2="{X:.1f}" y2="{MT + ph + 4}" class="ax"/>'
-        )
-        out.append(f'<text x="{X:.1f}" y="{MT + ph + 16}" text-anchor="middle">{xfmt(t)}</text>')
-    for t in yt:
-        Y = fy(t)
-        out.append(f'<line x1="{ML - 4}" y1="{Y:.1f}" x2="{ML}" y2="{Y:.1f}" class="ax"/>')
-        out.append(f'<text x="{ML - 6}" y="{Y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
-    return out, fx, fy
-
-
-def _index_ticks(n: int, most: int) -> list[int]:
-    """At most `most` distinct indices in [0, n), evenly spread (each label once)."""
-    return sorted({int(t) for t in _ticks(0, n - 1, max(most, 1)) if 0 <= t <= n - 1}) or [0]
-
-
-def _label_step(labels: Sequence[str], span_px: float) -> int:
-    """Show every k-th of `labels` across `span_px` so that none overlaps its neighbours."""
-    if not labels:
-        return 1
-    need = max(len(lbl) for lbl in labels) * FONT_PX * 0.62 + 8  # px per label
-    return max(1, math.ceil(len(labels) * need / max(span_px, 1.0)))
 
 
 def _analyzed(report: Report) -> np.ndarray:
@@ -154,21 +82,21 @@ def _heatmap(report: Report) -> str:
     vmax = float(np.quantile(m, 0.99)) if m.size else 1.0
     vmax = vmax if vmax > 0 else 1.0
     width = W + 120  # room for the colour bar and its labels
-    out = _svg_open(title, "step", "rank", width=width)
+    out = svg_open(title, "step", "rank", width=width)
     pw, ph = width - ML - MR - 120, H - MT - MB
     cw, rh = pw / cols, ph / rows
     for i in range(rows):
         for j in range(cols):
             out.append(
                 f'<rect x="{ML + j * cw:.2f}" y="{MT + i * rh:.2f}" width="{cw + 0.3:.2f}" '
-                f'height="{rh + 0.3:.2f}" fill="{_color(m[j, i] / vmax)}"/>'
+                f'height="{rh + 0.3:.2f}" fill="{color(m[j, i] / vmax)}"/>'
             )
     steps = data.steps[rows_used]
-    for j in _index_ticks(cols, 6):
+    for j in index_ticks(cols, 6):
         X = ML + (j + 0.5) * cw
         label = int(steps[min(sb[j], S - 1)])
         out.append(f'<text x="{X:.1f}" y="{MT + ph + 16}" text-anchor="middle">{label}</text>')
-    for i in _index_ticks(rows, min(8, int(ph // (FONT_PX + 3)))):
+    for i in index_ticks(rows, min(8, int(ph // (FONT_PX + 3)))):
         Y = MT + (i + 0.5) * rh
         lbl = int(data.ranks[rb[i]])
         out.append(f'<text x="{ML - 6}" y="{Y + 4:.1f}" text-anchor="end">{lbl}</text>')
@@ -178,18 +106,18 @@ def _heatmap(report: Report) -> str:
         y = MT + ph - (k + 1) * ph / 50
         out.append(
             f'<rect x="{bx}" y="{y:.2f}" width="14" height="{ph / 50 + 0.3:.2f}" '
-            f'fill="{_color(k / 49)}"/>'
+            f'fill="{color(k / 49)}"/>'
         )
-    out.append(f'<text x="{bx + 18}" y="{MT + 10}">{_fmt(vmax)} ms</text>')
+    out.append(f'<text x="{bx + 18}" y="{MT + 10}">{fmt(vmax)} ms</text>')
     out.append(f'<text x="{bx + 18}" y="{MT + ph}">0</text>')
     out.append(f'<text x="{bx}" y="{MT - 6}" text-anchor="start">lateness (ms)</text>')
     out.append("</svg>")
     return "\n".join(out)
 
 
-def _phases(report: Report) -> str:
+def _phases(findings: Findings) -> str:
     title = PLOT_TITLES[1]
-    ranks = report.ranks
+    ranks = findings.ranks
     R = len(ranks)
     vals = np.array(
         [[r.compute_s, r.delay_s, r.sync_wait_s, r.transfer_s] for r in ranks], dtype=float
@@ -206,32 +134,29 @@ def _phases(report: Report) -> str:
     n = len(labels)
     ymax = float(vals.sum(axis=1).max()) if n else 1.0
     ymax = ymax * 1.05 if ymax > 0 else 1.0
-    out = _svg_open(title, "rank", "mean time per step (ms)")
-    ax, fx, fy = _axes(0, n, 0, ymax, [], _ticks(0, ymax))
+    out = svg_open(title, "rank", "mean time per step (ms)")
+    ax, fx, fy = axes(0, n, 0, ymax, [], ticks(0, ymax))
     out += ax
     bw = (W - ML - MR) / max(n, 1)
     for i in range(n):
         y = 0.0
-        for k, (name, color) in enumerate(PHASE_COLORS.items()):
+        for k, (name, fill) in enumerate(PHASE_COLORS.items()):
             v = float(vals[i, k])
             if v <= 0:
                 continue
             out.append(
                 f'<rect x="{fx(i) + bw * 0.1:.2f}" y="{fy(y + v):.2f}" width="{bw * 0.8:.2f}" '
-                f'height="{fy(y) - fy(y + v):.2f}" fill="{color}"><title>rank {escape(labels[i])} '
+                f'height="{fy(y) - fy(y + v):.2f}" fill="{fill}"><title>rank {escape(labels[i])} '
                 f"{name}: {v:.3g} ms</title></rect>"
             )
             y += v
-    step = _label_step(labels, W - ML - MR)
+    step = label_step(labels, W - ML - MR)
     for i in range(0, n, step):
         out.append(
             f'<text x="{fx(i) + bw / 2:.1f}" y="{H - MB + 16}" text-anchor="middle">'
             f"{escape(labels[i])}</text>"
         )
-    for k, (name, color) in enumerate(PHASE_COLORS.items()):
-        x = ML + 10 + k * 150
-        out.append(f'<rect x="{x}" y="28" width="10" height="10" fill="{color}"/>')
-        out.append(f'<text x="{x + 14}" y="37">{name}</text>')
+    out += legend([(c, name) for name, c in PHASE_COLORS.items()], 150)
     out.append("</svg>")
     return "\n".join(out)
 
@@ -241,7 +166,7 @@ def _histogram(report: Report) -> str:
     data = report.data
     it = np.median(data.step_time[_analyzed(report)], axis=1) * 1e3
     it = it[np.isfinite(it)]
-    out = _svg_open(title, "step time (ms)", "steps")
+    out = svg_open(title, "step time (ms)", "steps")
     if it.size == 0:
         out.append(f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no step times</text>')
         out.append("</svg>")
@@ -251,7 +176,7 @@ def _histogram(report: Report) -> str:
         lo, hi = lo - 0.5, hi + 0.5
     counts, edges = np.histogram(it, bins=40, range=(lo, hi))
     cmax = float(counts.max())
-    ax, fx, fy = _axes(lo, hi, 0, cmax * 1.05, _ticks(lo, hi), _ticks(0, cmax * 1.05))
+    ax, fx, fy = axes(lo, hi, 0, cmax * 1.05, ticks(lo, hi), ticks(0, cmax * 1.05))
     out += ax
     for c, a, b in zip(counts, edges[:-1], edges[1:], strict=True):
         if c:
@@ -279,7 +204,7 @@ def _histogram(report: Report) -> str:
 def _forecast(report: Report) -> str:
     title = PLOT_TITLES[3]
     fc = report.forecast
-    out = _svg_open(title, "ranks (log scale)", "amplification E[max]/E[mean] (ratio)")
+    out = svg_open(title, "ranks (log scale)", "amplification E[max]/E[mean] (ratio)")
     if fc is None:
         out.append(
             f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">not computable '
@@ -304,35 +229,24 @@ def _forecast(report: Report) -> str:
     y0, y1 = 1.0, max(float(allv.max()) * 1.05, 1.05)
     mx = math.log2(max(fc.measured_ranks, 1))
     x0, x1 = min(xs.min(), mx), max(xs.max(), mx)
-    ax, fx, fy = _axes(
-        x0, x1, y0, y1, [float(x) for x in xs], _ticks(y0, y1), xfmt=lambda t: str(int(2**t))
+    ax, fx, fy = axes(
+        x0, x1, y0, y1, [float(x) for x in xs], ticks(y0, y1), xfmt=lambda t: str(int(2**t))
     )
     out += ax
-    for series, color in ((emp, "#4c78a8"), (logn, "#f58518"))[: 2 if lognormal else 1]:
-        path = " ".join(
-            f"{'M' if i == 0 else 'L'}{fx(x):.1f},{fy(y):.1f}"
-            for i, (x, y) in enumerate(zip(xs, series, strict=True))
-        )
-        out.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for x, y in zip(xs, series, strict=True):
-            out.append(
-                f'<circle cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="3" fill="{color}">'
-                f"<title>{int(2**x)} ranks: {y:.3f}</title></circle>"
-            )
+    for series, stroke in ((emp, "#4c78a8"), (logn, "#f58518"))[: 2 if lognormal else 1]:
+        pts = list(zip(xs, series, strict=True))
+        out += line_series(pts, stroke, fx, fy, [f"{int(2**x)} ranks: {y:.3f}" for x, y in pts])
     if math.isfinite(fc.measured_amplification):
         out.append(
             f'<circle cx="{fx(mx):.1f}" cy="{fy(fc.measured_amplification):.1f}" r="5" '
             f'fill="#e45756"><title>measured at {fc.measured_ranks} ranks: '
             f"{fc.measured_amplification:.3f}</title></circle>"
         )
-    legend = (
+    names = (
         ("#4c78a8", "empirical (order statistics)"),
         ("#e45756", f"measured ({fc.measured_ranks} ranks)"),
     ) + ((("#f58518", f"lognormal fit (sigma {fc.sigma_log:.3g})"),) if lognormal else ())
-    for k, (color, name) in enumerate(legend):
-        x = ML + 10 + k * 220
-        out.append(f'<rect x="{x}" y="28" width="10" height="10" fill="{color}"/>')
-        out.append(f'<text x="{x + 14}" y="37">{escape(name)}</text>')
+    out += legend(names, 220)
     out.append("</svg>")  # `why` goes below the plot as a caption (html `_figure`)
     return "\n".join(out)
 
@@ -369,8 +283,8 @@ text-align:right;font-size:.9em}th{background:#f3f3f3}td:first-child,td.l{text-a
 .partial{background:#fde2e2;border:2px solid #c00;padding:8px;font-weight:bold}
 svg{margin:8px 0 2px;display:block;max-width:100%;height:auto}
 figure{margin:0 0 12px}figcaption{font-size:.85em;color:#444;max-width:700px}
-svg .ax{stroke:#333;stroke-width:1}svg .q{stroke:#c00;stroke-dasharray:4 3}
 """
+CSS += PLOT_CSS + "\n"
 
 
 def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]] = ()) -> str:
@@ -394,26 +308,29 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
         )
     parts.append("<h2>Summary</h2>" + _table(tables.summary_rows(report)))
     parts.append("<h2>What to do next</h2>" + _table(tables.next_steps_rows(report)))
-    parts.append("<h2>Decisions</h2>" + _table(tables.decision_rows(report)))
-    if tables.cost_rows(report):
-        parts.append("<h2>Cost of waiting</h2>" + _table(tables.cost_rows(report)))
-    if tables.host_rows(report):
-        parts.append("<h2>Hosts, latest first (ms)</h2>" + _table(tables.host_rows(report)))
+    parts.append("<h2>Decisions</h2>" + _table(tables.decision_rows(report.findings)))
+    costs = tables.cost_rows(report.findings, report.context.hours_unit)
+    if costs:
+        parts.append("<h2>Cost of waiting</h2>" + _table(costs))
+    if tables.host_rows(report.findings):
+        parts.append(
+            "<h2>Hosts, latest first (ms)</h2>" + _table(tables.host_rows(report.findings))
+        )
     for title, content in extra_sections:
         if content and isinstance(content[0], str):
             body = "".join(f"<p>{escape(line)}</p>" for line in content)
         else:
             body = _table(content)
         parts.append(f"<h2>{escape(title)}</h2>" + body)
-    parts.append("<h2>Failure modes</h2>" + _table(tables.failure_mode_rows(report)))
+    parts.append("<h2>Failure modes</h2>" + _table(tables.failure_mode_rows(report.findings)))
     parts.append("<h2>Plots</h2>")
     if report.data is not None:
-        parts += [_heatmap(report), _phases(report), _histogram(report)]
+        parts += [_heatmap(report), _phases(report.findings), _histogram(report)]
     why = tables.forecast_support(report)[2] if report.forecast is not None else ""
     parts.append(f"<figure>{_forecast(report)}<figcaption>{escape(why)}</figcaption></figure>")
     parts.append(
         "<h2>Culprit ranking (after warm-up; times in ms)</h2>"
-        + _table(tables.ranking_rows(report, 64))
+        + _table(tables.ranking_rows(report.findings, 64))
         + f"<p>{escape(fleet_view.LATE_LEGEND)} ({format_ms(report.noise_floor_s)}).</p>"
     )
     for title, rows in fleet_view.fleet_sections(report):  # spread, slowest, arrived last
@@ -433,7 +350,7 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
 
 def _sites_section(report: Report) -> list[str]:
     """Every site in step order (records of 2 or more sites), with who is late in a group."""
-    rows = tables.site_rows(report)
+    rows = tables.site_rows(report.sites_table)
     if not rows:
         return []
     culprit = "none" if report.culprit is None else f"rank {report.culprit}"
@@ -455,8 +372,9 @@ def write_html(
     """Writes a self-contained HTML report (inline SVG plots, no scripts) to `path`.
 
     Plots: per-rank lateness heat map, phase breakdown per rank, step-time
-    histogram, amplification forecast.
+    histogram, amplification forecast. Written atomically (`safe_io.write_atomic`):
+    a failed write leaves an earlier report whole; a symlink there is refused.
     """
     p = Path(path)
-    p.write_text(render_report_html(report, extra_sections), encoding="utf-8")
+    write_atomic(p, render_report_html(report, extra_sections), what="HTML report")
     return p

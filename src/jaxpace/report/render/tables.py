@@ -1,10 +1,14 @@
-"""The report's tables as plain text rows, built once; `terminal` and `html` render them.
+"""The report's tables as plain text rows, built once; `summary` (the terminal) and `html`
+render them.
 
-Each function returns a list of rows (lists of strings), header row first.
+Each function returns a list of rows (lists of strings), header row first, and takes
+the part of the report it reads (`Findings`, `PacingEffect`, ...), or the whole
+`Report` where a table draws on several parts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from jaxpace.report.fleet_view import fleet_line
@@ -13,7 +17,7 @@ from jaxpace.report.render.text import format_ms
 from jaxpace.report.stages.links import late_text
 
 if TYPE_CHECKING:
-    from jaxpace.report.model import PacingEffect, Report
+    from jaxpace.report.model import Findings, PacingEffect, Report, SiteRow
 
 __all__ = [
     "SAMPLES_PER_RANK",
@@ -84,11 +88,11 @@ def summary_rows(report: Report) -> list[list[str]]:
     return rows
 
 
-def ranking_rows(report: Report, max_ranks: int) -> list[list[str]]:
+def ranking_rows(findings: Findings, max_ranks: int) -> list[list[str]]:
     """The first `max_ranks` ranks of the culprit ranking; times in ms, `*` marks late ranks."""
-    by_rank = {r.rank: r for r in report.ranks}
+    by_rank = {r.rank: r for r in findings.ranks}
     rows = [["rank", "host", "last", "excess", "95% CI", "compute", "sync wait", "delay"]]
-    for rank in report.ranking[:max_ranks]:
+    for rank in findings.ranking[:max_ranks]:
         r = by_rank[rank]
         rows.append(
             [
@@ -105,10 +109,10 @@ def ranking_rows(report: Report, max_ranks: int) -> list[list[str]]:
     return rows
 
 
-def failure_mode_rows(report: Report) -> list[list[str]]:
+def failure_mode_rows(findings: Findings) -> list[list[str]]:
     """One row per failure mode; evidence items are separated by newlines."""
     rows = [["mode", "score", "detected", "evidence"]]
-    for m in report.failure_modes:
+    for m in findings.failure_modes:
         rows.append([m.name, f"{m.score:.2f}", "yes" if m.detected else "", "\n".join(m.evidence)])
     return rows
 
@@ -156,18 +160,19 @@ def pacing_table(p: PacingEffect) -> list[list[str]]:
     ]
 
 
-def decision_rows(report: Report) -> list[list[str]]:
+def decision_rows(findings: Findings) -> list[list[str]]:
     """The report's decisions, one per row, each with its evidence and confidence."""
-    return [["decision (evidence, confidence)"]] + [[d] for d in report.decisions]
+    return [["decision (evidence, confidence)"]] + [[d] for d in findings.decisions]
 
 
-def cost_rows(report: Report) -> list[list[str]]:
-    """Device-hours (GPU-h on GPUs) spent waiting for each culprit / late group, or []."""
-    if not report.costs:
+def cost_rows(findings: Findings, hours_unit: str) -> list[list[str]]:
+    """Device-hours (`hours_unit`: GPU-h on GPUs) spent waiting for each culprit / late
+    group, or []."""
+    if not findings.costs:
         return []
-    unit = report.context.hours_unit
+    unit = hours_unit
     rows = [["waiting for", "ranks", "saved per step", "step faster", f"{unit} per 1,000 steps"]]
-    for w in report.costs:
+    for w in findings.costs:
         rows.append(
             [
                 w.target,
@@ -180,13 +185,13 @@ def cost_rows(report: Report) -> list[list[str]]:
     return rows
 
 
-def host_rows(report: Report, max_hosts: int = 16) -> list[list[str]]:
+def host_rows(findings: Findings, max_hosts: int = 16) -> list[list[str]]:
     """Per host, latest first: ranks, late ranks, mean and max excess lateness (ms).
 
     Empty with a single host. At thousands of ranks this is the readable view.
     """
     by_host: dict[str, list] = {}
-    for r in report.ranks:
+    for r in findings.ranks:
         by_host.setdefault(r.host, []).append(r)
     if len(by_host) < 2:
         return []
@@ -205,13 +210,13 @@ def host_rows(report: Report, max_hosts: int = 16) -> list[list[str]]:
     return rows
 
 
-def site_rows(report: Report) -> list[list[str]]:
-    """`report.sites_table` (2 or more sites): the terminal's columns, one row per site in
+def site_rows(sites_table: Sequence[SiteRow]) -> list[list[str]]:
+    """`Report.sites_table` (2 or more sites): the terminal's columns, one row per site in
     step order; no rows for one site."""
-    if not report.sites_table:
+    if not sites_table:
         return []
     rows = [["site", "collective", "groups", "wait", "share", "latest in group"]]
-    for r in report.sites_table:
+    for r in sites_table:
         share = f"{r.share:.0%}" if r.share == r.share else "n/a"
         rows.append(
             [r.site, r.kind or "?", str(len(r.groups)), format_ms(r.wait_s), share, late_text(r)]

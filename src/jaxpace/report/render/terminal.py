@@ -1,23 +1,30 @@
-"""The terminal summary: the rows of `tables` as plain fixed-width text.
+"""The terminal summary: the blocks of `summary` laid out with `rich` as plain text.
 
-By default a short summary (about 25 lines: the headline numbers, the top of
-the ranking, the detected modes, what to do next); `verbose=True` (`jaxpace
-report --verbose`) adds every table, the evidence and the notes. Nothing is cut
-with an ellipsis: columns are as wide as their widest cell, and sentences wrap
-at word boundaries (never inside a `command`) at the terminal's width, or at
-100 columns off a terminal (piped, redirected).
+What the summary says is `summary.summary_blocks` (a short summary by default,
+every table and note with `verbose=True`, `jaxpace report --verbose`); this
+module lays it out. Nothing is cut with an ellipsis: table columns
+(`rich.table.Table`) are as wide as their widest cell, and sentences wrap at word
+boundaries (never inside a `command`) at the terminal's width, or at 100 columns
+off a terminal (piped, redirected). Every name passes `printable` first.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import sys
-import textwrap
 from typing import TYPE_CHECKING, Any
 
-import jaxpace.report.render.tables as tables
-from jaxpace.report.fleet_view import LATE_LEGEND, fleet_short
+from jaxpace.report.render.summary import (
+    VERBOSE_RANKS,
+    Block,
+    Line,
+    Pairs,
+    Prose,
+    Table,
+    summary_blocks,
+)
 
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
@@ -33,10 +40,12 @@ __all__ = [
 ]
 
 PIPE_WIDTH = 100  # columns of text off a terminal
-DEFAULT_RANKS = 3  # ranking rows in the short summary
-DEFAULT_ACTIONS = 2  # "what to do next" items in the short summary
+MIN_WIDTH = 40  # sentences wrap at no fewer columns
 _TEXT_COLUMNS = ("host", "detected", "evidence", "waiting for", "mode")
-_NBSP = "\x00"
+# Stands for a space inside a `backticked span` while `rich` wraps (a printable,
+# non-space character of one column, so the span is one word); a space again in the output.
+# Private-use characters: the first one the text does not hold.
+_JOINERS = range(0xE000, 0xF900)
 
 # C0/C1 controls (ESC starts terminal sequences), DEL, zero-width and
 # bidirectional-override characters: never written to a terminal as they are.
@@ -79,137 +88,134 @@ def display_name(name: object) -> str:
     return printable(name)
 
 
+def _console(width: int) -> Any:
+    """A `rich` console that writes plain text (no colour, no markup) to a buffer."""
+    from rich.console import Console
+
+    return Console(
+        file=io.StringIO(), width=width, color_system=None, force_terminal=False,
+        force_jupyter=False, force_interactive=False, legacy_windows=False, markup=False,
+        emoji=False, highlight=False, _environ={},
+    )  # fmt: skip
+
+
+def _joiner(*texts: str) -> str:
+    """A private-use character none of `texts` holds (it stands for a joined space)."""
+    used = set("".join(texts))
+    return next(c for c in map(chr, _JOINERS) if c not in used)
+
+
+def _words(text: str, join: str, wrap: bool = False) -> Any:
+    """`text` escaped (`display_name`) as a `rich` Text that wraps at spaces only: spans in
+    backticks stay whole (their spaces are `join` until the output), and a word longer than
+    the line is kept whole (never cut); `wrap`: left to the table column that holds it (as
+    wide as its longest word)."""
+    from rich.text import Text
+
+    text = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", join), display_name(text))
+    return Text(text) if wrap else Text(text, overflow="ignore")
+
+
 def wrap_text(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
-    """`text` wrapped at `width` on word boundaries, never inside a `backticked span`."""
-    text = display_name(text)
-    protected = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", _NBSP), text)
-    lines = textwrap.wrap(
-        protected,
-        width=max(width, 40),
-        initial_indent=first,
-        subsequent_indent=rest,
-        break_long_words=False,
-        break_on_hyphens=False,
-    ) or [first]
-    return [ln.replace(_NBSP, " ") for ln in lines]
+    """`text` wrapped at `width` (at least `MIN_WIDTH`) columns on word boundaries, never
+    inside a `backticked span`: the first line after `first`, the others after `rest`."""
+    console = _console(max(width, MIN_WIDTH))
+    join = _joiner(text, first, rest)
+    words = _words(text, join)
+    if not words.plain:
+        return [first]
+    head = words.wrap(console, max(console.width - len(first), 1))[0]
+    out = [first + head.plain.rstrip()]
+    words = words[len(head.plain) :]  # the rest of the text wraps after `rest`
+    words.plain = words.plain.lstrip()
+    if words.plain:
+        lines = words.wrap(console, max(console.width - len(rest), 1))
+        out += [rest + ln.plain.rstrip() for ln in lines]
+    return [ln.replace(join, " ") for ln in out]
+
+
+def _render(renderable: Any, width: int, whole: bool = False, join: str = "") -> list[str]:
+    """A `rich` table as lines of plain text at `width` columns, or wider where its words
+    need it (`whole`: where its cells need it); nothing is cut or folded."""
+    from rich.measure import Measurement
+
+    console = _console(max(width, MIN_WIDTH))
+    need = Measurement.get(console, console.options.update(width=1_000_000), renderable)
+    console.width = max(console.width, need.maximum if whole else need.minimum)
+    console.print(renderable, crop=False)
+    lines = [ln.rstrip() for ln in console.file.getvalue().splitlines()]
+    return [ln.replace(join, " ") for ln in lines] if join else lines
+
+
+def _cell(text: str) -> Any:
+    """A table cell: escaped, one line (the table is as wide as its widest cell)."""
+    from rich.text import Text
+
+    return Text(display_name(text), no_wrap=True)
+
+
+def _pairs(rows: tuple[tuple[str, str], ...], width: int) -> list[str]:
+    """Names in one column, each value wrapped beside its name (never inside a word); a
+    row whose value holds a word too long for the width runs past it alone."""
+    from rich.padding import Padding
+    from rich.table import Table as RichTable
+
+    names = [_cell(name) for name, _ in rows]
+    key = max((n.cell_len for n in names), default=0)
+    out = []
+    for name, (_, value) in zip(names, rows, strict=True):
+        grid = RichTable.grid(padding=(0, 2))
+        # `min_width`: the names' column is never narrowed (rich measures text by its words).
+        grid.add_column(no_wrap=True, min_width=key)
+        grid.add_column(overflow="fold")  # as wide as its longest word at least: nothing folds
+        join = _joiner(value, name.plain)
+        grid.add_row(name, _words(value, join, wrap=True))
+        out += _render(Padding(grid, (0, 0, 0, 2), expand=False), width, join=join)
+    return out
+
+
+def _table(rows: tuple[tuple[str, ...], ...], header: bool = True) -> Any:
+    """`rows` (header first) as a `rich` table: text left, numbers right, nothing cut; a
+    rule of `-` under each column's header (ASCII: piped output stays ASCII)."""
+    from rich.padding import Padding
+    from rich.table import Table as RichTable
+
+    cells = [[_cell(c) for c in row] for row in (rows if header else rows[1:])]
+    t = RichTable(
+        box=None, show_header=header, pad_edge=False, padding=(0, 0, 0, 2), header_style=""
+    )
+    for i, col in enumerate(rows[0]):
+        left = (i == 0 and col not in ("rank", "ranks")) or col in _TEXT_COLUMNS
+        head = _cell(col).append("\n" + "-" * max(row[i].cell_len for row in cells))
+        t.add_column(head, justify="left" if left else "right", no_wrap=True, overflow="fold")
+    for row in cells[1 if header else 0 :]:
+        t.add_row(*row)
+    return Padding(t, (0, 0, 0, 2), expand=False)
 
 
 def text_table(rows: list[list[str]], title: str | None = None, header: bool = True) -> list[str]:
-    """`rows` (header first) as fixed-width columns: text left, numbers right, nothing cut."""
-    head, *body = [[display_name(c) for c in r] for r in rows]
-    shown = [head, *body] if header else body
-    if not shown:
+    """`rows` (header first) as lines of a `rich` table, after `title` (if any): text left,
+    numbers right, every column as wide as its widest cell (nothing cut)."""
+    if len(rows) < (1 if header else 2):
         return []
-    widths = [max(len(r[i]) for r in shown) for i in range(len(head))]
-    left = [
-        (i == 0 and col not in ("rank", "ranks")) or col in _TEXT_COLUMNS
-        for i, col in enumerate(head)
-    ]
-    out = [title] if title else []
-    for j, row in enumerate(shown):
-        cells = [
-            c.ljust(w) if lf else c.rjust(w) for c, w, lf in zip(row, widths, left, strict=True)
-        ]
-        out.append("  " + "  ".join(cells).rstrip())
-        if header and j == 0:
-            out.append("  " + "  ".join("-" * w for w in widths))
+    table = _render(_table(tuple(tuple(r) for r in rows), header), PIPE_WIDTH, whole=True)
+    return ([display_name(title)] if title else []) + table
+
+
+def _lines(block: Block, width: int) -> list[str]:
+    if isinstance(block, Line):
+        return [display_name(block.text)]
+    if isinstance(block, Pairs):
+        return _pairs(block.rows, width)
+    if isinstance(block, Table):
+        return text_table([list(r) for r in block.rows], block.title)
+    indent = " " * block.indent
+    if isinstance(block, Prose):
+        return wrap_text(block.text, width, block.lead or indent, indent)
+    out = [display_name(block.title)] if block.title is not None else []
+    for item in block.items:
+        out += wrap_text(item, width, indent + "- ", indent + "  ")
     return out
-
-
-# Rows of the summary table that only `--verbose` prints (the default stays about 25 lines).
-_VERBOSE_ONLY_ROWS = ("iteration p50 / p90 / p99",)
-
-
-def _summary(report: Report, width: int, verbose: bool = True) -> list[str]:
-    rows = tables.summary_rows(report)[1:]
-    if not verbose:
-        rows = [
-            [m, fleet_short(report.fleet) if m == "fleet spread" else v]
-            for m, v in rows
-            if m not in _VERBOSE_ONLY_ROWS
-        ]
-    key = max(len(m) for m, _ in rows)
-    out = []
-    for metric, value in rows:
-        out += wrap_text(value, width, f"  {metric.ljust(key)}  ", " " * (key + 4))
-    return out
-
-
-def _ranking(report: Report, n: int, verbose: bool, width: int) -> list[str]:
-    title = f"Culprit ranking (after warm-up; times in ms; top {min(n, len(report.ranking))})"
-    lines = text_table(tables.ranking_rows(report, n), title)
-    legend = LATE_LEGEND
-    if len(report.ranking) > n:
-        where = "in the HTML and JSON" if verbose else "with --verbose / in the HTML"
-        more = len(report.ranking) - n
-        legend += f"; {more} more rank{'s' * (more > 1)} {where}"
-    return lines + wrap_text(legend, width, "  ", "  ")
-
-
-def _modes(report: Report, width: int, verbose: bool) -> list[str]:
-    if not verbose:
-        found = [
-            f"{display_name(m.name)} ({m.score:.2f})"
-            for m in report.failure_modes
-            if m.detected and m.name != "balanced"
-        ]
-        text = ", ".join(found) if found else "none (balanced)"
-        return wrap_text(f"primary {display_name(report.primary_mode)}; detected: {text}", width,
-                     "Failure modes: ", "  ")  # fmt: skip
-    out = ["Failure modes"]
-    for m in report.failure_modes:
-        out.append(
-            f"  {display_name(m.name)}: score {m.score:.2f}{', detected' if m.detected else ''}"
-        )
-        for ev in m.evidence:
-            out += wrap_text(ev, width, "    - ", "      ")
-    return out
-
-
-def _sentences(title: str, items: list[str], width: int) -> list[str]:
-    out = [title]
-    for s in items:
-        out += wrap_text(s, width, "  - ", "    ")
-    return out
-
-
-def _notes(report: Report, verbose: bool) -> list[str]:
-    """Every note with --verbose; by default the tagged ones (`PARTIAL:`, `NO CULPRIT:` ...)."""
-    return [n for n in report.notes if verbose or re.match(r"[A-Z][A-Z ]+:", n)]
-
-
-def _outlook(report: Report, width: int) -> list[str]:
-    out: list[str] = []
-    if tables.cost_rows(report):
-        out += ["", *text_table(tables.cost_rows(report), "Cost of waiting")]
-    if len(tables.host_rows(report)) > 2:
-        out += ["", *text_table(tables.host_rows(report, 8), "Hosts, latest first (ms)")]
-    if report.forecast is not None and tables.forecast_rows(report):
-        fc = report.forecast
-        out += ["", *text_table(tables.forecast_rows(report), "Amplification forecast")]
-        out += wrap_text(
-            f"measured {fc.measured_amplification:.3f} at {fc.measured_ranks} ranks (forecast "
-            f"there {fc.forecast_at_measured:.3f}); {tables.forecast_support(report)[2]}",
-            width,
-            "  ",
-            "  ",
-        )
-    if report.pacing is not None:
-        out += ["", *text_table(tables.pacing_table(report.pacing), "Pacing effect")]
-        if report.pacing.caveat:
-            out += wrap_text(report.pacing.caveat, width, "  ", "  ")
-    return out
-
-
-def _actions(report: Report, verbose: bool) -> list[str]:
-    """Every action with --verbose; else the primary block's first `DEFAULT_ACTIONS` and
-    the first action of every other block (a named culprit is never left out)."""
-    from jaxpace.report.advice import advice_blocks
-
-    blocks = advice_blocks(report)
-    if verbose:
-        return [line for b in blocks for line in b]
-    return blocks[0][:DEFAULT_ACTIONS] + [b[0] for b in blocks[1:]]
 
 
 def summary_lines(report: Report, *, verbose: bool = False, width: int = PIPE_WIDTH) -> list[str]:
@@ -221,36 +227,17 @@ def summary_lines(report: Report, *, verbose: bool = False, width: int = PIPE_WI
     >>> len(lines) <= 30, any("rank 3 (process 3" in ln for ln in lines)
     (True, True)
     """
-    out = []
-    if report.partial:
-        out.append("PARTIAL REPORT: input was incomplete (see notes)")
-    out.append(
-        f"jaxpace report: run `{display_name(report.run_id)}`, site `{display_name(report.site)}`"
-    )
-    out += _summary(report, width, verbose)
-    out += ["", *_ranking(report, 12 if verbose else DEFAULT_RANKS, verbose, width)]
-    if verbose:
-        out += ["", *_sentences("Decisions (evidence, confidence)", list(report.decisions), width)]
-    out += ["", *_modes(report, width, verbose)]
-    if verbose:
-        out += _outlook(report, width)
-    notes = _notes(report, verbose)
-    if notes:
-        out += ["", *_sentences("Notes", notes, width)]
-    out += ["", *_sentences("What to do next", _actions(report, verbose), width)]
-    if not verbose:
-        out.append(
-            "(--verbose: every rank, the decisions' evidence, costs, forecast, pacing, notes)"
-        )
-    return out
+    return [ln for b in summary_blocks(report, verbose=verbose) for ln in _lines(b, width)]
 
 
-def summary_renderable(report: Report, max_ranks: int = 12) -> Any:
-    """The full (`verbose`) summary as a `rich` renderable (plain text, not re-wrapped)."""
+def summary_renderable(report: Report, max_ranks: int = VERBOSE_RANKS) -> Any:
+    """The full (`verbose`) summary with `max_ranks` ranking rows as a `rich` renderable
+    (plain text at `PIPE_WIDTH` columns, not re-wrapped)."""
     from rich.text import Text
 
-    del max_ranks  # the verbose summary shows up to 12 ranks; the HTML/JSON hold all
-    return Text("\n".join(summary_lines(report, verbose=True)), no_wrap=True, overflow="ignore")
+    blocks = summary_blocks(report, verbose=True, max_ranks=max_ranks)
+    text = "\n".join(ln for b in blocks for ln in _lines(b, PIPE_WIDTH))
+    return Text(text, no_wrap=True, overflow="ignore")
 
 
 def _terminal_width(stream: Any) -> int:

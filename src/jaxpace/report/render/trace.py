@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxpace.errors import RecordsError
 from jaxpace.records.reader import Records, load_records
+from jaxpace.records.safe_io import write_atomic
 from jaxpace.report.model import Report, SiteData
 from jaxpace.report.stages.site import pick_site, site_data
 
@@ -316,6 +317,5 @@ def write_trace(
         data, _, _ = site_data(recs, label)
     p = Path(path)
     text = trace_json(data, label, max_steps=max_steps)  # = json.dump(trace_events(...))
-    with open(p, "w") as f:
-        f.write(text)
+    write_atomic(p, text, what="Perfetto trace")
     return p

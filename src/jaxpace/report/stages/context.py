@@ -34,7 +34,7 @@ def run_context(records: Records, site: str, data: SiteData) -> RunContext:
     policies = tuple(sorted({str(h.get("policy", "")) for h in headers if h.get("policy")}))
     paced = any(p.startswith(PACING_POLICIES) for p in policies) or bool(np.any(data.engaged))
     sample = max((_int(h.get("sample_every"), 1) for h in headers), default=1)
-    invariant = probe = None
+    invariant = probe = no_culprit = None
     stopped = False
     for h in headers:
         info = (h.get("sites") or {}).get(site) if isinstance(h.get("sites"), Mapping) else None
@@ -44,6 +44,7 @@ def run_context(records: Records, site: str, data: SiteData) -> RunContext:
             str(info["invariant_over"]) if info.get("invariant_over") else None
         )
         probe = probe or (str(info["probe"]) if info.get("probe") else None)
+        no_culprit = no_culprit or (str(info["no_culprit"]) if info.get("no_culprit") else None)
         stopped = stopped or bool(info.get("backed_off")) or bool(info.get("ab_rejected"))
     return RunContext(
         platform=platform,
@@ -53,6 +54,7 @@ def run_context(records: Records, site: str, data: SiteData) -> RunContext:
         invariant_over=invariant,
         probe=probe,
         policy_stopped=stopped,
+        no_culprit=no_culprit,
     )
 
 
@@ -77,30 +79,36 @@ def context_notes(ctx: RunContext, site: str) -> list[str]:
 
 
 def refuse_invariant(c: CulpritRanking, ctx: RunContext, site: str) -> tuple[CulpritRanking, str]:
-    """No culprit, late rank or late group from a site whose operand was invariant; and why."""
-    if ctx.invariant_over is None:
+    """No culprit, late rank or late group from a site whose operand was invariant, or
+    whose reader could not match its executions across processes; and why."""
+    if ctx.invariant_over is None and ctx.no_culprit is None:
         return c, ""
     top = c.rank_stats[c.order[0]].rank if c.rank_stats and c.order else None
+    not_evidence = f" (the ranking's top, rank {top}, is not evidence)" if top is not None else ""
+    if ctx.invariant_over is None:
+        return _no_culprit(c), f"NO CULPRIT at `{site}`: {ctx.no_culprit}{not_evidence}."
     why = (
         f"NO CULPRIT: the operand of `{site}` was already invariant over "
         f"`{ctx.invariant_over}` when jaxpace timed it (JAX had reduced it first, e.g. "
         "`jax.grad` with respect to replicated parameters), so every rank left that earlier "
         "reduction together and these waits do not say who was late"
-        + (f" (the ranking's top, rank {top}, is not evidence)" if top is not None else "")
+        + not_evidence
         + ". Differentiate a varying copy: `jax.lax.pcast(params, "
         f"'{ctx.invariant_over}', to='varying')` before `jax.grad` (README, 'Use it')."
     )
+    return _no_culprit(c), why
+
+
+def _no_culprit(c: CulpritRanking) -> CulpritRanking:
+    """`c` with nobody late: no culprit, late rank or late group (the ranking stays)."""
     stats = tuple(dataclasses.replace(r, late=False) for r in c.rank_stats)
-    return (
-        dataclasses.replace(
-            c,
-            rank_stats=stats,
-            late=np.zeros_like(c.late),
-            culprit_index=None,
-            culprit=None,
-            culprit_process=None,
-            culprit_indices=(),
-            groups=(),
-        ),
-        why,
+    return dataclasses.replace(
+        c,
+        rank_stats=stats,
+        late=np.zeros_like(c.late),
+        culprit_index=None,
+        culprit=None,
+        culprit_process=None,
+        culprit_indices=(),
+        groups=(),
     )

@@ -1,6 +1,7 @@
 """Stage 3: rank the ranks by culpability; name persistent culprits and late groups.
 
-Who is a culprit is decided in one place, `jaxpace.diagnosis.culprit.decide`, which the
+Who is a culprit, a rank or a group, is decided in one place, `jaxpace.diagnosis.culprit`
+(`decide` for ranks, `decide_groups` for groups, on the same three tests); the
 runtime's live view (`Pacer.stats()`, the Prometheus sink) calls too: a rank
 is named only when its lateness is significant against per-step noise *and*
 it is an outlier of the fleet's own per-rank spread (healthy devices differ
@@ -13,9 +14,8 @@ but persistent lead most of the time. Groups of ranks (host, NUMA, NIC, leaf
 switch, process) are tested the same way on their members' mean lateness
 against the other ranks', and against the spread of the groups of their kind;
 a group is *late* when both tests pass (and test 3 in a short run), its
-typical member (not one culprit
-inside it) is above the noise floor, and then its late members are explained
-by the group.
+typical member (not one culprit inside it) is above the noise floor, and then
+its late members are explained by the group.
 """
 
 from __future__ import annotations
@@ -32,21 +32,11 @@ from jaxpace.diagnosis.culprit import (
     Decision,
     _last_arrival_p,  # noqa: F401  (tests reach it here)
     decide,
-    fleet_test,
+    decide_groups,
+    group_partitions,
     noise_floor,
-    short_run_consistent,
 )
-from jaxpace.diagnosis.stats import (
-    batch_means_se,
-    col_mean,
-    holm,
-    median_of_others,
-    num_text,
-    p_text,
-    robust_std,
-    t95,
-    t_sf,
-)
+from jaxpace.diagnosis.stats import col_mean, num_text, p_text
 from jaxpace.report.model import (
     FleetSpread,
     GroupFinding,
@@ -248,34 +238,6 @@ def _rank_stats(
     )
 
 
-def _partitions(
-    data: SiteData, groups: Mapping[str, Mapping[int, str]]
-) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """(kind, labels, codes per rank) of each testable grouping; processes first, no duplicates."""
-    out: list[tuple[str, np.ndarray, np.ndarray]] = []
-    seen: list[np.ndarray] = []
-    kinds: list[tuple[str, list]] = [("process", [str(int(p)) for p in data.processes])]
-    for kind, mapping in sorted(groups.items()):
-        labels = [mapping.get(int(r)) for r in data.ranks]
-        if any(lbl is None for lbl in labels):
-            continue
-        kinds.append((str(kind), [str(x) for x in labels]))
-    for kind, labels in kinds:
-        names, codes = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)
-        sizes = np.bincount(codes, minlength=names.size)
-        if names.size < 2 or sizes.max() < 2:
-            continue
-        # Canonical form of the partition: the first rank index of each rank's group.
-        first = np.full(names.size, -1)
-        first[codes[::-1]] = np.arange(codes.size)[::-1]
-        canon = first[codes]
-        if any(np.array_equal(canon, s) for s in seen):
-            continue
-        seen.append(canon)
-        out.append((kind, names, codes))
-    return out
-
-
 def late_groups(
     data: SiteData,
     lateness: np.ndarray,
@@ -283,142 +245,31 @@ def late_groups(
     floor: float,
     step_s: float = math.nan,
 ) -> tuple[GroupFinding, ...]:
-    """Groups whose ranks are late together, most significant first (see the module docstring).
+    """Groups whose ranks are late together, most significant first.
 
-    Per grouping kind and group g, per step: the mean lateness of g's members
-    minus that of the other ranks (`lateness`: analyzed steps x ranks). Its
-    mean over steps is tested with a batch-means t statistic, Holm-corrected
-    over every group of every kind (test 1). Test 2: the group's mean
-    lateness is an outlier of the spread of the groups of its kind
-    (`jaxpace.diagnosis.culprit.fleet_test`, at `ALPHA` over the number of kinds; with
-    fewer than 16 groups, the small-job rule: the staged test against the
-    groups below, or later than the other groups' median by 10% of the
-    median step `step_s` over the square root of the group's size). Test 3, in a run
-    under 60 steps: its mean lateness over the other ranks is above `floor` in every
-    block of consecutive steps (`jaxpace.diagnosis.culprit.short_run_consistent`). A group
-    passing all three is late when its median
-    member is later than the median non-member by more than `floor` and more
-    than half its members are.
+    The decision is `jaxpace.diagnosis.culprit.decide_groups` (the three tests of
+    the ranks, on each group's per-step lateness over the other ranks, against
+    the groups of its kind) over the processes and `groups`
+    (`group_partitions`); this names the groups' ranks and hosts.
     """
-    n, R = lateness.shape
-    parts = _partitions(data, groups)
-    cands: list[tuple] = []
-    p_all: list[float] = []
-    m_rank = lateness.mean(axis=0)
-    total = lateness.sum(axis=1, keepdims=True)
-    # Healthy ranks differ persistently too (static speed spread): a group mean of k
-    # such ranks varies by tau^2 / k around the others' mean, on top of step noise.
-    # tau is estimated inside the groups of each kind, so late groups do not inflate it.
-    se_rank, _ = batch_means_se(lateness)
-    med_se2 = float(np.median(se_rank**2)) if np.isfinite(se_rank).all() else 0.0
-    for kind, names, codes in parts:
-        G = names.size
-        sizes = np.bincount(codes, minlength=G)
-        outlier, dist = _group_outliers(codes, m_rank, sizes, step_s, ALPHA / len(parts))
-        order = np.argsort(codes, kind="stable")
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        sums = np.add.reduceat(lateness[:, order], starts, axis=1)  # (n, G)
-        rest = np.maximum(R - sizes, 1)
-        diff = sums / sizes - (total - sums) / rest
-        eff = diff.mean(axis=0)
-        se, df = batch_means_se(diff)
-        if df < 1:
-            continue
-        resid = m_rank - (np.bincount(codes, m_rank, G) / sizes)[codes]
-        inflate = float(np.mean(sizes[codes] / np.maximum(sizes[codes] - 1, 1)))
-        tau2 = max(float(robust_std(resid)) ** 2 * inflate - med_se2, 0.0)
-        se = np.sqrt(se**2 + tau2 * (1.0 / sizes + 1.0 / rest))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(se > 0, eff / se, np.where(eff > 0, np.inf, 0.0))
-        p = t_sf(t, df)
-        p_all.extend(p.tolist())  # every group of every kind counts towards the correction
-        base = len(p_all) - G
-        steady = short_run_consistent(diff, floor, centre=False)  # test 3 (short runs)
-        for g in np.flatnonzero((eff > floor) & (p < ALPHA) & outlier & steady):
-            members = codes == g
-            if members.all():
-                continue
-            ref = np.median(m_rank[~members])
-            typical = float(np.median(m_rank[members]) - ref)
-            share = float(np.mean(m_rank[members] - ref > floor))
-            members = (members, members & (m_rank - ref > floor))
-            cands.append(
-                (base + int(g), kind, str(names[g]), members, float(eff[g]), float(se[g]),
-                 typical, share, float(dist[g]), t95(df))
-            )  # fmt: skip
-    if not cands:
-        return ()
-    p_adj = holm(np.array(p_all))
-    out = []
-    for i, kind, label, (members, late_m), eff, se, typical, share, dist, tcrit in cands:
-        if p_adj[i] >= ALPHA or typical <= floor or share <= 0.5:
-            continue
-        hosts = sorted({data.hosts[j] for j in np.flatnonzero(members)})
-        out.append(
-            GroupFinding(
-                kind=kind,
-                label=label,
-                ranks=tuple(int(r) for r in data.ranks[members]),
-                hosts=tuple(hosts),
-                excess_lateness_s=eff,
-                typical_member_s=typical,
-                ci_low_s=eff - tcrit * se,
-                ci_high_s=eff + tcrit * se,
-                z=eff / se if se > 0 else math.inf,
-                p_adjusted=float(p_adj[i]),
-                late_ranks=tuple(int(r) for r in data.ranks[late_m]),
-                fleet_sd=dist,
-            )
+    parts = group_partitions(data.ranks, data.processes, groups)
+    return tuple(
+        GroupFinding(
+            kind=g.kind,
+            label=g.label,
+            ranks=tuple(int(r) for r in data.ranks[g.members]),
+            hosts=tuple(sorted({data.hosts[j] for j in g.members})),
+            excess_lateness_s=g.effect_s,
+            typical_member_s=g.typical_s,
+            ci_low_s=g.ci_low_s,
+            ci_high_s=g.ci_high_s,
+            z=g.effect_s / g.se_s if g.se_s > 0 else math.inf,
+            p_adjusted=g.p_adjusted,
+            late_ranks=tuple(int(r) for r in data.ranks[g.late_members]),
+            fleet_sd=g.fleet_sd,
         )
-    out = _nested(out)
-    out.sort(key=lambda g: (g.p_adjusted, -g.excess_lateness_s))
-    return tuple(out)
-
-
-def _group_outliers(
-    codes: np.ndarray, m_rank: np.ndarray, sizes: np.ndarray, step_s: float, alpha: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Test 2 for the groups of one kind: (outlier per group, distance in robust SDs).
-
-    A group is an outlier of the spread of its kind's group means, and stays one
-    without its latest member: one straggler does not make its NIC pair late.
-    """
-    G = sizes.size
-    sums = np.bincount(codes, m_rank, G)
-    latest = np.full(G, -np.inf)
-    np.maximum.at(latest, codes, m_rank)
-    without = np.where(sizes > 1, (sums - latest) / np.maximum(sizes - 1, 1), sums)
-    # A group of one rank is that rank: its mean excess is already its lateness over the others.
-    mean = sums / sizes
-    over = np.where(sizes == 1, mean, mean - median_of_others(mean[None, :])[0]) if G > 1 else None
-    fleet = fleet_test(mean, step_s, alpha, over_s=over, sizes=sizes)
-    over_w = (
-        np.where(sizes == 1, without, without - median_of_others(without[None, :])[0])
-        if G > 1
-        else None
+        for g in decide_groups(lateness, parts, floor, step_s)
     )
-    rest = fleet_test(without, step_s, alpha, over_s=over_w, sizes=sizes)  # the group's share
-    return fleet.outlier & rest.outlier, fleet.distance
-
-
-def _nested(found: list[GroupFinding]) -> list[GroupFinding]:
-    """Of two late groups where one holds the other, keeps the one that explains the lateness.
-
-    The coarser group goes when its late members all sit in the finer one (a
-    late NUMA node inside a host); the finer one goes when the coarser group has
-    late members outside it too (a whole late host and its NUMA halves).
-    """
-    drop: set[int] = set()
-    sets = [set(g.ranks) for g in found]
-    for a in range(len(found)):
-        for b, coarse in enumerate(found):
-            if a == b or not sets[a] < sets[b]:
-                continue
-            if set(coarse.late_ranks) <= sets[a]:
-                drop.add(b)
-            else:
-                drop.add(a)
-    return [g for i, g in enumerate(found) if i not in drop]
 
 
 def fleet_text(rs: RankStats | GroupFinding, fleet: FleetSpread | None, over_s: float) -> str:

@@ -26,7 +26,6 @@ first site where a rank is late is where its lateness enters the step; later sit
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.records.reader import Records
+from jaxpace.report.model import GroupLate, LinkWait, SiteRow
 from jaxpace.report.render.text import format_ms
 
 __all__ = [
@@ -52,45 +52,6 @@ __all__ = [
 ALPHA = 1e-3  # per site and group, as `stages.culprit`'s culprit test
 MIN_LEAD_S = 1e-3
 REL_LEAD = 0.02  # of the site's median step period: below it a lead is the fleet's own spread
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupLate:
-    """A rank that arrives last in its group at a site: `lead_s` is the median over steps of
-    how long the others of its group had been waiting (median over them) when it arrived;
-    `latest_share` the share of steps it was the latest; `p_value` the chance of that many."""
-
-    rank: int
-    group: tuple[int, ...]
-    lead_s: float
-    latest_share: float
-    p_value: float
-
-
-@dataclasses.dataclass(frozen=True)
-class LinkWait:
-    """One ppermute pair: the destination's median wait for its source (seconds)."""
-
-    source: int
-    destination: int
-    wait_s: float
-
-
-@dataclasses.dataclass(frozen=True)
-class SiteRow:
-    """One site. `wait_s`: median over steps of the mean wait over ranks; `share`: the
-    site's part of the sum of those over all sites; `order_s`: median time into the step."""
-
-    site: str
-    kind: str | None
-    groups: tuple[tuple[int, ...], ...]
-    steps: int
-    wait_s: float
-    share: float
-    order_s: float
-    late: tuple[GroupLate, ...]
-    links: tuple[LinkWait, ...]
-    slow_link: LinkWait | None
 
 
 def site_info(records: Records) -> dict[str, dict[str, Any]]:
