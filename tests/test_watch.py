@@ -455,3 +455,25 @@ def test_a_process_waiting_in_a_collective_is_not_named_when_a_peer_moves_on_fir
     assert d2.observe(stuck, 100.0) == []
     (s,) = d2.observe(stuck, 100.6)
     assert s["process"] == 2 and s["ahead"] == [0, 1] and 3.0 <= s["stalled_s"] <= 3.1
+
+
+def test_an_unclosed_watch_is_closed_at_exit_and_its_last_window_decided(tmp_path):
+    """Through `jaxpace.runtime.signals` (the one owner of exit hooks): the program never
+    calls `close()`, and the window still pending at exit is decided and written."""
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, jax.numpy as jnp, jaxpace\n"
+        f"step = jaxpace.watch(jax.jit(lambda x: x + 1), every=2, window=1, out={str(tmp_path)!r})\n"
+        "x = jnp.zeros(())\n"
+        "for _ in range(3):\n"
+        "    x = step(x)\n"
+    )
+    env = {**__import__("os").environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "jaxpace watch: steps 2-2:" in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "verdict.json").is_file()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import functools
 import itertools
 import os
@@ -10,7 +9,6 @@ import socket
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -241,6 +239,13 @@ class Watched:
 
             shutil.rmtree(self._tmp, ignore_errors=True)
 
+    def stop_at_exit(self) -> None:
+        """`close()`, for `jaxpace.runtime.signals` at interpreter exit; never raises."""
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never fail an exit
+            pass
+
     def __repr__(self) -> str:
         s = self.schedule
         return f"jaxpace.watch({getattr(self._fn, '__name__', self._fn)!r}, every={s.every}, window={s.window})"
@@ -275,25 +280,11 @@ def lean_profile_options() -> Any:
 
 # ----------------------------------------------------------------- at exit
 
-_OPEN: weakref.WeakSet = weakref.WeakSet()
-_EXIT_LOCK = threading.Lock()
-_exit_registered = [False]
-
-
-def _close_all() -> None:
-    for w in list(_OPEN):
-        try:
-            w.close()
-        except Exception:  # noqa: BLE001 - never fail an exit
-            pass
-
 
 def register_exit(w: Watched) -> None:
-    """Closes `w` at interpreter exit. The one place watch touches `atexit` (to be routed
-    through `jaxpace.runtime.signals`); registered after `jax.distributed.initialize`, so it
-    runs before JAX's own shutdown (atexit runs the last registered first)."""
-    with _EXIT_LOCK:
-        _OPEN.add(w)
-        if not _exit_registered[0]:
-            atexit.register(_close_all)
-            _exit_registered[0] = True
+    """Closes `w` at interpreter exit, through `jaxpace.runtime.signals` (the one owner of
+    the exit hooks; it calls `w.stop_at_exit()`, weakly held). Registered at the first
+    call, after `jax.distributed.initialize`, so it runs before JAX's own shutdown."""
+    from jaxpace.runtime import signals
+
+    signals.stop_at_exit(w)
