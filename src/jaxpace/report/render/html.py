@@ -24,6 +24,7 @@ from jaxpace.report.render.lateness_map import lateness_map
 from jaxpace.report.render.summary import headline
 from jaxpace.report.render.svg import CSS as PLOT_CSS
 from jaxpace.report.render.svg import (
+    FONT_PX,
     MB,
     ML,
     MR,
@@ -85,7 +86,7 @@ def _lateness(report: Report) -> str:
         ranks=data.ranks,
         culprit_ranks=report.culprits,
         culprit_hosts=[g.label for g in report.late_groups if g.kind == "host"],
-        culprit_groups=[(g.name, g.ranks) for g in groups],
+        culprit_groups=[(f"{g.name} ({', '.join(g.hosts[:2])})", g.ranks) for g in groups],
         title=PLOT_TITLES[0],
     )
     return f"<figure>{svg}<figcaption>{escape(caption)}</figcaption></figure>"
@@ -128,9 +129,11 @@ def _phases(findings: Findings) -> str:
             y += v
     step = label_step(labels, W - ML - MR)
     for i in range(0, n, step):
+        # A wide label ("0-127") under a narrow first bar would reach under the y axis's
+        # "0": keep every label's left edge right of the axis.
+        x = max(fx(i) + bw / 2, ML + len(labels[i]) * FONT_PX * 0.31)
         out.append(
-            f'<text x="{fx(i) + bw / 2:.1f}" y="{H - MB + 16}" text-anchor="middle">'
-            f"{escape(labels[i])}</text>"
+            f'<text x="{x:.1f}" y="{H - MB + 16}" text-anchor="middle">{escape(labels[i])}</text>'
         )
     out += legend([(c, name) for name, c in PHASE_COLORS.items()], 150)
     out.append("</svg>")
@@ -311,7 +314,7 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>jaxpace report: {run}</title>",
         f"<style>{CSS}</style></head><body>",
-        f'<header><h1 id="headline">{_headline_html(headline(report))}</h1>',
+        f'<header id="answer"><h1 id="headline">{_headline_html(headline(report))}</h1>',
     ]
     if report.partial:
         parts.append(

@@ -23,7 +23,16 @@ from html import escape
 
 import numpy as np
 
-from jaxpace.report.render.svg import FONT_PX, colorbar, fmt, index_ticks, raster, rgb, svg_open
+from jaxpace.report.render.svg import (
+    FONT_PX,
+    colorbar,
+    fmt,
+    index_ticks,
+    raster,
+    rgb,
+    svg_open,
+    ticks,
+)
 from jaxpace.report.render.text import ranges
 
 __all__ = [
@@ -254,41 +263,48 @@ def _cell_tip(g: LatenessGrid, i: int, j: int) -> str:
 
 
 def _row_labels(g: LatenessGrid, top: float, row_h: float, x: float) -> list[str]:
-    """Left labels: hosts (and ranks, when rows are ranks), none overlapping."""
+    """Left labels, none overlapping: rows of ranks get their host's name at the middle of
+    its rows and each rank's number beside its row, or, when the rows are too thin to
+    label one by one, the host's name with its rank range; rows of hosts get host names."""
     n = len(g.row_ranks)
-    out: list[str] = []
     fit = max(int(n * row_h // (FONT_PX + 3)), 1)  # labels that fit one above the other
-    if g.unit == "rank":
-        # Host names centred on their group of rows, rank numbers beside each row.
-        groups: list[tuple[str, int, int]] = []
-        for i, hh in enumerate(g.row_hosts):
-            if groups and groups[-1][0] == hh[0]:
-                groups[-1] = (hh[0], groups[-1][1], i + 1)
-            else:
-                groups.append((hh[0], i, i + 1))
-        rank_x = x
-        host_x = x - (len(str(max(r for rr in g.row_ranks for r in rr))) + 2) * _CHAR_PX
-        shown = index_ticks(n, fit) if fit < n else range(n)
-        for i in shown:
-            y = top + (i + 0.5) * row_h + 4
-            out.append(
-                f'<text x="{rank_x:.1f}" y="{y:.1f}" text-anchor="end">{g.row_ranks[i][0]}</text>'
-            )
-        gshown = index_ticks(len(groups), fit) if fit < len(groups) else range(len(groups))
-        for k in gshown:
-            name, a, b = groups[k]
-            y = top + (a + b) / 2 * row_h + 4
-            out.append(
-                f'<text x="{host_x:.1f}" y="{y:.1f}" text-anchor="end">{escape(_short(name))}</text>'
-            )
+    out: list[str] = []
+
+    def text(x: float, y: float, label: str) -> None:
+        out.append(f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="end">{escape(label)}</text>')
+
+    if g.unit != "rank":
+        for i in index_ticks(n, fit) if fit < n else range(n):
+            text(x, top + (i + 0.5) * row_h, _short(g.row_hosts[i][0]))
         return out
-    for i in index_ticks(n, fit) if fit < n else range(n):
-        y = top + (i + 0.5) * row_h + 4
-        out.append(
-            f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end">'
-            f"{escape(_short(g.row_hosts[i][0]))}</text>"
-        )
+    groups: list[tuple[str, int, int]] = []  # (host, first row, end row)
+    for i, hh in enumerate(g.row_hosts):
+        if groups and groups[-1][0] == hh[0]:
+            groups[-1] = (hh[0], groups[-1][1], i + 1)
+        else:
+            groups.append((hh[0], i, i + 1))
+    per_rank = fit >= n
+    shown = index_ticks(len(groups), fit) if fit < len(groups) else range(len(groups))
+    for k in shown:
+        name, a, b = groups[k]
+        label = _short(name)
+        span = ranges(tuple(r for rr in g.row_ranks[a:b] for r in rr))
+        if not per_rank and len(span) <= 2 * len(str(_max_rank(g))) + 1:  # else: too long
+            label += f" ({span})"
+        text(x - (_rank_label_w(g) if per_rank else 0), top + (a + b) / 2 * row_h, label)
+    if per_rank:
+        for i in range(n):
+            text(x, top + (i + 0.5) * row_h, str(g.row_ranks[i][0]))
     return out
+
+
+def _max_rank(g: LatenessGrid) -> int:
+    return max((r for rr in g.row_ranks for r in rr), default=0)
+
+
+def _rank_label_w(g: LatenessGrid) -> float:
+    """Width of the rank-number column beside rows of ranks, px."""
+    return (len(str(_max_rank(g))) + 2) * _CHAR_PX
 
 
 def lateness_map(
@@ -328,9 +344,12 @@ def lateness_map(
 
     # Geometry: labels left, the cells, culprit labels right.
     n_hosts = len({h for hh in g.row_hosts for h in hh})
-    max_rank = max((r for rr in g.row_ranks for r in rr), default=0)
+    max_rank = _max_rank(g)
     host_w = min(max(len(h) for hh in g.row_hosts for h in hh), _HOST_CHARS) * _CHAR_PX
-    rank_w = (len(str(max_rank)) + 2) * _CHAR_PX if g.unit == "rank" else 0
+    # Beside rows of ranks: a rank number per row, or a range "(4096-4103)" per host.
+    rank_w = _rank_label_w(g) if g.unit == "rank" else 0
+    if g.unit == "rank" and n * _row_height(n) // (FONT_PX + 3) < n:
+        rank_w = (2 * len(str(max_rank)) + 4) * _CHAR_PX
     left = math.ceil(30 + host_w + rank_w + 8)
     labels = [label for label, _ in g.marks[:8]]
     if len(g.marks) > 8:
@@ -338,7 +357,7 @@ def lateness_map(
     right = math.ceil(max((len(s) + 3 for s in labels), default=0) * _CHAR_PX + 16) + 10
     width = WIDTH
     pw = width - left - right
-    row_h = min(max(384.0 / max(n, 1), 2.0), 24.0)
+    row_h = _row_height(n)
     ph = n * row_h
     top = 58.0
     height = int(math.ceil(top + ph + 50))
@@ -367,12 +386,8 @@ def lateness_map(
                     'stroke="#fff" stroke-width="1.5"/>'
                 )
     out += _row_labels(g, top, row_h, left - 6)
-    for j in index_ticks(C, max(int(pw // 60), 1)):
-        X = left + (j + 0.5) * cw
-        out.append(
-            f'<text x="{X:.1f}" y="{top + ph + 16:.1f}" text-anchor="middle">'
-            f"{g.col_steps[j][0]}</text>"
-        )
+    for X, t in _step_ticks(g, left, cw, max(int(pw // 60), 2)):
+        out.append(f'<text x="{X:.1f}" y="{top + ph + 16:.1f}" text-anchor="middle">{t}</text>')
 
     # Hover: per cell when there are few, else per row.
     marked: dict[int, list[str]] = {}
@@ -407,7 +422,8 @@ def lateness_map(
                 f'height="{(b - a) * row_h + 2:.2f}" fill="none" stroke="{MARK}" '
                 'stroke-width="2"/>'
             )
-        y = top + (rows[0] + 0.5) * row_h + 4 if rows else top
+        a, b = _runs(rows)[0] if rows else (0, 0)
+        y = top + (a + b) / 2 * row_h + 4
         if label_y and y < label_y[-1] + FONT_PX + 3:
             y = label_y[-1] + FONT_PX + 3
         label_y.append(y)
@@ -419,6 +435,25 @@ def lateness_map(
         out.append(f'<text x="{left + pw + 8:.1f}" y="{y:.1f}" fill="{MARK}">{labels[-1]}</text>')
     out.append("</svg>")
     return "\n".join(out), _caption(g, n_hosts)
+
+
+def _step_ticks(g: LatenessGrid, left: float, cw: float, most: int) -> list[tuple[float, int]]:
+    """(x, step) of round step numbers (0, 50, 100 ...) under the columns that hold them."""
+    lo, hi = g.col_steps[0][0], g.col_steps[-1][1]
+    out: list[tuple[float, int]] = []
+    for t in ticks(lo, hi, most) if hi > lo else [lo]:
+        t = int(round(t))
+        j = next((j for j, (a, b) in enumerate(g.col_steps) if a <= t <= b), None)
+        if j is None:  # a gap in the steps
+            continue
+        a, b = g.col_steps[j]
+        out.append((left + (j + (t - a + 0.5) / (b - a + 1)) * cw, t))
+    return out
+
+
+def _row_height(n: int) -> float:
+    """Px per row: 24 for a few rows, down to 2 (128 rows: 384 px in all)."""
+    return min(max(384.0 / max(n, 1), 2.0), 24.0)
 
 
 def _runs(rows: Sequence[int]) -> list[tuple[int, int]]:
