@@ -131,3 +131,27 @@ def test_bad_input_names_the_field(kwargs, match):
     args = {"hosts": ["a", "a", "b", "b"], **kwargs}
     with pytest.raises(ValueError, match=match):
         lateness_grid(np.zeros((5, 4)), **args)
+
+
+@pytest.mark.parametrize(
+    "culprits",
+    [(200, 7), (63, 62, 61, 60, 59, 58, 57, 56, 0, 1)],
+    ids=["out of row order", "ten near the bottom"],
+)
+def test_culprit_labels_follow_their_rows_and_never_overlap_or_leave_the_canvas(culprits):
+    """Rank 7's label once sat below rank 200's, next to the wrong row."""
+    from test_html_render import _check_svg
+
+    R = 300 if max(culprits) >= 64 else 64
+    lat, hosts = _fleet(R, 3 if R == 300 else 1)
+    lat[:, list(culprits)] += 0.003
+    svg, caption = lateness_map(lat, hosts, culprit_ranks=culprits)
+    _check_svg(svg)  # rendered with cairosvg: no two texts touch, none clipped
+    root = ET.fromstring(svg)
+    marks = [e for e in root.iter(f"{SVG_NS}text") if e.get("fill") == "#d62728"]
+    ys = [float(e.get("y")) for e in marks]
+    assert ys == sorted(ys)
+    named = [int(re.search(r"rank (\d+)", e.text).group(1)) for e in marks if "rank" in e.text]
+    assert named == sorted(named)  # labels in row order (ranks ascend down the rows here)
+    assert ("+2 more" in marks[-1].text) == (len(culprits) > 8)
+    assert "the culprits" in caption

@@ -416,7 +416,7 @@ def lateness_map(
     out += tips
 
     # Culprits: an outline around their rows and a label to the right, never overlapping.
-    label_y: list[float] = []
+    wanted: list[tuple[float, str]] = []
     for label, rows in g.marks[:8]:
         for a, b in _runs(rows):
             out.append(
@@ -425,18 +425,28 @@ def lateness_map(
                 'stroke-width="2"/>'
             )
         a, b = _runs(rows)[0] if rows else (0, 0)
-        y = top + (a + b) / 2 * row_h + 4
-        if label_y and y < label_y[-1] + FONT_PX + 3:
-            y = label_y[-1] + FONT_PX + 3
-        label_y.append(y)
-        out.append(
-            f'<text x="{left + pw + 8:.1f}" y="{y:.1f}" fill="{MARK}">◀ {escape(label)}</text>'
-        )
+        wanted.append((top + (a + b) / 2 * row_h + 4, f"◀ {label}"))
+    wanted.sort()
     if len(g.marks) > 8:
-        y = (label_y[-1] if label_y else top) + FONT_PX + 3
-        out.append(f'<text x="{left + pw + 8:.1f}" y="{y:.1f}" fill="{MARK}">{labels[-1]}</text>')
+        wanted.append((wanted[-1][0] + 1, labels[-1]))
+    ys = _spread([y for y, _ in wanted], FONT_PX + 3, top + FONT_PX, height - 4.0)
+    for y, (_, label) in zip(ys, wanted, strict=True):
+        out.append(
+            f'<text x="{left + pw + 8:.1f}" y="{y:.1f}" fill="{MARK}">{escape(label)}</text>'
+        )
     out.append("</svg>")
     return "\n".join(out), _caption(g, n_hosts)
+
+
+def _spread(ys: Sequence[float], gap: float, lo: float, hi: float) -> list[float]:
+    """Sorted label positions `ys` moved as little as needed to be `gap` apart within
+    [lo, hi] (down first, then up from `hi`)."""
+    out: list[float] = []
+    for y in ys:
+        out.append(max(y, lo, out[-1] + gap) if out else max(y, lo))
+    for i in range(len(out) - 1, -1, -1):
+        out[i] = min(out[i], hi if i == len(out) - 1 else out[i + 1] - gap)
+    return out
 
 
 def _step_ticks(g: LatenessGrid, left: float, cw: float, most: int) -> list[tuple[float, int]]:
@@ -485,5 +495,5 @@ def _caption(g: LatenessGrid, n_hosts: int) -> str:
     return (
         f"{rows}; {cols}. Colour: how long after the step's median rank it arrived "
         f"(at or before the median: darkest); hover over {hover} for its figures."
-        + (" Outlined in red: the culprit." if g.marks else "")
+        + (f" Outlined in red: the culprit{'s' * (len(g.marks) > 1)}." if g.marks else "")
     )
