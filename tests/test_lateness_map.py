@@ -155,3 +155,23 @@ def test_culprit_labels_follow_their_rows_and_never_overlap_or_leave_the_canvas(
     assert named == sorted(named)  # labels in row order (ranks ascend down the rows here)
     assert ("+2 more" in marks[-1].text) == (len(culprits) > 8)
     assert "the culprits" in caption
+
+
+@pytest.mark.parametrize(
+    ("ranks", "per_host", "long_names"),
+    [(8, 2, False), (24, 3, True), (32, 4, False), (64, 8, True), (512, 8, True), (8192, 8, False)],
+)
+def test_every_layout_renders_without_overlapping_or_clipped_text(ranks, per_host, long_names):
+    """Rank numbers beside host names, hosts with rank ranges, host rows, runs of hosts;
+    long host names are shortened in the labels, whole in the hover text."""
+    from test_html_render import _check_svg
+
+    lat, hosts = _fleet(ranks, per_host)
+    if long_names:
+        hosts = [f"ip-10-0-{int(h[5:])}-7.us-west-2.compute.internal" for h in hosts]
+    svg, _ = lateness_map(lat, hosts, culprit_ranks=[ranks - 1], culprit_hosts=[hosts[0]])
+    _check_svg(svg)
+    labels = [e.text for e in ET.fromstring(svg).iter(f"{SVG_NS}text")]
+    assert all(len(t) <= 40 for t in labels), labels
+    if long_names:
+        assert any("…" in t for t in labels) and hosts[0] in svg  # whole in the hover

@@ -53,6 +53,7 @@ CELL_TIPS = 2400  # up to this many cells, each has its own hover text; above, e
 MARK = "#d62728"  # the culprit's outline and label
 _CHAR_PX = FONT_PX * 0.62  # a character's width at FONT_PX (sans-serif digits and letters)
 _HOST_CHARS = 16  # longer host names are shortened in the labels (the hover has them whole)
+_MARK_CHARS = 30  # and longer culprit labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,12 +211,12 @@ def lateness_grid(
     )
 
 
-def _short(host: str) -> str:
-    """`host` in at most `_HOST_CHARS` characters (the middle elided)."""
-    if len(host) <= _HOST_CHARS:
-        return host
-    k = (_HOST_CHARS - 1) // 2
-    return host[:k] + "…" + host[-(_HOST_CHARS - 1 - k) :]
+def _short(name: str, most: int = _HOST_CHARS) -> str:
+    """`name` in at most `most` characters (the middle elided)."""
+    if len(name) <= most:
+        return name
+    k = (most - 1) // 2
+    return name[:k] + "…" + name[-(most - 1 - k) :]
 
 
 def _steps(a: int, b: int) -> str:
@@ -353,7 +354,7 @@ def lateness_map(
     if g.unit == "rank" and n * _row_height(n) // (FONT_PX + 3) < n:
         rank_w = (2 * len(str(max_rank)) + 4) * _CHAR_PX
     left = math.ceil(30 + host_w + rank_w + 8)
-    labels = [label for label, _ in g.marks[:8]]
+    labels = [_short(label, _MARK_CHARS) for label, _ in g.marks[:8]]
     if len(g.marks) > 8:
         labels.append(f"+{len(g.marks) - 8} more")
     right = math.ceil(max((len(s) + 3 for s in labels), default=0) * _CHAR_PX + 16) + 10
@@ -425,7 +426,7 @@ def lateness_map(
                 'stroke-width="2"/>'
             )
         a, b = _runs(rows)[0] if rows else (0, 0)
-        wanted.append((top + (a + b) / 2 * row_h + 4, f"◀ {label}"))
+        wanted.append((top + (a + b) / 2 * row_h + 4, f"◀ {_short(label, _MARK_CHARS)}"))
     wanted.sort()
     if len(g.marks) > 8:
         wanted.append((wanted[-1][0] + 1, labels[-1]))
