@@ -537,6 +537,10 @@ def main(argv=None) -> int:
         from benchmarks import records
 
         return records.main(argv[1:])
+    if argv[:1] == ["html"]:  # the HTML report's size and load time (benchmarks/html_page.py)
+        from benchmarks import html_page
+
+        return html_page.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 

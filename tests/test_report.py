@@ -244,7 +244,7 @@ def test_html_is_self_contained_with_plots(tmp_path):
     for title in PLOT_TITLES:
         assert f"<title>{title}</title>" in html
     for label in (
-        "lateness (ms)",
+        "after the median rank",  # the lateness map's colour bar
         "mean time per step (ms)",
         "step time (ms)",
         "ranks (log scale)",

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # loaded on first use (below): they import JAX
     from jaxpace.runtime import Pacer, PacerConfig, SiteStats, configure, default_pacer
     from jaxpace.runtime.pauses import expected_pause
     from jaxpace.topology import make_mesh
+    from jaxpace.watch import watch
 
 __version__ = "0.1.0"
 
@@ -58,6 +59,7 @@ __all__ = [
     "sim",
     "sinks",
     "topology",
+    "watch",
 ]
 
 # Names that load on first use. The collectives and the runtime import JAX (about 3 s here),
@@ -84,6 +86,7 @@ _LAZY = {
     "report": ("jaxpace.report", None),
     "sim": ("jaxpace.sim", None),
     "sinks": ("jaxpace.sinks", None),
+    "watch": ("jaxpace.watch", "watch"),
 }
 
 

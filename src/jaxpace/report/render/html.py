@@ -1,4 +1,9 @@
-"""Self-contained HTML report with inline SVG plots (`render.svg`; no scripts, no CDN)."""
+"""Self-contained HTML report with inline SVG plots (`render.svg`; no scripts, no CDN).
+
+The page leads with the answer: the headline (`summary.headline`), then the lateness heat
+map by host and rank (`render.lateness_map`), then the step's collectives in order;
+the tables and the other plots follow.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ import numpy as np
 import jaxpace.report.fleet_view as fleet_view
 import jaxpace.report.render.tables as tables
 from jaxpace.records.safe_io import write_atomic
+from jaxpace.report.render.lateness_map import TITLE as LATENESS_TITLE
+from jaxpace.report.render.lateness_map import lateness_map
+from jaxpace.report.render.summary import headline
 from jaxpace.report.render.svg import CSS as PLOT_CSS
 from jaxpace.report.render.svg import (
     FONT_PX,
@@ -24,9 +32,6 @@ from jaxpace.report.render.svg import (
     H,
     W,
     axes,
-    color,
-    fmt,
-    index_ticks,
     label_step,
     legend,
     line_series,
@@ -42,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["PLOT_TITLES", "render_report_html", "write_html"]
 
 PLOT_TITLES = (
-    "Per-rank lateness over steps",
+    LATENESS_TITLE,
     "Phase breakdown per rank",
     "Step-time distribution",
     "Amplification forecast",
@@ -65,54 +70,26 @@ def _analyzed(report: Report) -> np.ndarray:
     return np.flatnonzero(keep) if keep.any() else np.arange(data.steps.size)
 
 
-def _heatmap(report: Report) -> str:
+def _lateness(report: Report) -> str:
+    """The lateness heat map (`render.lateness_map`) of the steps after the warm-up, the
+    culprits and late hosts marked, as a figure with its caption."""
     data = report.data
-    title = PLOT_TITLES[0]  # after the warm-up
     rows_used = np.arange(report.warmup_steps, data.steps.size)
     if rows_used.size == 0:
         rows_used = np.arange(data.steps.size)
-    lat = data.lateness[rows_used] * 1e3  # ms
-    S, R = lat.shape
-    cols, rows = min(S, 240), min(R, 64)
-    # Bin steps and ranks (means) so the SVG stays small for big runs.
-    sb = np.linspace(0, S, cols + 1).astype(int)
-    rb = np.linspace(0, R, rows + 1).astype(int)
-    m = np.add.reduceat(np.add.reduceat(lat, sb[:-1], axis=0), rb[:-1], axis=1)
-    m = m / np.outer(np.diff(sb), np.diff(rb))
-    vmax = float(np.quantile(m, 0.99)) if m.size else 1.0
-    vmax = vmax if vmax > 0 else 1.0
-    width = W + 120  # room for the colour bar and its labels
-    out = svg_open(title, "step", "rank", width=width)
-    pw, ph = width - ML - MR - 120, H - MT - MB
-    cw, rh = pw / cols, ph / rows
-    for i in range(rows):
-        for j in range(cols):
-            out.append(
-                f'<rect x="{ML + j * cw:.2f}" y="{MT + i * rh:.2f}" width="{cw + 0.3:.2f}" '
-                f'height="{rh + 0.3:.2f}" fill="{color(m[j, i] / vmax)}"/>'
-            )
-    steps = data.steps[rows_used]
-    for j in index_ticks(cols, 6):
-        X = ML + (j + 0.5) * cw
-        label = int(steps[min(sb[j], S - 1)])
-        out.append(f'<text x="{X:.1f}" y="{MT + ph + 16}" text-anchor="middle">{label}</text>')
-    for i in index_ticks(rows, min(8, int(ph // (FONT_PX + 3)))):
-        Y = MT + (i + 0.5) * rh
-        lbl = int(data.ranks[rb[i]])
-        out.append(f'<text x="{ML - 6}" y="{Y + 4:.1f}" text-anchor="end">{lbl}</text>')
-    # Colour bar.
-    bx = ML + pw + 20
-    for k in range(50):
-        y = MT + ph - (k + 1) * ph / 50
-        out.append(
-            f'<rect x="{bx}" y="{y:.2f}" width="14" height="{ph / 50 + 0.3:.2f}" '
-            f'fill="{color(k / 49)}"/>'
-        )
-    out.append(f'<text x="{bx + 18}" y="{MT + 10}">{fmt(vmax)} ms</text>')
-    out.append(f'<text x="{bx + 18}" y="{MT + ph}">0</text>')
-    out.append(f'<text x="{bx}" y="{MT - 6}" text-anchor="start">lateness (ms)</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+    hosts = [str(h) for h in data.hosts]
+    groups = [g for g in report.late_groups if g.kind != "host"]
+    svg, caption = lateness_map(
+        data.lateness[rows_used],
+        hosts,
+        steps=data.steps[rows_used],
+        ranks=data.ranks,
+        culprit_ranks=report.culprits,
+        culprit_hosts=[g.label for g in report.late_groups if g.kind == "host"],
+        culprit_groups=[(f"{g.name} ({', '.join(g.hosts[:2])})", g.ranks) for g in groups],
+        title=PLOT_TITLES[0],
+    )
+    return f"<figure>{svg}<figcaption>{escape(caption)}</figcaption></figure>"
 
 
 def _phases(findings: Findings) -> str:
@@ -152,9 +129,11 @@ def _phases(findings: Findings) -> str:
             y += v
     step = label_step(labels, W - ML - MR)
     for i in range(0, n, step):
+        # A wide label ("0-127") under a narrow first bar would reach under the y axis's
+        # "0": keep every label's left edge right of the axis.
+        x = max(fx(i) + bw / 2, ML + len(labels[i]) * FONT_PX * 0.31)
         out.append(
-            f'<text x="{fx(i) + bw / 2:.1f}" y="{H - MB + 16}" text-anchor="middle">'
-            f"{escape(labels[i])}</text>"
+            f'<text x="{x:.1f}" y="{H - MB + 16}" text-anchor="middle">{escape(labels[i])}</text>'
         )
     out += legend([(c, name) for name, c in PHASE_COLORS.items()], 150)
     out.append("</svg>")
@@ -277,7 +256,9 @@ def _table(rows: list[list[str]]) -> str:
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
+h1{font-size:1.2em;font-weight:normal;line-height:1.4;margin:0 0 6px}
+h1 .ev{font-size:.72em;color:#666}
+h2{font-size:1.15em;margin-top:1.6em}.meta{color:#555;font-size:.9em;margin:0 0 8px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;
 text-align:right;font-size:.9em}th{background:#f3f3f3}td:first-child,td.l{text-align:left}
 .partial{background:#fde2e2;border:2px solid #c00;padding:8px;font-weight:bold}
@@ -287,62 +268,119 @@ figure{margin:0 0 12px}figcaption{font-size:.85em;color:#444;max-width:700px}
 CSS += PLOT_CSS + "\n"
 
 
+def _headline_html(text: str) -> str:
+    """The headline as the page's `h1`: its lead (`Straggler`, ...) in bold, the evidence
+    in parentheses in small grey type (the claim and its cost read first)."""
+    lead, sep, rest = text.partition(": ")
+    if not (sep and 0 < len(lead) <= 40):
+        lead, rest = "", text
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(rest):  # top-level parenthesized spans become `.ev`
+        if ch == "(":
+            if depth == 0:
+                out.append(escape(rest[start:i]))
+                start = i
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+            if depth == 0:
+                span = rest[start : i + 1]
+                # A short aside ("(node-3)", "(1.64 ms)") is part of the claim.
+                cls = ' class="ev"' if len(span) > 24 else ""
+                out.append(f"<span{cls}>{escape(span)}</span>" if cls else escape(span))
+                start = i + 1
+    out.append(escape(rest[start:]))
+    return (f"<strong>{escape(lead)}:</strong> " if lead else "") + "".join(out)
+
+
+def _section(ident: str, title: str, body: str) -> str:
+    return f'<section id="{ident}"><h2>{escape(title)}</h2>{body}</section>'
+
+
 def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]] = ()) -> str:
     """The whole HTML document for `report` (named apart from `jaxpace.sim`'s page).
 
-    `extra_sections`: `(title, content)` pairs placed after the summary, where
-    content is a table (rows, header first) or a list of paragraphs (strings);
-    `jaxpace demo` adds its A/B table and Diagnosis here.
+    In order: the headline, the lateness heat map, the sites in step order (2 or more
+    sites), then the summary and the other tables and plots. `extra_sections`:
+    `(title, content)` pairs placed after the summary, where content is a table (rows,
+    header first) or a list of paragraphs (strings); `jaxpace demo` adds its A/B table and
+    Diagnosis here.
     """
+    run = escape(str(report.run_id))
+    more = len(report.decisions) - 1
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>jaxpace report: {escape(str(report.run_id))}</title>",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>jaxpace report: {run}</title>",
         f"<style>{CSS}</style></head><body>",
-        f"<h1>jaxpace report: run <code>{escape(str(report.run_id))}</code>, site "
-        f"<code>{escape(report.site)}</code></h1>",
+        f'<header id="answer"><h1 id="headline">{_headline_html(headline(report))}</h1>',
     ]
     if report.partial:
         parts.append(
             '<p class="partial">PARTIAL REPORT: the input was incomplete; see the notes below.</p>'
         )
-    parts.append("<h2>Summary</h2>" + _table(tables.summary_rows(report)))
-    parts.append("<h2>What to do next</h2>" + _table(tables.next_steps_rows(report)))
-    parts.append("<h2>Decisions</h2>" + _table(tables.decision_rows(report.findings)))
+    parts.append(
+        f'<p class="meta">jaxpace report: run <code>{run}</code>, site '
+        f"<code>{escape(report.site)}</code>; {report.num_ranks} ranks, "
+        f"{report.analyzed_steps} of {report.num_steps} steps analyzed"
+        + (
+            f'; {more} more decision{"s" * (more > 1)} under <a href="#decisions">Decisions</a>'
+            if more > 0
+            else ""
+        )
+        + ".</p></header>"
+    )
+    if report.data is not None:
+        parts.append(_section("lateness", "Who is late, and when", _lateness(report)))
+    parts += _sites_section(report)
+    parts.append(_section("summary", "Summary", _table(tables.summary_rows(report))))
+    parts.append(_section("next", "What to do next", _table(tables.next_steps_rows(report))))
+    parts.append(_section("decisions", "Decisions", _table(tables.decision_rows(report.findings))))
     costs = tables.cost_rows(report.findings, report.context.hours_unit)
     if costs:
-        parts.append("<h2>Cost of waiting</h2>" + _table(costs))
+        parts.append(_section("costs", "Cost of waiting", _table(costs)))
     if tables.host_rows(report.findings):
         parts.append(
-            "<h2>Hosts, latest first (ms)</h2>" + _table(tables.host_rows(report.findings))
+            _section("hosts", "Hosts, latest first (ms)", _table(tables.host_rows(report.findings)))
         )
-    for title, content in extra_sections:
+    for k, (title, content) in enumerate(extra_sections):
         if content and isinstance(content[0], str):
             body = "".join(f"<p>{escape(line)}</p>" for line in content)
         else:
             body = _table(content)
-        parts.append(f"<h2>{escape(title)}</h2>" + body)
-    parts.append("<h2>Failure modes</h2>" + _table(tables.failure_mode_rows(report.findings)))
-    parts.append("<h2>Plots</h2>")
-    if report.data is not None:
-        parts += [_heatmap(report), _phases(report.findings), _histogram(report)]
-    why = tables.forecast_support(report)[2] if report.forecast is not None else ""
-    parts.append(f"<figure>{_forecast(report)}<figcaption>{escape(why)}</figcaption></figure>")
+        parts.append(_section(f"extra-{k}", title, body))
     parts.append(
-        "<h2>Culprit ranking (after warm-up; times in ms)</h2>"
-        + _table(tables.ranking_rows(report.findings, 64))
-        + f"<p>{escape(fleet_view.LATE_LEGEND)} ({format_ms(report.noise_floor_s)}).</p>"
+        _section("modes", "Failure modes", _table(tables.failure_mode_rows(report.findings)))
     )
-    for title, rows in fleet_view.fleet_sections(report):  # spread, slowest, arrived last
-        parts.append(f"<h2>{escape(title)}</h2>" + _table(rows))
-    parts += _sites_section(report)
+    plots = []
+    if report.data is not None:
+        plots += [_phases(report.findings), _histogram(report)]
+    why = tables.forecast_support(report)[2] if report.forecast is not None else ""
+    plots.append(f"<figure>{_forecast(report)}<figcaption>{escape(why)}</figcaption></figure>")
+    parts.append(_section("plots", "Plots", "\n".join(plots)))
+    parts.append(
+        _section(
+            "ranking",
+            "Culprit ranking (after warm-up; times in ms)",
+            _table(tables.ranking_rows(report.findings, 64))
+            + f"<p>{escape(fleet_view.LATE_LEGEND)} ({format_ms(report.noise_floor_s)}).</p>",
+        )
+    )
+    for k, (title, rows) in enumerate(fleet_view.fleet_sections(report)):
+        parts.append(_section(f"fleet-{k}", title, _table(rows)))  # spread, slowest, last
     if report.pacing is not None:
-        parts.append("<h2>Pacing effect</h2>" + _table(tables.pacing_table(report.pacing)))
-        if report.pacing.caveat:
-            parts.append(f"<p>{escape(report.pacing.caveat)}</p>")
+        caveat = f"<p>{escape(report.pacing.caveat)}</p>" if report.pacing.caveat else ""
+        parts.append(
+            _section("pacing", "Pacing effect", _table(tables.pacing_table(report.pacing)) + caveat)
+        )
     if report.notes:
         parts.append(
-            "<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul>"
+            _section(
+                "notes",
+                "Notes",
+                "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul>",
+            )
         )
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -360,9 +398,11 @@ def _sites_section(report: Report) -> list[str]:
         f"the summary's, decided by the culprit test at `{report.site}`: {culprit}."
     ]
     return [
-        "<h2>Sites in step order (waits: median over steps of the mean over ranks)</h2>"
-        + _table(rows)
-        + "".join(f"<p>{escape(n)}</p>" for n in notes)
+        _section(
+            "sites",
+            "Sites in step order (waits: median over steps of the mean over ranks)",
+            _table(rows) + "".join(f"<p>{escape(n)}</p>" for n in notes),
+        )
     ]
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "Pairs",
     "Prose",
     "Table",
+    "headline",
     "summary_blocks",
 ]
 
@@ -162,6 +163,20 @@ def _actions(report: Report, verbose: bool) -> tuple[str, ...]:
     if verbose:
         return tuple(line for b in blocks for line in b)
     return tuple(blocks[0][:DEFAULT_ACTIONS] + [b[0] for b in blocks[1:]])
+
+
+def headline(report: Report) -> str:
+    """The report's answer in one sentence, the first thing a reader sees: its first
+    decision (the culprit, group or mode, its evidence and what it costs), or why none.
+
+    >>> from jaxpace.report import analyze, synthetic_records
+    >>> rep = analyze(synthetic_records(8, 60, late_rank=3, late_s=0.01, seed=1))
+    >>> headline(rep).split(" is ")[0]
+    'Straggler: rank 3 (node-3)'
+    """
+    if report.decisions:
+        return report.decisions[0]
+    return "No decision: the input held no step every rank reported (see the notes)."
 
 
 def summary_blocks(

@@ -1,13 +1,19 @@
-"""The one SVG plot helper: frames, nice ticks, axes, line series, legends and a colour map.
+"""The one SVG plot helper: frames, nice ticks, axes, line series, legends, a colour map,
+raster cells and a colour bar.
 
 Hand-written inline SVG (no scripts, no CDN), for the report's page (`render.html`)
 and the simulator's (`jaxpace.sim.cli`): text at `FONT_PX` set in each SVG so that
-it renders the same anywhere, margins that leave room for tick labels.
+it renders the same anywhere, margins that leave room for tick labels. Many cells
+(a heat map of thousands of ranks) go in as one embedded PNG (`raster`), not one
+element each: the page stays small and quick to open.
 """
 
 from __future__ import annotations
 
+import base64
 import math
+import struct
+import zlib
 from collections.abc import Callable, Sequence
 from html import escape
 
@@ -24,11 +30,15 @@ __all__ = [
     "W",
     "axes",
     "color",
+    "colorbar",
     "fmt",
     "index_ticks",
     "label_step",
     "legend",
     "line_series",
+    "png_data_uri",
+    "raster",
+    "rgb",
     "svg_open",
     "ticks",
 ]
@@ -44,13 +54,63 @@ _CMAP = np.array(
 )
 
 
+NAN_RGB = (221, 221, 221)  # cells with no value: light grey, off the colour map
+
+
+def rgb(v: np.ndarray) -> np.ndarray:
+    """Values in [0, 1] (clipped) on the viridis colour map: uint8 RGB, shape `v.shape + (3,)`;
+    NaN becomes `NAN_RGB`."""
+    v = np.asarray(v, dtype=float)
+    x = np.clip(np.nan_to_num(v, nan=0.0), 0.0, 1.0) * (len(_CMAP) - 1)
+    i = np.minimum(x.astype(int), len(_CMAP) - 2)
+    c = _CMAP[i] + (x - i)[..., None] * (_CMAP[i + 1] - _CMAP[i])
+    out = np.round(c).astype(np.uint8)
+    out[np.isnan(v)] = NAN_RGB
+    return out
+
+
 def color(v: float) -> str:
     """`v` in [0, 1] (clipped) on the viridis colour map, as `#rrggbb`."""
-    v = min(max(v, 0.0), 1.0) * (len(_CMAP) - 1)
-    i = min(int(v), len(_CMAP) - 2)
-    c = _CMAP[i] + (v - i) * (_CMAP[i + 1] - _CMAP[i])
-    r, g, b = (int(round(x)) for x in c)
+    r, g, b = (int(x) for x in rgb(np.array(v)))
     return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def png_data_uri(pixels: np.ndarray) -> str:
+    """A `data:` URI of the (h, w, 3) uint8 image `pixels` as PNG.
+
+    Hand-written (zlib framing, 10 lines): no image library is a runtime dependency.
+    """
+    h, w, _ = pixels.shape
+    raw = b"".join(b"\x00" + pixels[y].astype(np.uint8).tobytes() for y in range(h))
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def raster(x: float, y: float, width: float, height: float, pixels: np.ndarray) -> str:
+    """An `<image>` showing `pixels` ((h, w, 3) uint8, one per cell) stretched over the box,
+    each cell a sharp-edged block (no smoothing between cells)."""
+    return (
+        f'<image x="{x:.2f}" y="{y:.2f}" width="{width:.2f}" height="{height:.2f}" '
+        f'preserveAspectRatio="none" image-rendering="optimizeSpeed" '
+        f'style="image-rendering:pixelated" href="{png_data_uri(pixels)}"/>'
+    )
+
+
+def colorbar(x: float, y: float, width: float, vmax: float, unit: str) -> list[str]:
+    """A horizontal colour bar from 0 (left) to `vmax` (right) at (x, y), 10 px tall, its
+    ends labelled to its left (`0`) and right (`vmax unit`)."""
+    strip = rgb(np.linspace(0.0, 1.0, 64))[None, :, :]
+    return [
+        f'<text x="{x - 4:.1f}" y="{y + 9:.1f}" text-anchor="end">0</text>',
+        raster(x, y, width, 10, strip),
+        f'<text x="{x + width + 4:.1f}" y="{y + 9:.1f}">{fmt(vmax)} {escape(unit)}</text>',
+    ]
 
 
 def fmt(x: float) -> str:

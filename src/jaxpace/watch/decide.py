@@ -1,0 +1,259 @@
+"""The live decision over consecutive windows: the report's analysis on pooled windows.
+
+The deciding process runs `jaxpace.report.analyze` (the one culprit decision
+the report makes) on the newest window's combined records; when it names
+nobody, on the consecutive windows kept (up to `MAX_POOLED`) pooled (the
+evidence of one 5-step window is too little for that decision), and says how
+many it used. At most two analyses per window: their cost lands on process 0.
+A process whose devices were last in every execution of the newest window,
+not (yet) named, is reported as `likely`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxpace.records.reader import Records
+from jaxpace.watch.summary import merge
+
+__all__ = ["MAX_POOLED", "VERDICT_VERSION", "WindowResult", "decide", "log_line", "verdict"]
+
+MAX_POOLED = 8  # windows pooled at most for one decision
+VERDICT_VERSION = 1
+_ORDINAL = {1: "st", 2: "nd", 3: "rd"}
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowResult:
+    """One analyzed window (as `Watched.history()` returns them).
+
+    Attributes:
+      window: the window's index (>= 1; window `i` starts at call `i * every`).
+      first_step, last_step: the wrapper's call indices (0-based) the window held.
+      culprit_process: the process the decision names, or None.
+      culprit_host: that process's host, or None.
+      culprit_ranks: its ranks (global device ids in order), () when nobody is named.
+      likely: a process last in every execution of this window but not named
+        (yet): the finding below the line; None otherwise.
+      mode: the report's primary failure mode (`persistent_straggler`,
+        `balanced`, ...), or `"unanalyzed"` when nothing could be analyzed.
+      windows_pooled: how many consecutive windows the decision used (0: none).
+      analyzed_steps: executions (steps) the decision analyzed.
+      partial: this window's data is incomplete: a process's summary was missing,
+        cut, or its window skipped (`notes` says which).
+      late_by_s: the culprit's (or the likely process's) excess lateness,
+        seconds (NaN when nobody).
+      in_a_row: consecutive analyzed windows naming the same culprit, this one
+        included (0 when nobody is named).
+      since_window: the first of those windows (None when nobody is named).
+      last_fraction: the share in [0, 1] of analyzed steps in which the named
+        (or likely) process's devices arrived last; NaN when nobody.
+      notes: what was missing or left out.
+    """
+
+    window: int
+    first_step: int
+    last_step: int
+    culprit_process: int | None = None
+    culprit_host: str | None = None
+    culprit_ranks: tuple[int, ...] = ()
+    likely: int | None = None
+    mode: str = "unanalyzed"
+    windows_pooled: int = 0
+    analyzed_steps: int = 0
+    partial: bool = False
+    late_by_s: float = math.nan
+    in_a_row: int = 0
+    since_window: int | None = None
+    last_fraction: float = math.nan
+    notes: tuple[str, ...] = ()
+
+
+def _likely(recs: Records) -> tuple[int | None, float]:
+    """The process whose devices had the least time inside every execution of `recs`
+    (last to arrive each time), and the share of executions it was last in."""
+    c = recs.columns
+    key = c["site"] * (1 << 40) + c["step"]
+    order = np.lexsort((c["wait_ns"], key))
+    k = key[order]
+    first = np.ones(k.size, bool)
+    first[1:] = k[1:] != k[:-1]
+    last_proc = c["process"][order][first]
+    if last_proc.size == 0:
+        return None, math.nan
+    procs, counts = np.unique(last_proc, return_counts=True)
+    top = int(np.argmax(counts))
+    frac = float(counts[top] / last_proc.size)
+    return (int(procs[top]) if frac == 1.0 else None), frac
+
+
+def decide(
+    windows: Sequence[tuple[int, int, int, Records | None, tuple[str, ...]]],
+    history: Sequence[WindowResult],
+    *,
+    analyze: Any = None,
+) -> WindowResult:
+    """The result of the newest window given the windows so far (oldest first).
+
+    Args:
+      windows: `(window, first_step, last_step, records or None, notes[, busy])`,
+        the newest last; only the newest `MAX_POOLED` are used, and only a run of
+        consecutive analyzable windows ending at the newest. `busy`: the processes
+        whose own watch work was running when the window began (never named from it).
+      history: the results so far (for "in a row" and "since").
+      analyze: the analysis (default `jaxpace.report.analyze`); a test may pass another.
+    """
+    if analyze is None:
+        from jaxpace.report.analyze import analyze
+    w, first, last, recs, notes = windows[-1][:5]
+    partial = bool(notes) or (recs is not None and recs.partial)
+    base = WindowResult(window=w, first_step=first, last_step=last, partial=partial, notes=notes)
+    if recs is None:
+        return base
+    run: list[Records] = []
+    busy: list[frozenset] = []
+    for i, entry in enumerate(reversed(windows[-MAX_POOLED:])):
+        if entry[3] is None or entry[0] != w - i:
+            break
+        run.insert(0, entry[3])
+        busy.insert(0, frozenset(entry[5]) if len(entry) > 5 else frozenset())
+    likely, frac = _likely(recs)
+    rep = None
+    pooled = 0
+    for n in sorted({1, len(run)}):  # the newest alone, then every consecutive one kept
+        try:
+            rep = analyze(merge(run[-n:], run_id=recs.run_id or "watch"), warmup_steps=0)
+        except Exception as e:  # noqa: BLE001 - a window that cannot be analyzed is partial
+            notes = (*notes, f"analysis failed on {n} windows: {type(e).__name__}: {e}")
+            break
+        pooled = n
+        if rep.culprit_process is not None:
+            break
+    if rep is None:
+        return dataclasses.replace(base, notes=notes, partial=True, likely=likely)
+    named = rep.culprit_process
+    overlapped = sum(named in b for b in busy[-pooled:]) if named is not None else 0
+    if overlapped:  # its own watch work may have made it late: not named from these windows
+        notes = (
+            *notes,
+            f"process {named}'s own watch work (window summary, decision) was still running "
+            f"when {overlapped} of the {pooled} pooled windows began; it is not named from "
+            "them (a larger `every` leaves that work room between windows).",
+        )
+        named, likely = None, named
+    late = math.nan
+    ranks: tuple[int, ...] = ()
+    host = None
+    who = named if named is not None else likely
+    if who is not None:
+        stats = [r for r in rep.ranks if r.process == who]
+        ranks = tuple(sorted(r.rank for r in stats))
+        host = stats[0].host if stats else None
+        finite = [r.excess_lateness_s for r in stats if math.isfinite(r.excess_lateness_s)]
+        late = max(finite) if finite else math.nan
+    prev = history[-1] if history else None
+    in_a_row = 0
+    since = None
+    if named is not None:
+        if prev is not None and prev.culprit_process == named and prev.window == w - 1:
+            in_a_row, since = prev.in_a_row + 1, prev.since_window
+        else:
+            in_a_row, since = 1, w
+    return dataclasses.replace(
+        base,
+        culprit_process=named,
+        culprit_host=host if named is not None else None,
+        culprit_ranks=ranks if named is not None else (),
+        likely=None if named is not None else likely,
+        mode=str(rep.primary_mode),
+        windows_pooled=pooled,
+        analyzed_steps=int(rep.analyzed_steps),
+        partial=partial,
+        late_by_s=late,
+        in_a_row=in_a_row,
+        since_window=since,
+        last_fraction=frac if who is not None else math.nan,
+        notes=notes,
+    )
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    if not ranks:
+        return "ranks ?"
+    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def _nth(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else _ORDINAL.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def log_line(r: WindowResult) -> str:
+    """One line per window, e.g.
+    `jaxpace watch: steps 300-304: process 2 (host h2, ranks 4-5) late by 20.1 ms, 3rd window in a row`.
+
+    >>> log_line(WindowResult(window=3, first_step=300, last_step=304, culprit_process=2,
+    ...     culprit_host="h2", culprit_ranks=(4, 5), mode="persistent_straggler",
+    ...     windows_pooled=1, analyzed_steps=5, late_by_s=0.0201, in_a_row=3, since_window=1))
+    'jaxpace watch: steps 300-304: process 2 (host h2, ranks 4-5) late by 20.1 ms, 3rd window in a row'
+    """
+    head = f"jaxpace watch: steps {r.first_step}-{r.last_step}: "
+    late = f"{r.late_by_s * 1e3:.1f} ms" if math.isfinite(r.late_by_s) else "?"
+    pooled = f" ({r.windows_pooled} windows pooled)" if r.windows_pooled > 1 else ""
+    partial = " [partial: " + "; ".join(r.notes[:3]) + "]" if r.partial else ""
+    if r.culprit_process is not None:
+        where = f"host {r.culprit_host}, {_ranks_text(r.culprit_ranks)}"
+        row = "window" if r.in_a_row == 1 else "window in a row"
+        return (
+            f"{head}process {r.culprit_process} ({where}) late by {late}, "
+            f"{_nth(r.in_a_row)} {row}{pooled}{partial}"
+        )
+    if r.windows_pooled == 0:
+        return f"{head}not analyzed{partial}"
+    if r.likely is not None:
+        return (
+            f"{head}nobody named{pooled}; likely process {r.likely}: last in every step of "
+            f"this window, late by {late}, not yet significant{partial}"
+        )
+    return f"{head}nobody named ({r.mode}){pooled}{partial}"
+
+
+def verdict(r: WindowResult, *, run: str, process_count: int) -> dict[str, Any]:
+    """The machine-readable verdict (version `VERDICT_VERSION`) for a scheduler or a script.
+
+    `confidence`: `"named"` (the report's decision names the process),
+    `"likely"` (last in every step of the newest window, not significant yet)
+    or `"none"`.
+    """
+    who = r.culprit_process if r.culprit_process is not None else r.likely
+    return {
+        "version": VERDICT_VERSION,
+        "kind": "jaxpace.watch.verdict",
+        "run": run,
+        "process_count": int(process_count),
+        "window": r.window,
+        "first_step": r.first_step,
+        "last_step": r.last_step,
+        "culprit_process": who,
+        "culprit_host": r.culprit_host,
+        "culprit_ranks": list(r.culprit_ranks),
+        "confidence": "named"
+        if r.culprit_process is not None
+        else ("likely" if r.likely is not None else "none"),
+        "since_window": r.since_window,
+        "windows_in_a_row": r.in_a_row,
+        "late_by_s": r.late_by_s if math.isfinite(r.late_by_s) else None,
+        "last_fraction": r.last_fraction if math.isfinite(r.last_fraction) else None,
+        "mode": r.mode,
+        "windows_pooled": r.windows_pooled,
+        "analyzed_steps": r.analyzed_steps,
+        "partial": r.partial,
+        "notes": list(r.notes[:8]),
+    }

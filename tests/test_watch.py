@@ -1,0 +1,479 @@
+"""`jaxpace.watch` in one process: the window schedule, the profiler's one session, bad input,
+the stall rule and the decision's log line (a fake profiler; no trace is read)."""
+
+import inspect
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxpace
+from jaxpace.errors import ConfigError
+from jaxpace.watch import WindowResult
+from jaxpace.watch.decide import log_line, verdict
+from jaxpace.watch.heartbeat import WARMUP_CALLS, StallDetector
+from jaxpace.watch.schedule import Schedule
+from jaxpace.watch.wrapper import Watched
+
+
+class FakeProfiler:
+    def __init__(self, events, busy=False):
+        self.events, self.busy = events, busy
+
+    def start_trace(self, logdir):
+        if self.busy:
+            raise RuntimeError("Profile has already been started. Only one profile may be run.")
+        self.events.append(("start", logdir))
+
+    def stop_trace(self):
+        self.events.append(("stop",))
+
+
+def _watched(events, **kw):
+    def step(k):
+        events.append(("call", k))
+        return k
+
+    busy = kw.pop("busy", False)
+    return Watched(
+        step, profiler=FakeProfiler(events, busy), block=lambda o: events.append(("block", o)), **kw
+    )
+
+
+def test_profiler_starts_and_stops_on_window_calls_and_blocks_only_at_edges():
+    events = []
+    w = _watched(events, every=5, window=2)
+    assert [w(k) for k in range(13)] == list(range(13))
+    w.close()
+    seq = [e[0] if e[0] in ("start", "stop") else e for e in events]
+    # Call 4 blocks before window 1 (calls 5-6); the trace starts before call 5; call 6
+    # blocks, then the trace stops; the same for window 2 (calls 10-11); nothing else.
+    assert seq == [
+        *[("call", k) for k in range(4)],
+        ("call", 4), ("block", 4), "start", ("call", 5), ("call", 6), ("block", 6), "stop",
+        ("call", 7), ("call", 8),
+        ("call", 9), ("block", 9), "start", ("call", 10), ("call", 11), ("block", 11), "stop",
+        ("call", 12),
+    ]  # fmt: skip
+    assert ("call", 0) in events and ("block", 0) not in events  # the first call is untouched
+
+
+def test_window_equal_to_every_blocks_once_between_windows():
+    s = Schedule(every=3, window=3)
+    edges = [s.edge(k) for k in range(9)]
+    assert [k for k, e in enumerate(edges) if e.pre_block] == [2]
+    assert [k for k, e in enumerate(edges) if e.start] == [3, 6]
+    assert [k for k, e in enumerate(edges) if e.end] == [5, 8]
+
+
+def test_programs_own_profiler_session_skips_the_window_and_marks_it_partial():
+    events = []
+    w = _watched(events, every=3, window=2, busy=True)
+    assert [w(k) for k in range(6)] == list(range(6))
+    w.close()
+    assert not [e for e in events if e[0] in ("start", "stop")]
+    (r,) = w.history()
+    assert (r.first_step, r.last_step, r.partial, r.culprit_process) == (3, 4, True, None)
+    assert any("own jax.profiler session" in n for n in r.notes), r.notes
+    # The window's last call still blocks (every process runs the same edges).
+    assert ("block", 4) in events
+
+
+def test_signature_and_results_of_a_jit_function_are_kept():
+    @jax.jit
+    def step(w, x, *, lr=0.1):
+        return w - lr * x
+
+    w = jaxpace.watch(step, every=2, window=1)
+    assert inspect.signature(w) == inspect.signature(step)
+    assert w.__wrapped__ is step and w.__name__ == "step"
+    a, b = jnp.arange(4.0), jnp.ones(4)
+    for _ in range(5):
+        assert (w(a, b, lr=0.5) == step(a, b, lr=0.5)).all()
+    w.close()
+    w.close()  # idempotent
+
+
+def test_package_import_keeps_jaxpace_watch_callable():
+    import jaxpace.watch as pkg
+
+    w = pkg(lambda x: x, every=4, window=2)
+    assert jaxpace.watch(lambda x: x, every=4, window=2)(3) == 3
+    assert w(1) == 1
+    w.close()
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"every": 1}, "every"),
+        ({"every": 2.5}, "every"),
+        ({"window": 0}, "window"),
+        ({"every": 4, "window": 5}, "window"),
+        ({"stall_after_s": -1.0}, "stall_after_s"),
+        ({"stall_after_s": math.nan}, "stall_after_s"),
+        ({"on_stall": "abort"}, "on_stall"),
+        ({"sinks": [1]}, "sinks\\[0\\]"),
+        ({"out": 3}, "out"),
+    ],
+)
+def test_bad_arguments_name_the_field(kw, field):
+    with pytest.raises(ConfigError, match=f"`{field}`"):
+        jaxpace.watch(lambda x: x, **kw)
+
+
+def test_stall_rule_names_the_process_behind_once_and_never_in_its_first_calls():
+    d = StallDetector(stall_after_s=5.0)
+    behind = {0: {"calls": 40, "host": "a"}, 1: {"calls": 39, "host": "b"}}
+    assert d.observe(behind, 0.0) == [] and d.observe(behind, 4.9) == []
+    (s,) = d.observe(behind, 5.1)
+    assert (s["process"], s["host"], s["last_step"], s["waiting_step"]) == (1, "b", 38, 39)
+    assert d.observe(behind, 60.0) == []  # named once
+    compiling = {0: {"calls": 5}, 1: {"calls": WARMUP_CALLS - 1}}
+    assert StallDetector(1.0).observe(compiling, 0.0) == []
+    d2 = StallDetector(1.0)
+    assert d2.observe(compiling, 0.0) == [] and d2.observe(compiling, 100.0) == []
+
+
+def test_stall_rule_excuses_an_announced_pause_within_its_bound():
+    d = StallDetector(stall_after_s=1.0)
+    pause = {"name": "checkpoint", "max_s": 10.0, "age_s": 0.0, "announced": True, "id": "c#1"}
+    beats = {0: {"calls": 20}, 1: {"calls": 19, "pause": pause}}
+    assert d.observe(beats, 0.0) == [] and d.observe(beats, 5.0) == []
+    (s,) = d.observe(beats, 16.0)  # past its max_s (its end fixed when first needed, at 5 s)
+    assert s["process"] == 1 and "beyond its max_s" in s["overrun"]
+
+
+def test_log_line_and_verdict_of_a_likely_process():
+    r = WindowResult(
+        window=2, first_step=20, last_step=24, likely=3, mode="balanced", windows_pooled=2,
+        analyzed_steps=10, late_by_s=0.004, last_fraction=1.0,
+    )  # fmt: skip
+    assert log_line(r) == (
+        "jaxpace watch: steps 20-24: nobody named (2 windows pooled); likely process 3: last "
+        "in every step of this window, late by 4.0 ms, not yet significant"
+    )
+    v = verdict(r, run="w0", process_count=4)
+    assert (v["version"], v["confidence"], v["culprit_process"], v["since_window"]) == (
+        1,
+        "likely",
+        3,
+        None,
+    )
+
+
+def _summary(p, window=1, n_exec=5, late=False, devices=2):
+    """A process's window summary: `n_exec` executions of one all-reduce on its devices;
+    a late process spends 1 ms inside it, the others 21 ms."""
+    rows = [
+        [0, e, p * devices + d, e * 30_000, 1_000 if late else 21_000]
+        for e in range(n_exec)
+        for d in range(devices)
+    ]
+    return {
+        "v": 1, "process": p, "host": f"h{p}", "window": window, "first_step": 10,
+        "last_step": 14, "sites": ["jit_step/all-reduce.1"], "rows": rows, "notes": [],
+        "partial": False,
+    }  # fmt: skip
+
+
+def test_summaries_combine_into_one_window_of_every_process():
+    from jaxpace.watch.summary import combine
+
+    got = {p: _summary(p, late=p == 2) for p in range(4)}
+    recs, notes = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    assert notes == [] and not recs.partial
+    c = recs.columns
+    assert sorted(set(c["step"].tolist())) == [10, 11, 12, 13, 14]
+    assert sorted(set(c["rank"].tolist())) == list(range(8))
+    assert recs.process_of_rank()[4] == 2 and recs.hosts()[5] == "h2"
+    late = c["process"] == 2
+    assert (c["wait_ns"][late] == 1_000_000).all() and (c["wait_ns"][~late] == 21_000_000).all()
+
+
+def test_a_missing_process_or_unmatched_executions_make_the_window_partial():
+    from jaxpace.watch.summary import combine
+
+    got = {p: _summary(p) for p in range(3)}  # process 3 sent nothing
+    got[1] = _summary(1, n_exec=4)  # one execution fewer: cannot be matched
+    recs, notes = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    assert recs is None
+    assert any("process 3: no summary" in n for n in notes), notes
+    assert any("left out" in n and "different numbers" in n for n in notes), notes
+    got[1] = _summary(1, window=2)  # another window's summary is not this window's
+    recs, notes = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    assert recs.partial and sorted(set(recs.columns["process"].tolist())) == [0, 2]
+
+
+def test_malformed_summaries_are_left_out_not_raised():
+    from jaxpace.watch.summary import combine
+
+    bad = [{"rows": "x"}, {"rows": [[0, 0, 0, 0, -5]]}, {"rows": [[9, 0, 0, 0, 1]]}]
+    for b in bad:
+        got = {0: _summary(0), 1: {**_summary(1), **b}}
+        recs, notes = combine(got, process_count=2, window=1, first=10, last=14, run_id="t")
+        assert recs.partial and any("process 1: malformed" in n for n in notes), (b, notes)
+
+
+def test_the_decision_names_the_late_process_and_the_sinks_get_every_step_and_rank():
+    from jaxpace.watch.decide import decide
+    from jaxpace.watch.summary import combine
+
+    rng = __import__("numpy").random.default_rng(0)
+    windows = []
+    for w in (1, 2):
+        got = {p: _summary(p, window=w, late=p == 2) for p in range(4)}
+        for s in got.values():  # per-step jitter, so the decision has noise to test against
+            for r in s["rows"]:
+                r[4] += int(rng.integers(0, 500))
+        recs, notes = combine(got, process_count=4, window=w, first=10 * w, last=10 * w + 4,
+                              run_id="t")  # fmt: skip
+        windows.append((w, 10 * w, 10 * w + 4, recs, tuple(notes)))
+    r = decide(windows, [])
+    assert r.culprit_process == 2 and r.culprit_ranks == (4, 5) and r.culprit_host == "h2"
+    assert r.windows_pooled >= 1 and r.analyzed_steps >= 5 and 0.015 < r.late_by_s < 0.025
+
+
+def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):
+    from jaxpace.watch.exchange import DirExchange, key
+
+    ex = DirExchange(tmp_path / "x")
+    assert ex.put(key("w0", "summary", 1, 0), '{"a": 1}')
+    assert ex.put(key("w0", "summary", 12, 1), '{"a": 2}')
+    got = ex.get_dir("jaxpace/watch/w0/summary/")
+    assert got == [("jaxpace/watch/w0/summary/0/p1", '{"a": 1}'),
+                   ("jaxpace/watch/w0/summary/1/p12", '{"a": 2}')]  # fmt: skip
+    assert ex.get_dir("jaxpace/watch/w0/summary/1/") == [
+        ("jaxpace/watch/w0/summary/1/p12", '{"a": 2}')
+    ]
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    link = ex._path(key("w0", "beat", 3))
+    link.symlink_to(target)
+    assert not ex.put(key("w0", "beat", 3), "{}")
+    assert target.read_text() == "keep"
+
+
+def test_an_optax_train_step_under_watch_gives_the_same_state_and_real_windows(tmp_path):
+    """A real `jax.profiler` window on 8 CPU devices of one process: the step's all-reduce
+    (inserted by XLA for the sharded batch) is summarized and analyzed."""
+    import numpy as np
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    opt = optax.adam(1e-2)
+    params = {"w": jnp.ones((16, 4)) * 0.1}
+    x = jax.device_put(np.ones((64, 16), np.float32), NamedSharding(mesh, P("d")))
+
+    @jax.jit
+    def train_step(params, opt_state, x):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"]) ** 2))(params)
+        updates, opt_state = opt.update(g, opt_state)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    watched = jaxpace.watch(train_step, every=4, window=2, out=tmp_path)
+    assert watched.lower(params, opt.init(params), x).compile() is not None  # jit's own API
+    p1, s1 = params, opt.init(params)
+    p2, s2 = params, opt.init(params)
+    for _ in range(10):
+        p1, s1, _ = train_step(p1, s1, x)
+        p2, s2, _ = watched(p2, s2, x)
+        jax.block_until_ready(p2)
+    watched.close()
+    assert np.asarray(p1["w"]).tobytes() == np.asarray(p2["w"]).tobytes()
+    hist = watched.history()
+    assert [(h.first_step, h.last_step) for h in hist] == [(4, 5), (8, 9)]
+    assert all(h.analyzed_steps >= 2 and h.windows_pooled >= 1 for h in hist), hist
+    import json
+
+    v = json.loads((tmp_path / "verdict.json").read_text())
+    assert (v["version"], v["kind"], v["window"], v["process_count"]) == (
+        1, "jaxpace.watch.verdict", 2, 1,
+    )  # fmt: skip
+    assert len((tmp_path / "verdicts.ndjson").read_text().splitlines()) == 2
+    assert (tmp_path / "windows" / "records-p0.jsonl").is_file()
+
+
+def test_exporters_take_what_watch_delivers(tmp_path):
+    """`jaxpace.sinks`' Prometheus, TensorBoard and jax.monitoring sinks accept the
+    per-step summaries process 0 delivers after a window."""
+    from jaxpace import sinks
+    from jaxpace.watch.summary import combine
+    from jaxpace.watch.worker import Worker
+
+    got = {p: _summary(p, late=p == 2) for p in range(4)}
+    recs, _ = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    seen = []
+    prom = sinks.prometheus_textfile(tmp_path / "watch.prom", write_every_s=0)
+    tb = sinks.tensorboard(tmp_path / "tb")
+    w = Watched(lambda x: x, sinks=[seen.append, prom, tb, sinks.jax_monitoring()])
+    worker = Worker(w, None, process=0, count=4, host="h0")
+    worker._deliver(recs, {"culprit_process": 2})
+    tb.close()
+    assert worker.sink_errors == 0 and len(seen) == 5 * 8
+    assert {s["site"] for s in seen} == {"watch/jit_step/all-reduce.1"}
+    assert all(s["earliness_s"][4] == 0.0 and s["watch"]["culprit_process"] == 2 for s in seen)
+    text = (tmp_path / "watch.prom").read_text()
+    assert "jaxpace_wait_seconds{" in text and 'site="watch/jit_step/all-reduce.1"' in text
+
+
+class _HungClient:
+    """A coordination client whose calls never return (the service is gone)."""
+
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+
+    def key_value_set(self, *a):
+        self.release.wait(30)
+
+    def key_value_dir_get(self, *a):
+        self.release.wait(30)
+        return []
+
+
+def test_a_coordination_service_that_does_not_answer_stops_watch_and_never_blocks_a_step(
+    capsys,
+):
+    from jaxpace.watch.exchange import KVExchange
+    from jaxpace.watch.worker import Worker
+
+    client = _HungClient()
+    events = []
+    w = _watched(events, every=3, window=1, stall_after_s=1.0)
+    w(0)  # the set-up (a one-process job: memory exchange); swap in the hung service
+    w._worker.stop(5.0)
+    w._worker = Worker(w, KVExchange(client, timeout_s=0.2), process=1, count=4, host="h1")
+    w._worker.start()
+    for k in range(1, 60):
+        w(k)
+        if w._stopped:
+            break
+        __import__("time").sleep(0.05)
+    assert w._stopped, "watch did not notice that the coordination service is gone"
+    stopped_at = w._calls
+    before = len(events)
+    more = [w(k) for k in range(100, 110)]  # runs untouched: no window, no block
+    assert more == list(range(100, 110))
+    assert events[before:] == [("call", k) for k in range(100, 110)]
+    client.release.set()
+    w.close()
+    err = capsys.readouterr().err
+    assert "coordination service does not answer" in err and "watch stops" in err, err
+    assert stopped_at < 60
+
+
+def test_a_process_whose_own_watch_work_overlapped_the_windows_is_likely_not_named():
+    from jaxpace.watch.decide import decide
+    from jaxpace.watch.summary import combine
+
+    got = {p: _summary(p, late=p == 2) for p in range(4)}
+    for s in got.values():
+        for i, r in enumerate(s["rows"]):
+            r[4] += (i * 37) % 300
+    recs, _ = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
+    named = decide([(1, 10, 14, recs, (), frozenset())], [])
+    assert named.culprit_process == 2
+    r = decide([(1, 10, 14, recs, (), frozenset({2}))], [])
+    assert r.culprit_process is None and r.likely == 2 and r.culprit_ranks == ()
+    assert any("own watch work" in n for n in r.notes), r.notes
+    assert "likely process 2" in log_line(r)
+
+
+def test_on_stall_callable_gets_the_stall_and_a_raising_one_does_not_stop_watch(capsys):
+    from jaxpace.watch.worker import Worker
+
+    got = []
+    stall = {"process": 2, "host": "h2", "last_step": 11, "waiting_step": 12, "stalled_s": 6.0,
+             "ahead": [0, 1, 3], "overrun": ""}  # fmt: skip
+    for how in (got.append, lambda s: 1 / 0):
+        w = Watched(lambda x: x, stall_after_s=5.0, on_stall=how)
+        worker = Worker(w, None, process=0, count=4, host="h0")
+        worker._stall(dict(stall))
+        assert worker.stalls[-1]["process"] == 2
+    assert got and got[0]["waiting_step"] == 12 and "has not entered step 12" in got[0]["message"]
+    err = capsys.readouterr().err
+    assert "stall: process 2 (host h2) has not entered step 12 for 6.0 s" in err
+    assert "on_stall callable raised ZeroDivisionError" in err
+
+
+def _trace(path, sites, runs=3, devices=(0, 1), dur=lambda s, r, d: 100 + d):
+    """A Chrome trace as `jax.profiler` writes on CPU: one all-reduce event per site, run
+    and device."""
+    import gzip
+    import json
+
+    events = [
+        {"ph": "X", "name": op, "ts": 1000 * r + 10 * i, "dur": dur(i, r, d),
+         "args": {"device_ordinal": d, "hlo_module": "jit_step", "hlo_op": op, "run_id": 7 + r}}
+        for i, op in enumerate(sites) for r in range(runs) for d in devices
+    ]  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def test_a_summary_keeps_the_same_sites_on_every_process_whatever_their_timing(tmp_path):
+    from jaxpace.watch.summary import MAX_SITES, combine, summarize
+
+    ops = [f"all-reduce.{i}" for i in range(MAX_SITES + 4)]
+    got = {}
+    for p in range(2):  # different times inside each site on the two processes
+        d = tmp_path / f"p{p}" / "plugins" / "profile" / "r" / "h.trace.json.gz"
+        _trace(
+            d,
+            ops,
+            devices=(2 * p, 2 * p + 1),
+            dur=lambda i, r, dv, p=p: 50 + (i * 7 * (p + 1)) % 40,
+        )
+        got[p] = summarize(tmp_path / f"p{p}", process=p, host="h", window=1, first=10, last=12)
+        assert len(got[p]["sites"]) == len(ops) and len(got[p]["rows"]) == MAX_SITES * 3 * 2
+    kept = [{got[p]["sites"][r[0]] for r in got[p]["rows"]} for p in range(2)]
+    assert kept[0] == kept[1] and len(kept[0]) == MAX_SITES
+    recs, notes = combine(got, process_count=2, window=1, first=10, last=12, run_id="t")
+    assert notes == [] and len(recs.sites) == MAX_SITES
+    assert sorted(set(recs.columns["step"].tolist())) == [10, 11, 12]
+
+
+def test_a_process_waiting_in_a_collective_is_not_named_when_a_peer_moves_on_first():
+    """Process 2 pauses 6 s; 0 and 1 wait in call 15 meanwhile. When the pause ends, 0's
+    heartbeat (in call 16) can arrive before 1's: 1 was not behind for 6 s, only from then."""
+    d = StallDetector(stall_after_s=3.0)
+    pause = {"name": "ckpt", "max_s": 60.0, "age_s": 0.0, "announced": True, "id": "c#1"}
+    waiting = {0: {"calls": 16}, 1: {"calls": 16}, 2: {"calls": 15, "pause": pause}}
+    assert d.observe(waiting, 0.0) == [] and d.observe(waiting, 5.9) == []
+    moved = {0: {"calls": 17, "age_s": 0.05}, 1: {"calls": 16}, 2: {"calls": 16}}
+    assert d.observe(moved, 6.0) == [] and d.observe(moved, 8.9) == []
+    assert d.observe({0: {"calls": 17}, 1: {"calls": 17}, 2: {"calls": 17}}, 9.5) == []
+    # A process really stuck: the others' published age counts (they entered before we saw).
+    stuck = {0: {"calls": 26, "age_s": 2.5}, 1: {"calls": 26, "age_s": 2.4}, 2: {"calls": 25}}
+    d2 = StallDetector(stall_after_s=3.0)
+    assert d2.observe(stuck, 100.0) == []
+    (s,) = d2.observe(stuck, 100.6)
+    assert s["process"] == 2 and s["ahead"] == [0, 1] and 3.0 <= s["stalled_s"] <= 3.1
+
+
+def test_an_unclosed_watch_is_closed_at_exit_and_its_last_window_decided(tmp_path):
+    """Through `jaxpace.runtime.signals` (the one owner of exit hooks): the program never
+    calls `close()`, and the window still pending at exit is decided and written."""
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, jax.numpy as jnp, jaxpace\n"
+        f"step = jaxpace.watch(jax.jit(lambda x: x + 1), every=2, window=1, out={str(tmp_path)!r})\n"
+        "x = jnp.zeros(())\n"
+        "for _ in range(3):\n"
+        "    x = step(x)\n"
+    )
+    env = {**__import__("os").environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "jaxpace watch: steps 2-2:" in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "verdict.json").is_file()
