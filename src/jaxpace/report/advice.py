@@ -30,9 +30,15 @@ def _saving(report: Report) -> str:
     if w is None or not math.isfinite(w.saving_s) or w.saving_s <= 0:
         return ""
     return (
-        f" Expected saving if it ran like the median rank: {format_ms(w.saving_s)} per step "
+        f" Expected saving if {_target(w)} ran like the median rank: "
+        f"{format_ms(w.saving_s)} per step "
         f"({w.saving_fraction:.1%})."
     )
+
+
+def _target(w) -> str:
+    """What a `WhatIf` fixes: "it" for the culprit alone, else its late group."""
+    return "it" if not w.target or w.target == f"rank {w.rank}" else f"{w.target} (all its ranks)"
 
 
 def _device_checks(host: str, platform: str) -> list[str]:
@@ -73,11 +79,9 @@ def _device_checks(host: str, platform: str) -> list[str]:
 
 def _straggler(report: Report) -> list[str]:
     rs = report.rank_stats(report.culprit)
-    out = [
-        f"Rank {rs.rank} (process {rs.process}, host {rs.host}) arrives "
-        f"{format_ms(rs.excess_lateness_s)} later than a typical rank, last in "
-        f"{rs.last_fraction:.0%} of steps: look at that process and its device first."
-        + _saving(report),
+    out = [  # the evidence is the decision's sentence; the advice says where to look
+        f"Rank {rs.rank} (process {rs.process}, host {rs.host}): look at that process and its "
+        "device first." + _saving(report),
         *_device_checks(rs.host, _platform(report)),
     ]
     if rs.compute_s > 0 and math.isfinite(rs.compute_s):

@@ -298,12 +298,15 @@ class PeriodicOutliers:
 
 @dataclasses.dataclass(frozen=True)
 class WhatIf:
-    """Expected step time if `rank` computed as fast as the median rank.
+    """Expected step time if `target` computed as fast as the median rank.
 
     Model: step time = ``max_i(compute_i) + transfer`` per step (`model_step_s`;
     pacing delays are left out: with no late rank there is nothing to pace);
     `what_if_step_s` = measured mean minus the model's saving from replacing
-    `rank`'s compute by the per-step median compute.
+    the compute of `target`'s ranks by the per-step median compute. `target` is
+    `rank` ("rank 3"), or the late group it is in ("process 1") when it is late
+    with that group: then the saving is that group's `WaitingCost`, the one
+    figure the summary, advice, HTML and decisions all show.
     """
 
     rank: int
@@ -313,6 +316,7 @@ class WhatIf:
     what_if_step_s: float
     saving_s: float
     saving_fraction: float
+    target: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

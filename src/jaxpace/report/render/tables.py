@@ -81,7 +81,7 @@ def summary_rows(report: Report) -> list[list[str]]:
         w = report.what_if
         rows.append(
             [
-                f"if rank {w.rank} ran like the median",
+                f"if {w.target or f'rank {w.rank}'} ran like the median",
                 f"{format_ms(w.what_if_step_s)} per step ({w.saving_fraction:.1%} faster)",
             ]
         )
