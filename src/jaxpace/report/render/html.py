@@ -19,6 +19,7 @@ import numpy as np
 import jaxpace.report.fleet_view as fleet_view
 import jaxpace.report.render.tables as tables
 from jaxpace.records.safe_io import write_atomic
+from jaxpace.report.advice import scope_notes
 from jaxpace.report.render.lateness_map import TITLE as LATENESS_TITLE
 from jaxpace.report.render.lateness_map import lateness_map
 from jaxpace.report.render.summary import headline
@@ -374,12 +375,13 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
         parts.append(
             _section("pacing", "Pacing effect", _table(tables.pacing_table(report.pacing)) + caveat)
         )
-    if report.notes:
+    notes = (*report.notes, *scope_notes(report))
+    if notes:
         parts.append(
             _section(
                 "notes",
                 "Notes",
-                "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul>",
+                "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>",
             )
         )
     parts.append("</body></html>")

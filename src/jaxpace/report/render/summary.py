@@ -156,7 +156,10 @@ def _outlook(report: Report) -> list[Block]:
 
 def _notes(report: Report, verbose: bool) -> tuple[str, ...]:
     """Every note with --verbose; by default the tagged ones (`PARTIAL:`, `NO CULPRIT:` ...)."""
-    return tuple(n for n in report.notes if verbose or re.match(r"[A-Z][A-Z ]+:", n))
+    from jaxpace.report.advice import scope_notes
+
+    tagged = tuple(n for n in report.notes if verbose or re.match(r"[A-Z][A-Z ]+:", n))
+    return tagged + scope_notes(report)
 
 
 def _actions(report: Report, verbose: bool) -> tuple[str, ...]:
