@@ -48,3 +48,17 @@ def test_verbose_and_html_rows_keep_full_names_and_members():
     rows = site_rows(_rows())
     assert rows[1][0] == LONG and rows[1][1] == "unknown"
     assert "510, 511]" in rows[1][5]  # every member, for the HTML
+
+
+def test_the_html_sites_section_has_no_none_for_a_site_of_unknown_kind():
+    from jaxpace.records.reader import load_records
+    from jaxpace.report import analyze, synthetic_records
+    from jaxpace.report.render.html import render_report_html
+
+    first = synthetic_records(8, 40, site="a", late_rank=3, late_s=0.004, seed=1)
+    more = synthetic_records(8, 40, site="b", late_rank=3, late_s=0.004, seed=2)
+    rep = analyze(load_records(first + [r for r in more if r["type"] != "header"]))
+    assert rep.sites_table and all(r.kind is None for r in rep.sites_table)
+    assert any(r.late for r in rep.sites_table)
+    page = render_report_html(rep)
+    assert "First late in the step" in page and "(None)" not in page and ">?<" not in page

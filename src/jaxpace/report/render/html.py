@@ -40,7 +40,6 @@ from jaxpace.report.render.svg import (
     ticks,
 )
 from jaxpace.report.render.text import format_ms
-from jaxpace.report.stages.links import site_table_notes
 
 if TYPE_CHECKING:
     from jaxpace.report.model import Findings, Report
@@ -394,7 +393,7 @@ def _sites_section(report: Report) -> list[str]:
     if not rows:
         return []
     culprit = "none" if report.culprit is None else f"rank {report.culprit}"
-    notes = site_table_notes(list(report.sites_table)) + [
+    notes = tables.site_notes(report.sites_table) + [
         "A rank named here arrived last in its group at that site more often than chance "
         "allows: evidence of where lateness enters the step, not a verdict. The culprit is "
         f"the summary's, decided by the culprit test at `{report.site}`: {culprit}."

@@ -33,6 +33,7 @@ __all__ = [
     "ranking_rows",
     "groups_text",
     "shorten",
+    "site_notes",
     "site_rows",
     "site_table_lines",
     "summary_rows",
@@ -286,15 +287,22 @@ def site_table_lines(sites_table: Sequence[SiteRow], *, verbose: bool = False) -
     group's member list and full names, which at 512 ranks is 512 numbers a row.
     """
     from jaxpace.report.render.terminal import text_table
-    from jaxpace.report.stages.links import site_table_notes
 
     rows = site_rows(sites_table, verbose=verbose)
     if not rows:
         return []
-    named = [dataclasses.replace(r, kind=r.kind or "kind unknown") for r in sites_table]
     lines = text_table(
         rows, title="Sites, in step order (waits: median over steps of the mean over ranks)"
     )
     if not verbose and any(len(r.site) > SITE_NAME_WIDTH for r in sites_table):
         lines.append("Site names shortened in the middle; --verbose shows them whole.")
-    return lines + site_table_notes(named)
+    return lines + site_notes(sites_table)
+
+
+def site_notes(sites_table: Sequence[SiteRow]) -> list[str]:
+    """`stages.links.site_table_notes`, a site without a known collective said in words."""
+    from jaxpace.report.stages.links import site_table_notes
+
+    return site_table_notes(
+        [dataclasses.replace(r, kind=r.kind or "kind unknown") for r in sites_table]
+    )
