@@ -56,5 +56,5 @@ def test_the_committed_block_has_the_documented_format():
     assert rows and all(accuracy.BLOCK_ROW.match(r) for r in rows)
     for r in rows:
         cells = [c.strip() for c in r.strip("|").split("|")]
-        figures = [c for c in cells[4:] if c]
+        figures = [c for c in cells[5:] if c]
         assert figures and all(re.fullmatch(r"(\d+%|\d+|-) \(n=\d+\)", c) for c in figures), r
