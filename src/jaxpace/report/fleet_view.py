@@ -37,7 +37,7 @@ def _pct(x: float, step: float) -> str:
     return f" ({x / step:.1%})" if math.isfinite(step) and step > 0 else ""
 
 
-def below_line(fleet: FleetSpread | None) -> str:
+def below_line(fleet: FleetSpread | None, *, short: bool = False) -> str:
     """Why a slow rank is not named, in the words of the rule that decided it.
 
     On a fleet the rule is the fleet's spread; on a small job it is a line (SDs of the
@@ -45,7 +45,7 @@ def below_line(fleet: FleetSpread | None) -> str:
     so "within normal spread" would contradict the SDs printed beside it.
     """
     if fleet is None or fleet.rule == "fleet spread":
-        return "within the fleet's normal spread"
+        return "within normal spread" if short else "within the fleet's normal spread"
     sds = f"{num_text(fleet.threshold)} SDs or " if math.isfinite(fleet.threshold) else ""
     return f"below the line this job's size names ({sds}{SMALL_JOB_STEP_FRACTION:.0%} of the step)"
 
@@ -84,7 +84,8 @@ def fleet_short(fleet: FleetSpread | None) -> str:
 
 
 def slowest_rows(report: Report) -> list[list[str]]:
-    """The slowest ranks, named or "slowest, within normal spread", and what waiting costs."""
+    """The slowest ranks, named or "slowest, within normal spread" (on a small job: below
+    its line, `below_line`), and what waiting costs."""
     rows = [
         ["rank", "host", "later than median", "SDs above the fleet", "verdict", "cost of waiting"]
     ]
@@ -95,7 +96,7 @@ def slowest_rows(report: Report) -> list[list[str]]:
         verdict = (
             "culprit"
             if s.named
-            else f"slowest, {below_line(fleet).replace('the fleet', 'its')}"
+            else f"slowest, {below_line(fleet, short=True)}"
             if s.within_spread
             else "outside the spread, not significant"
         )

@@ -140,7 +140,8 @@ class SlowRank:
       excess_lateness_s: later than the median rank by this much (seconds).
       fleet_sd: that in robust SDs of the fleet's per-rank spread.
       named: a culprit (both tests passed); else "slowest, within normal spread"
-        when `fleet_sd` is below the threshold.
+        when `fleet_sd` is below the threshold (on a small job: "below the line this
+        job's size names", `fleet_view.below_line`).
       within_spread: not an outlier of the fleet (test 2 fails).
       saving_s, saving_fraction: step time saved (seconds, share of the mean
         step, >= 0) if its compute ran at the per-step median (the what-if

@@ -82,7 +82,7 @@ def straggler_mode(c: CulpritRanking, n: int) -> FailureMode:
         0.4 if sig else 0.0,
         False,
         (
-            f"slowest rank, {below_line(c.fleet).replace('the fleet', 'its')}: "
+            f"slowest rank, {below_line(c.fleet, short=True)}: "
             + rank_evidence(top, R, n, c.fleet, _over(c, i)),
             f"a culprit needs Holm p < {ALPHA:g}, to be outside the fleet's normal spread, and "
             f"an excess above the noise floor {format_ms(c.noise_floor_s)}",
