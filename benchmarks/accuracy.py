@@ -304,8 +304,9 @@ def table(results: list[dict], *, quick: bool, steps: int, runs: int, seconds: f
 
 
 def write_block(block: str, path: Path = DOC) -> None:
-    """Replaces the block between the markers in `path` (appends it when absent)."""
-    text = path.read_text()
+    """Replaces the block between the markers in `path` (appends it when absent; a new
+    file gets the block under a title)."""
+    text = path.read_text() if path.exists() else "# Accuracy\n"
     if BEGIN in text and END in text:
         pre, rest = text.split(BEGIN, 1)
         post = rest.split(END, 1)[1]

@@ -39,6 +39,10 @@ def test_quick_path_on_a_tiny_grid_writes_a_block_with_run_counts(tmp_path):
     # a second run replaces the block instead of adding one
     accuracy.main(["--quick", "--runs", "1", "--steps", "20", "--ranks", "8", "--doc", str(doc)])
     assert doc.read_text().count(accuracy.BEGIN) == 1
+    fresh = tmp_path / "new" / "accuracy.md"
+    fresh.parent.mkdir()
+    accuracy.write_block(accuracy.BEGIN + "\n" + accuracy.END, fresh)
+    assert fresh.read_text().count(accuracy.BEGIN) == 1
 
 
 def test_a_big_lag_on_a_small_job_is_named_right_at_the_first_prefix():
