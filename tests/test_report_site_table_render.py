@@ -4,7 +4,8 @@ site names shortened (whole with --verbose), no member lists of 512 ranks, no `?
 from __future__ import annotations
 
 from jaxpace.report.model import GroupLate, SiteRow
-from jaxpace.report.render.tables import site_rows, site_table_lines
+from jaxpace.report.render.tables import site_rows
+from jaxpace.report.render.terminal import site_table_lines
 
 LONG = "jit_train_step/while/body/closed_call/transformer_block_17/all-reduce-start.42"
 

@@ -165,9 +165,9 @@ def _output_paths(args: argparse.Namespace) -> dict[str, Path]:
 def _print_sites(report, *, verbose: bool = False) -> None:
     """Every site in step order, with who is late within each group (several sites only):
     the rows `analyze` computed (`Report.sites_table`); names shown as `printable` text,
-    shortened and groups summarized unless `verbose` (`render.tables.site_table_lines`)."""
+    shortened and groups summarized unless `verbose` (`render.terminal.site_table_lines`)."""
     if report.sites_table:
-        from jaxpace.report.render.tables import site_table_lines
+        from jaxpace.report.render.terminal import site_table_lines
 
         text = "\n".join(site_table_lines(report.sites_table, verbose=verbose))
         print("\n" + printable(text, keep_newlines=True))

@@ -35,7 +35,6 @@ __all__ = [
     "shorten",
     "site_notes",
     "site_rows",
-    "site_table_lines",
     "summary_rows",
 ]
 
@@ -278,25 +277,6 @@ def _late_short(row: SiteRow) -> str:
             f"slow pair {lw.source}->{lw.destination}: waits {format_ms(lw.wait_s)}"
         )
     return late or "-"
-
-
-def site_table_lines(sites_table: Sequence[SiteRow], *, verbose: bool = False) -> list[str]:
-    """The terminal's sites table (`site_rows`) and its notes, as lines.
-
-    Replaces `stages.links.format_site_table` for the terminal: that one prints every
-    group's member list and full names, which at 512 ranks is 512 numbers a row.
-    """
-    from jaxpace.report.render.terminal import text_table
-
-    rows = site_rows(sites_table, verbose=verbose)
-    if not rows:
-        return []
-    lines = text_table(
-        rows, title="Sites, in step order (waits: median over steps of the mean over ranks)"
-    )
-    if not verbose and any(len(r.site) > SITE_NAME_WIDTH for r in sites_table):
-        lines.append("Site names shortened in the middle; --verbose shows them whole.")
-    return lines + site_notes(sites_table)
 
 
 def site_notes(sites_table: Sequence[SiteRow]) -> list[str]:
