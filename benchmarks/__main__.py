@@ -533,6 +533,10 @@ def main(argv=None) -> int:
         from benchmarks import lag
 
         return lag.main(argv[1:])
+    if argv[:1] == ["watch"]:  # a jit step under jaxpace.watch vs unwatched (benchmarks/watch.py)
+        from benchmarks import watch
+
+        return watch.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 
