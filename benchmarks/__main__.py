@@ -537,6 +537,10 @@ def main(argv=None) -> int:
         from benchmarks import watch
 
         return watch.main(argv[1:])
+    if argv[:1] == ["watch-exchange"]:  # the watch exchange at scale (watch_exchange.py)
+        from benchmarks import watch_exchange
+
+        return watch_exchange.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 

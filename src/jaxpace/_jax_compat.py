@@ -144,6 +144,29 @@ def distributed_client_type() -> Any:
         return None
 
 
+def coordination_service(address: str, num_processes: int) -> Any:
+    """A `jax.distributed` coordination service started in this process (what process 0 of a
+    job runs), listening on `address` (`host:port`). For tests and benchmarks of the
+    key-value store at scale only (`tests/test_watch_exchange_scale.py`,
+    `benchmarks/watch_exchange.py`); `.shutdown()` ends it. Raises if this JAX moved it."""
+    from jax._src.lib import _jax
+
+    return _jax.get_distributed_runtime_service(address, num_processes)
+
+
+def coordination_client(address: str, process_id: int, timeout_s: int = 30) -> Any:
+    """A `jax.distributed` key-value client of the service at `address`, connected as
+    `process_id` (the client `jax.distributed.initialize` keeps in `distributed_client()`).
+    For tests and benchmarks only; raises if this JAX moved it."""
+    from jax._src.lib import _jax
+
+    c = _jax.get_distributed_runtime_client(
+        address, process_id, init_timeout=timeout_s, shutdown_on_destruction=False
+    )
+    c.connect()
+    return c
+
+
 def hlo_dialect() -> Any:
     """`jax._src.lib.mlir.dialects.hlo`: the StableHLO op builders a lowering rule emits
     (`compare`, `select`, `broadcast_in_dim`); `jax.interpreters.mlir` exposes no public
