@@ -130,3 +130,22 @@ def test_coordination_service_and_clients_start_in_process_and_share_keys():
             if c is not None:
                 c.shutdown()
         service.shutdown()
+
+
+def test_jit_keyed_flag_gives_a_jit_function_one_program_per_value():
+    from jaxpace.collectives import measure
+
+    traced = []
+
+    @jax.jit
+    def f(x):
+        traced.append(measure._PASS_THROUGH.value)
+        return x + (1 if measure._PASS_THROUGH.value else 2)
+
+    x = jnp.zeros(())
+    with measure.pass_through(True):
+        assert int(f(x)) == 1
+    assert int(f(x)) == 2
+    with measure.pass_through(True):
+        assert int(f(x)) == 1  # cached, not retraced
+    assert traced == [True, False]

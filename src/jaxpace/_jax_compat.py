@@ -167,6 +167,19 @@ def coordination_client(address: str, process_id: int, timeout_s: int = 30) -> A
     return c
 
 
+def jit_keyed_flag(name: str, help_text: str) -> Any:
+    """A boolean JAX config state that is part of the `jax.jit` cache key and the trace
+    context (`jax._src.config.bool_state(..., include_in_jit_key=True,
+    include_in_trace_context=True)`): `with flag(True):` traces and caches its own program,
+    and `flag.value` reads it at trace time. `jax.config` offers no public way to define
+    one. Used for `jaxpace.collectives.measure.pass_through` (watch's unmeasured form)."""
+    from jax._src import config
+
+    return config.bool_state(
+        name, False, help_text, include_in_jit_key=True, include_in_trace_context=True
+    )
+
+
 def hlo_dialect() -> Any:
     """`jax._src.lib.mlir.dialects.hlo`: the StableHLO op builders a lowering rule emits
     (`compare`, `select`, `broadcast_in_dim`); `jax.interpreters.mlir` exposes no public
