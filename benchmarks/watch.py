@@ -28,14 +28,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- begin: watch, written by `python -m benchmarks watch` -->"
 END = "<!-- end: watch -->"
-WORKLOADS = ("fsdp", "demo")
+WORKLOADS = ("fsdp", "demo", "demo-dropin")
 
 
 # ----------------------------------------------------------------- one run (a child process)
 
 
-def _build(workload: str):
-    """`(step, state)` with `state = step(*state)` shaped so it can be fed back."""
+def _build(workload: str, arm: str = "plain"):
+    """`(step, state)` with `state = step(*state)` shaped so it can be fed back.
+
+    `demo-dropin`: the demo's model with `jaxpace.pmean` (a `Pacer`, measure only) in the
+    watched arm, `jax.lax.pmean` in the unwatched one."""
     import jax
 
     if workload == "fsdp":
@@ -51,10 +54,15 @@ def _build(workload: str):
         return step, (params, x, y)
     from jaxpace.examples.train import _Model
 
-    args = argparse.Namespace(hidden=256, seed=0, batch_per_device=32, lr=3e-3, collective="lax")
+    dropin = workload == "demo-dropin" and arm == "watch"
+    args = argparse.Namespace(
+        hidden=256, seed=0, batch_per_device=32, lr=3e-3, collective="jaxpace" if dropin else "lax"
+    )
     mesh = jax.make_mesh((jax.device_count(),), ("data",))
     m = _Model(args, mesh)
-    f = m.make_step(None)
+    import jaxpace
+
+    f = m.make_step(jaxpace.Pacer() if dropin else None)
     x, y = m.batch(0)
     opt = jax.device_put(m.tx.init(m.params0), m.replicated)
 
@@ -74,9 +82,15 @@ def child(workload: str, arm: str, calls: int, out: str) -> None:
     jax.config.update("jax_num_cpu_devices", 8)
     import jaxpace
 
-    step, state = _build(workload)
-    for _ in range(3):  # compile and warm, unwatched in both arms
-        state = jax.block_until_ready(step(*state))
+    step, state = _build(workload, arm)
+    from jaxpace.collectives.measure import pass_through
+
+    # Compile and warm: in the watched arm, the form watch runs outside windows (as in a job
+    # watched from its first step), so the timed calls hold no compilation but the measured
+    # form's at the first window of a program with jaxpace collectives.
+    with pass_through(arm == "watch"):
+        for _ in range(3):
+            state = jax.block_until_ready(step(*state))
     fn = jaxpace.watch(step) if arm == "watch" else step
     spans: list[float] = []
     sched = getattr(fn, "schedule", None)
@@ -101,6 +115,7 @@ def child(workload: str, arm: str, calls: int, out: str) -> None:
         res["window_span_s"] = spans
         res["costs"] = [v.get("cost_s", {}) for v in (w._verdicts if w is not None else [])]
         res["windows_decided"] = len(fn.history())
+        res["dropins"] = bool(fn._dropins)
     Path(out).write_text(json.dumps(res))
 
 
@@ -182,12 +197,13 @@ def _window_figures(watched: list[dict], plain_step_ms: float) -> dict:
     }
 
 
-def run(pairs: int, calls: int) -> dict:
+def run(pairs: int, calls: int, workloads=WORKLOADS, previous: dict | None = None) -> dict:
     from benchmarks.__main__ import machine
 
-    out: dict = {"pairs": pairs, "calls": calls, "date": time.strftime("%Y-%m-%d")}
+    out: dict = {k: v for k, v in (previous or {}).items() if k in WORKLOADS}
+    out.update(pairs=pairs, calls=calls, date=time.strftime("%Y-%m-%d"))
     with tempfile.TemporaryDirectory() as tmp:
-        for wl in WORKLOADS:
+        for wl in workloads:
             plain, watched = [], []
             for i in range(pairs):
                 order = ("plain", "watch") if i % 2 == 0 else ("watch", "plain")
@@ -202,6 +218,7 @@ def run(pairs: int, calls: int) -> dict:
             fig = paired(plain, watched)
             fig.update(_window_figures(watched, fig["plain_step_ms"]))
             fig["every"], fig["window"] = watched[0]["every"], watched[0]["window"]
+            fig["pairs"], fig["calls"] = pairs, calls
             out[wl] = fig
     import jax
 
@@ -217,6 +234,8 @@ def run(pairs: int, calls: int) -> dict:
 NAMES = {
     "fsdp": "FSDP example's step (`examples/fsdp.py`, lax, 2 x 4 mesh, batch 8 per replica)",
     "demo": "demo's model (`jaxpace.examples.train` MLP, hidden 256, 32 rows per device, Adam)",
+    "demo-dropin": "the same with `jaxpace` `pmean` under watch (measured in windows only) vs "
+    "`jax.lax.pmean` unwatched",
 }
 
 
@@ -242,6 +261,8 @@ def markdown(res: dict, command: str) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for wl in WORKLOADS:
+        if wl not in res:
+            continue
         f = res[wl]
         lo, hi = f["ci95_pct"]
         lines.append(
@@ -251,7 +272,7 @@ def markdown(res: dict, command: str) -> str:
             f"{_r(f['max_pre_block_s'])} / {_r(f['max_end_block_s'])} | "
             f"{_r(f['max_summarize_s'])} | {_r(f['analysis_s'])} |"
         )
-    f0 = res[WORKLOADS[0]]
+    f0 = next(res[w] for w in WORKLOADS if w in res)
     lines += [
         "",
         f"Defaults: `every={f0['every']}`, `window={f0['window']}`. A call inside a window is "
@@ -279,19 +300,30 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="6 pairs of 300 calls (a few minutes)")
     ap.add_argument("--pairs", type=int, default=None, help="pairs per step (default 12)")
     ap.add_argument("--calls", type=int, default=None, help="timed calls per run (default 600)")
+    ap.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=WORKLOADS,
+        default=list(WORKLOADS),
+        help="steps to run (the others' figures are kept from OUT/watch.json)",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
     args = ap.parse_args(argv)
+    prev_path = Path(args.out) / "watch.json"
+    previous = json.loads(prev_path.read_text()) if prev_path.exists() else None
     pairs = args.pairs or (6 if args.quick else 12)
     calls = args.calls or (300 if args.quick else 600)
     if pairs < 2 or calls < 100:
         ap.error("--pairs must be >= 2 (an interval) and --calls >= 100 (one default window)")
-    res = run(pairs, calls)
+    res = run(pairs, calls, args.workloads, previous)
     from benchmarks.fsdp import publish
 
     cmd = "python -m benchmarks watch" + (" --quick" if args.quick else "")
     if args.pairs or args.calls:
         cmd += f" --pairs {pairs} --calls {calls}"
+    if list(args.workloads) != list(WORKLOADS):
+        cmd += " --workloads " + " ".join(args.workloads) + " (the other rows: an earlier run)"
     publish(res, markdown(res, cmd), args.out, "watch", args.markdown, BEGIN, END)
     return 0
 
