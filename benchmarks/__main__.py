@@ -541,6 +541,14 @@ def main(argv=None) -> int:
         from benchmarks import html_page
 
         return html_page.main(argv[1:])
+    if argv[:1] == ["watch"]:  # a jit step under jaxpace.watch vs unwatched (benchmarks/watch.py)
+        from benchmarks import watch
+
+        return watch.main(argv[1:])
+    if argv[:1] == ["watch-exchange"]:  # the watch exchange at scale (watch_exchange.py)
+        from benchmarks import watch_exchange
+
+        return watch_exchange.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 

@@ -3,7 +3,7 @@
 # The checks and what each proves: docs/multihost.md ("Checking the GPU path").
 # Not yet run on a GPU: until this script has passed on one, the docs call the GPU path
 # unverified. Needs jax with CUDA (jax[cuda12] or jax[cuda13]); no network, no CUDA toolkit.
-# Fits in 10 minutes on one node: each step has its own time limit, 595 s in all.
+# Fits in about 11 minutes on one node: each step has its own time limit, 655 s in all.
 #
 # Usage: benchmarks/gpu.sh            STEPS=40 benchmarks/gpu.sh (more steps per run)
 set -uo pipefail
@@ -80,6 +80,16 @@ fi
 if [ -f benchmarks/gpu_trace_check.py ]; then
   part "jaxpace report on a profiler trace" 50 env JAX_PLATFORMS=cuda \
     $PY benchmarks/gpu_trace_check.py
+fi
+
+# 7. A watched jit step (jaxpace.watch, its pmean measured only inside windows): what watch's
+#    trace reader takes as each device's time inside the NCCL kernels vs the native probes'
+#    waits on the same executions. Unverified until run here (docs/diagnostics.md).
+if [ "$NGPU" -ge 2 ]; then
+  part "watched step: trace reader vs native probes" 60 env JAX_PLATFORMS=cuda \
+    $PY benchmarks/gpu_watch_check.py --platform cuda
+else
+  note "NOTE: 1 GPU: no NCCL kernel, so the watched step's trace reader vs probes is not checked"
 fi
 
 if [ "$fail" -ne 0 ]; then

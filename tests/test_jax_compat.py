@@ -98,3 +98,54 @@ def test_jaxpr_var_type_is_what_a_jaxpr_binds():
     Var = compat.jaxpr_var_type()  # noqa: N806
     jaxpr = jax.make_jaxpr(lambda x: x + 1)(1.0).jaxpr
     assert all(isinstance(v, Var) for v in jaxpr.invars)
+
+
+def test_coordination_service_and_clients_start_in_process_and_share_keys():
+    import socket
+    import threading
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    service = compat.coordination_service(addr, 2)
+    clients = [None, None]
+
+    def connect(i):
+        clients[i] = compat.coordination_client(addr, i, timeout_s=30)
+
+    threads = [threading.Thread(target=connect, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert None not in clients
+        assert isinstance(clients[0], compat.distributed_client_type())
+        clients[0].key_value_set("canary/p0", "a", True)
+        clients[0].key_value_set("canary/p0", "b", True)  # overwritten in place
+        assert clients[1].key_value_dir_get("canary/") == [("canary/p0", "b")]
+    finally:
+        for c in clients:
+            if c is not None:
+                c.shutdown()
+        service.shutdown()
+
+
+def test_jit_keyed_flag_gives_a_jit_function_one_program_per_value():
+    from jaxpace.collectives import measure
+
+    traced = []
+
+    @jax.jit
+    def f(x):
+        traced.append(measure._PASS_THROUGH.value)
+        return x + (1 if measure._PASS_THROUGH.value else 2)
+
+    x = jnp.zeros(())
+    with measure.pass_through(True):
+        assert int(f(x)) == 1
+    assert int(f(x)) == 2
+    with measure.pass_through(True):
+        assert int(f(x)) == 1  # cached, not retraced
+    assert traced == [True, False]

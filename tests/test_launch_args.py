@@ -141,3 +141,24 @@ def test_an_output_file_that_fills_up_is_reported_and_the_job_goes_on(tmp_path):
     assert len(warn) == 1, proc.stderr
     assert "`--output-file`" in warn[0] and str(log) in warn[0] and "File too large" in warn[0]
     assert os.path.getsize(log) <= 4096
+
+
+@pytest.mark.parametrize("bad", ["-1", "601", "nan"])
+def test_a_bad_keep_going_is_refused_with_one_line_naming_it(bad):
+    _one_line(_launch_cli("--keep-going", bad, "--", PY, "-c", "print(1)"), "keep_going_s")
+
+
+def test_keep_going_lets_the_other_ranks_finish_after_one_fails(tmp_path):
+    """Rank 0 fails at once; rank 1 writes a file after 1 s. Without `--keep-going` it is
+    stopped first (no file); with `--keep-going 30` it finishes (the file, and the launcher
+    still reports rank 0's failure)."""
+    code = (
+        "import os, sys, time\n"
+        "r = int(os.environ['JAXPACE_PROCESS_ID'])\n"
+        "sys.exit(3) if r == 0 else None\n"
+        f"time.sleep(1); open(r'{tmp_path}/done', 'w').close()\n"
+    )
+    res = jl.launch([PY, "-c", code], num_processes=2, timeout_s=30, stream=None)
+    assert res.failed_rank == 0 and not (tmp_path / "done").exists()
+    res = jl.launch([PY, "-c", code], num_processes=2, timeout_s=30, stream=None, keep_going_s=30)
+    assert res.failed_rank == 0 and res.returncodes == [3, 0] and (tmp_path / "done").exists()

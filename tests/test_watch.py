@@ -477,3 +477,66 @@ def test_an_unclosed_watch_is_closed_at_exit_and_its_last_window_decided(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "jaxpace watch: steps 2-2:" in proc.stderr, proc.stderr[-2000:]
     assert (tmp_path / "verdict.json").is_file()
+
+
+def test_a_dropin_program_is_measured_only_inside_windows_and_bit_equal_to_lax():
+    """`Pacer.pmean` in shard_map under watch: calls outside windows run the plain `lax`
+    form (no probe), calls inside windows the measured form, chosen by the call count;
+    the result bits equal `jax.lax.pmean`'s in both forms."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jaxpace.collectives import measure
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    pc = jaxpace.Pacer()
+    spec = dict(mesh=mesh, in_specs=P("data"), out_specs=P())
+
+    def body(reduce):
+        return lambda x: reduce(jnp.sin(x) * 1.7 + x)
+
+    ours = jax.jit(jax.shard_map(body(lambda v: pc.pmean(v, "data", site="s")), **spec))
+    ref = jax.jit(jax.shard_map(body(lambda v: jax.lax.pmean(v, "data")), **spec))
+    x = jax.device_put(
+        jnp.arange(8 * jax.device_count(), dtype=jnp.float32).reshape(jax.device_count(), 8) / 7.0,
+        NamedSharding(mesh, P("data")),
+    )
+    events = []
+    w = Watched(ours, every=4, window=2, profiler=FakeProfiler(events), block=jax.block_until_ready)
+    before = measure.passed_through_count()
+    outs = [w(x) for _ in range(11)]  # windows: calls 4-5 and 8-9
+    want = ref(x)
+    for k, o in enumerate(outs):
+        assert bool(jnp.all(jax.lax.bitcast_convert_type(o, jnp.int32) ==
+                            jax.lax.bitcast_convert_type(want, jnp.int32))), k  # fmt: skip
+    assert w._dropins is True and measure.passed_through_count() > before
+    st = pc.stats()["s"]
+    assert st.measured and st.steps == 4, st  # the 4 window calls, none outside
+    w.close()
+
+
+def test_a_plain_program_under_watch_keeps_one_compiled_form():
+    """No jaxpace collective: the pass-through flag is set on every call, windows included,
+    so the jit function compiles once under watch."""
+    traces = []
+
+    @jax.jit
+    def step(x):
+        traces.append(1)
+        return x * 2
+
+    w = Watched(step, every=3, window=2, profiler=FakeProfiler([]), block=jax.block_until_ready)
+    for _ in range(9):
+        w(jnp.ones(()))
+    assert w._dropins is False and len(traces) == 1
+    w.close()
+
+
+def test_the_first_window_call_of_a_dropin_program_compiles_and_is_not_a_stall():
+    d = StallDetector(stall_after_s=1.0)
+    d.compile_calls = frozenset({10})
+    beats = {0: {"calls": 12}, 1: {"calls": 11}}  # 1 is inside call 10: compiling
+    assert d.observe(beats, now=0.0) == [] and d.observe(beats, now=5.0) == []
+    beats = {0: {"calls": 13}, 1: {"calls": 12}}  # 1 inside call 11: a stall
+    d.observe(beats, now=6.0)
+    assert [s["process"] for s in d.observe(beats, now=8.0)] == [1]

@@ -89,3 +89,33 @@ def test_a_process_stuck_before_a_step_is_named_and_with_exit_the_job_ends(tmp_p
     print(f"named {named_after_s:.2f} s after it got stuck")
     assert named_after_s <= stall_after_s + 5.0, named_after_s
     assert "exit code 75" in text or "stalled" in text, text[-2000:]
+
+
+def test_a_process_killed_mid_window_leaves_that_window_partial_and_jax_ends_the_job(tmp_path):
+    """Process 2 SIGKILLs itself before call 102, inside window 10 (calls 100-104). The
+    survivors wait in the step's collective; `--keep-going` keeps the launcher from
+    stopping them, so what ends them is JAX's heartbeat abort (`--heartbeat-timeout 10`).
+    Before that, process 0's watch names the stall and writes window 10 as partial."""
+    import sys
+
+    proc = run_launch(
+        ["-n", 4, "--local-devices", 2, "--timeout", 100, "--heartbeat-timeout", 10,
+         "--keep-going", 60, "--", sys.executable, SCRIPTS / "watch_job.py", "--out", tmp_path,
+         "--steps", 110, "--kill-at", 102, "--kill-process", 2, "--stall-after-s", 2],
+        timeout_s=150,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "rank 2 exited with code -9" in text, text[-3000:]
+    assert "timed out" not in text, text[-3000:]  # never hung: JAX ended the survivors
+    assert "detected fatal errors" in text, text[-3000:]
+    lines = (tmp_path / "watch" / "verdicts.ndjson").read_text().splitlines()
+    verdicts = [json.loads(x) for x in lines]
+    last = verdicts[-1]
+    print("last verdict:", last)
+    assert (last["window"], last["first_step"], last["last_step"]) == (10, 100, 104), last
+    assert last["partial"] and last["mode"] == "unanalyzed", last
+    assert last["notes"][0].startswith("window cut: process 0 was inside it when stall: "), last
+    assert "process 2 (host" in last["notes"][0], last
+    # The windows before it were decided as usual (none partial).
+    assert [v["window"] for v in verdicts[:-1]][-1] == 9, [v["window"] for v in verdicts]
+    assert not any(v["partial"] for v in verdicts[:-1]), verdicts

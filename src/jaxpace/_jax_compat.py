@@ -144,6 +144,42 @@ def distributed_client_type() -> Any:
         return None
 
 
+def coordination_service(address: str, num_processes: int) -> Any:
+    """A `jax.distributed` coordination service started in this process (what process 0 of a
+    job runs), listening on `address` (`host:port`). For tests and benchmarks of the
+    key-value store at scale only (`tests/test_watch_exchange_scale.py`,
+    `benchmarks/watch_exchange.py`); `.shutdown()` ends it. Raises if this JAX moved it."""
+    from jax._src.lib import _jax
+
+    return _jax.get_distributed_runtime_service(address, num_processes)
+
+
+def coordination_client(address: str, process_id: int, timeout_s: int = 30) -> Any:
+    """A `jax.distributed` key-value client of the service at `address`, connected as
+    `process_id` (the client `jax.distributed.initialize` keeps in `distributed_client()`).
+    For tests and benchmarks only; raises if this JAX moved it."""
+    from jax._src.lib import _jax
+
+    c = _jax.get_distributed_runtime_client(
+        address, process_id, init_timeout=timeout_s, shutdown_on_destruction=False
+    )
+    c.connect()
+    return c
+
+
+def jit_keyed_flag(name: str, help_text: str) -> Any:
+    """A boolean JAX config state that is part of the `jax.jit` cache key and the trace
+    context (`jax._src.config.bool_state(..., include_in_jit_key=True,
+    include_in_trace_context=True)`): `with flag(True):` traces and caches its own program,
+    and `flag.value` reads it at trace time. `jax.config` offers no public way to define
+    one. Used for `jaxpace.collectives.measure.pass_through` (watch's unmeasured form)."""
+    from jax._src import config
+
+    return config.bool_state(
+        name, False, help_text, include_in_jit_key=True, include_in_trace_context=True
+    )
+
+
 def hlo_dialect() -> Any:
     """`jax._src.lib.mlir.dialects.hlo`: the StableHLO op builders a lowering rule emits
     (`compare`, `select`, `broadcast_in_dim`); `jax.interpreters.mlir` exposes no public

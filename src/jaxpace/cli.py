@@ -51,6 +51,15 @@ def _launch_parser(p: argparse.ArgumentParser) -> None:
         "(default 5)",
     )
     p.add_argument(
+        "--keep-going",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="when a rank fails, let the others run up to this many seconds more (JAX's "
+        "heartbeat abort or their own handling may end them) before stopping them "
+        "(default 0: at once; at most 600)",
+    )
+    p.add_argument(
         "--output-file",
         default=None,
         help="also write every prefixed output line here, a regular file (truncated) or a new "
@@ -81,6 +90,7 @@ def _launch_main(args: argparse.Namespace) -> int:
             cpu=not args.no_cpu,
             grace_s=args.grace,
             output_file=args.output_file,
+            keep_going_s=args.keep_going,
         )
     except KeyboardInterrupt:
         print("jaxpace launch: interrupted; every rank was stopped.", file=sys.stderr)

@@ -4,7 +4,8 @@ The step's collectives are the ones XLA inserts (a data-parallel gradient all-re
 Every step blocks on its output (plain JAX on CPU deadlocks here otherwise).
 `--lag-s` seconds of host sleep before each step on `--lag-process`; `--stuck-at N`:
 `--stuck-process` sleeps `--stuck-s` before call N (alive, stuck); `--pause-at M`: it
-sleeps `--pause-s` inside `jaxpace.expected_pause` before call M. Each process writes
+sleeps `--pause-s` inside `jaxpace.expected_pause` before call M; `--kill-at K`:
+`--kill-process` SIGKILLs itself before call K. Each process writes
 `OUT/result-p{i}.json`: its `history()` and `stalls()`.
 """
 
@@ -27,6 +28,8 @@ ap.add_argument("--stuck-process", type=int, default=2)
 ap.add_argument("--stuck-s", type=float, default=60.0)
 ap.add_argument("--pause-at", type=int, default=-1, help="call before which it pauses")
 ap.add_argument("--pause-s", type=float, default=0.0, help="inside jaxpace.expected_pause")
+ap.add_argument("--kill-at", type=int, default=-1, help="call before which it is SIGKILLed")
+ap.add_argument("--kill-process", type=int, default=2)
 ap.add_argument("--stall-after-s", type=float, default=None)
 ap.add_argument("--on-stall", default="log")
 args = ap.parse_args()
@@ -78,6 +81,9 @@ for k in range(args.steps):
     if k == args.stuck_at and pid == args.stuck_process:
         print(f"process {pid}: stuck before call {k} at wall time {time.time():.3f}", flush=True)
         time.sleep(args.stuck_s)
+    if k == args.kill_at and pid == args.kill_process:
+        print(f"process {pid}: killing itself before call {k}", flush=True)
+        os.kill(os.getpid(), 9)
     if pid == args.lag_process and args.lag_s > 0:
         time.sleep(args.lag_s)
     t0 = time.perf_counter()

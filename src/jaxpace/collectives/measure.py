@@ -33,6 +33,8 @@ from jaxpace.errors import UnboundAxisError
 
 __all__ = [
     "Decision",
+    "pass_through",
+    "passed_through_count",
     "MeasuredSite",
     "Probe",
     "Runtime",
@@ -159,6 +161,27 @@ class Runtime(Protocol):
 
 
 # ---------------------------------------------------------------------- trace-time decisions
+
+
+# Watch's unmeasured form: inside `pass_through()` every jaxpace collective traces as the
+# plain `jax.lax` one. The flag is part of the jit cache key, so one jit function keeps both
+# programs (measured and plain) and a call runs the one its context selects.
+_PASS_THROUGH = _jax_compat.jit_keyed_flag(
+    "jaxpace_collectives_pass_through",
+    "jaxpace collectives trace as the plain jax.lax ones (jaxpace.watch outside its windows).",
+)
+_passed_through = [0]  # collectives traced in the pass-through form (all threads)
+
+
+def pass_through(on: bool = True) -> Any:
+    """A context in which jaxpace's collectives trace as the plain `jax.lax` ones (`on`),
+    or as usual (`on=False`); the choice is part of the `jax.jit` cache key."""
+    return _PASS_THROUGH(bool(on))
+
+
+def passed_through_count() -> int:
+    """How many jaxpace collectives were traced in the pass-through form so far."""
+    return _passed_through[0]
 
 
 def caller_site() -> str:
@@ -335,6 +358,10 @@ def _collective(rt: Runtime, call, x, axis_name, axis_index_groups, site):
         return plain()
     if not rt.config.enabled:
         rt.begin_trace()  # freezes settings; `enabled` is agreed like the rest
+        return plain()
+    if _PASS_THROUGH.value:  # watch, outside its windows: the same decision on every process
+        _passed_through[0] += 1
+        rt.begin_trace()
         return plain()
     leaves = jax.tree_util.tree_leaves(x)
     if not leaves or any(

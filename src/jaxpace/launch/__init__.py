@@ -263,6 +263,7 @@ def launch(
     grace_s: float = 5.0,
     tail_lines: int = 200,
     output_file: str | os.PathLike | None = None,
+    keep_going_s: float = 0.0,
 ) -> LaunchResult:
     """Runs `cmd` as `num_processes` local processes joined through `jax.distributed`.
 
@@ -301,6 +302,10 @@ def launch(
       tail_lines: lines kept per rank in `LaunchResult.output`, `[1, 100000]`.
       output_file: also write every prefixed line here (None = no file): a regular
         file (truncated) or a new path; anything else is refused before a rank starts.
+      keep_going_s: when a rank fails, let the others run up to this many more seconds
+        (they may end themselves: JAX's heartbeat abort, their own error handling)
+        before they are stopped, `[0, 600]`; 0 (default): stop them at once.
+        `timeout_s` still holds.
 
     Returns:
       A `LaunchResult`.
@@ -311,6 +316,7 @@ def launch(
     """
     _check_launch_args(cmd, num_processes, local_devices, per_rank_env)
     _check_run_args(timeout_s, grace_s, tail_lines)
+    check_number("keep_going_s", keep_going_s, lo=0.0, hi=600.0)
     _check_jax_timeouts(heartbeat_timeout_s, init_timeout_s)
     num_processes, local_devices = int(num_processes), int(local_devices)
     base = _rank_env_base(
@@ -326,7 +332,7 @@ def launch(
             procs = _spawn(cmd, base, num_processes, per_rank_env)
             job = _Job(procs, sink, caught)
             try:
-                timed_out, failed = job.supervise(start, timeout_s)
+                timed_out, failed = job.supervise(start, timeout_s, float(keep_going_s))
             finally:
                 job.shutdown(float(grace_s))
     finally:
@@ -554,21 +560,28 @@ class _Job:
                 sk.fileobj.close()
                 self.sink.close(rank, key)
 
-    def supervise(self, start: float, timeout_s: float | None) -> tuple[bool, int | None]:
-        """Runs until all exit, one fails, a signal comes or time runs out.
+    def supervise(
+        self, start: float, timeout_s: float | None, keep_going_s: float = 0.0
+    ) -> tuple[bool, int | None]:
+        """Runs until all exit, one fails (and `keep_going_s` more seconds have passed or
+        the rest exited too), a signal comes or time runs out.
 
-        Returns `(timed_out, failed_rank)`.
+        Returns `(timed_out, failed_rank)`: the first rank that failed.
         """
+        failed: int | None = None
+        failed_at = 0.0
         while True:
             self.pump(0.05)
             if self.caught:
-                return False, None
+                return False, failed
             codes = [p.poll() for p in self.procs]
             bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                return False, bad[0]
+            if bad and failed is None:
+                failed, failed_at = bad[0], time.monotonic()
+            if failed is not None and time.monotonic() - failed_at >= keep_going_s:
+                return False, failed
             if all(c is not None for c in codes):
-                return False, None
+                return False, failed
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 return True, None
 

@@ -8,7 +8,7 @@ first sees a process with a higher count, less that process's published age.
 A process is named when others have been ahead of it, with its own count
 unchanged, for `stall_after_s`, it is past its first calls (compilation), and
 it is not inside `jaxpace.expected_pause` (or a known host phase) within its
-bound. (Measured from when its own count last changed instead, a process
+bound, nor inside another call that compiles (`compile_calls`). (Measured from when its own count last changed instead, a process
 waiting in a collective for a third one was named the moment a peer moved on
 first, before its own heartbeat caught up.) Pure: no store calls, no JAX.
 """
@@ -43,6 +43,10 @@ class StallDetector:
         self._behind: dict[int, float] = {}  # process -> since when others are ahead of it
         self._named: set[tuple[int, int]] = set()
         self._pauses = pauses.Tracker()
+        # Calls that compile (besides the first ones): a process inside one is not named
+        # (watch: a program with jaxpace drop-ins compiles its measured form at the first
+        # window's first call).
+        self.compile_calls: frozenset[int] = frozenset()
 
     def observe(self, beats: Mapping[int, Mapping[str, Any] | None], now: float) -> list[dict]:
         """The stalls newly seen at `now` (each named once per process and count)."""
@@ -67,7 +71,7 @@ class StallDetector:
             ahead = sorted(q for q, cq in calls.items() if cq > c)
             if p not in self._behind:  # since the latest of them entered its current call
                 self._behind[p] = now - min(ages[q] for q in ahead)
-            if c < WARMUP_CALLS or (p, c) in self._named:
+            if c < WARMUP_CALLS or (c - 1) in self.compile_calls or (p, c) in self._named:
                 continue
             stalled_s = now - self._behind[p]
             if stalled_s < self.stall_after_s:

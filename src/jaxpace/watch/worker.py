@@ -85,6 +85,7 @@ class Worker:
         self._closing_at: float | None = None
         self._count_seen: tuple[int, float] = (-1, 0.0)
         self._stalls_at = -math.inf
+        self._cut_windows: set[int] = set()  # windows decided partial at a stall (see _cut)
         self._gather_at = -math.inf
         self.thread = threading.Thread(target=self._loop, name="jaxpace-watch", daemon=True)
 
@@ -176,16 +177,20 @@ class Worker:
     def _put(self, k: str, value: Any) -> bool:
         return self._ok(self.ex.put(k, json.dumps(value, separators=(",", ":"))))
 
-    def _get_dir(self, prefix: str) -> dict[int, dict]:
-        """`{process: value}` under `prefix`, values JSON objects; {} when the store failed."""
+    def _get_dir(self, prefix: str, parse: Any = None) -> dict[int, dict]:
+        """`{process: value}` under `prefix`, values JSON objects (each through `parse` as it is
+        read, when given); {} when the store failed."""
         got = self.ex.get_dir(prefix)
         if not self._ok(got is not None):
             return {}
         out: dict[int, dict] = {}
-        for k, v in got or []:
+        got = got or []
+        while got:  # each answer's text is dropped once parsed (8192 summaries: 34 MiB of it)
+            k, v = got.pop()
             part = k[len(prefix) :].split("/", 1)[0]
             try:
                 p, val = int(part.removeprefix("p")), json.loads(v)
+                val = parse(val) if parse is not None else val
             except (ValueError, TypeError):
                 continue
             if isinstance(val, dict) and 0 <= p < self.count:
@@ -223,7 +228,9 @@ class Worker:
                 lost = self._lost.setdefault(window, set())
                 if len(have) + len(lost) >= self.count:
                     continue
-                got = self._get_dir(f"jaxpace/watch/{self.w.run}/summary/{window % SLOTS}/")
+                got = self._get_dir(
+                    f"jaxpace/watch/{self.w.run}/summary/{window % SLOTS}/", summary.compact
+                )
                 for p, vals in got.items():
                     v = next(iter(vals.values()))
                     w = v.get("window")
@@ -249,7 +256,11 @@ class Worker:
             self.busy = True
             self._decide(window, first, last, have, sorted(lost))
 
-    def _decide(self, window, first, last, mine: dict[int, dict], lost: list[int]) -> None:
+    def _decide(
+        self, window, first, last, mine: dict[int, dict], lost: list[int], cut: str = ""
+    ) -> None:
+        if window in self._cut_windows:  # decided partial at a stall already: that stands
+            return
         t0 = time.perf_counter()
         recs, notes = summary.combine(
             mine,
@@ -265,6 +276,9 @@ class Worker:
         with self.lock:
             hist = list(self.history)
         result = _decide.decide(list(self._windows), hist)
+        if cut:
+            self._cut_windows.add(window)
+            result = dataclasses.replace(result, partial=True, notes=(cut, *result.notes))
         result = dataclasses.replace(result, notes=result.notes[:16])
         with self.lock:
             self.history.append(result)
@@ -390,6 +404,7 @@ class Worker:
                 )
             except OSError as e:
                 say(f"jaxpace watch: cannot write the stall record: {e}")
+        self._cut(s, message)
         if callable(how):
             self._call_sinks_bounded(lambda: how(dict(record)))
         sink_items = [
@@ -405,6 +420,28 @@ class Worker:
                 pass
             os._exit(STALL_EXIT_CODE)
         self._call_sinks(sink_items)
+
+    def _cut(self, s: dict, message: str) -> None:
+        """A stall while this (deciding) process is inside a window: its step waits in a
+        collective for the stalled process (or a dead one: JAX's heartbeat abort may end
+        the job any moment). The windows before it are decided now with the summaries
+        read so far, and the open window as partial, naming the stall; never waits."""
+        now = time.monotonic()
+        with self.lock:
+            for window, (_d, first, last) in list(self._pending.items()):
+                self._pending[window] = (now, first, last)  # due now: decided with what is in
+        self._gather_at = -math.inf
+        self._gather(now, final=False, quiet=True)
+        opened = self.w._open
+        if opened is None or opened[0] in self._cut_windows:
+            return
+        window = opened[0]
+        first, last = self.w.schedule.bounds(window)
+        why = (
+            f"window cut: process {self.process} was inside it when "
+            f"{message.removeprefix('jaxpace watch: ')}"
+        )
+        self._decide(window, first, last, {}, [], cut=why)
 
     def _call_sinks_bounded(self, fn: Any) -> None:
         """Runs `fn` on a helper thread and waits at most `SINK_TIMEOUT_S` for it."""

@@ -86,21 +86,31 @@ class Watched:
         self._tmp: str | None = None
         self._lock = threading.Lock()
         self._setup_error: str | None = None
+        # Whether `fn` calls jaxpace collectives (decided at call 0, the same on every
+        # process: a trace-time count). With them, calls outside windows run the plain form
+        # (`measure.pass_through`) and calls inside windows the measured one.
+        self._dropins: bool | None = None
 
     # ----------------------------------------------------------------- the call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         k = self._calls
         self._calls = k + 1
-        if k == 0 and not self._closed:
-            self._setup()
+        if k == 0:
+            if not self._closed:
+                self._setup()
+            return self._first_call(args, kwargs)
         edge = self.schedule.edge(k)
         if not (edge.window or edge.pre_block) or (self._stopped and self._open is None):
-            return self._fn(*args, **kwargs)
+            with _pass_through(True):
+                return self._fn(*args, **kwargs)
         if edge.start and not self._stopped:
             self._start(edge.window)
         try:
-            out = self._fn(*args, **kwargs)
+            # Inside a window, a program with jaxpace collectives runs its measured form;
+            # the choice depends on the call count alone (every process runs the same).
+            with _pass_through(not (edge.window and self._dropins and not self._stopped)):
+                out = self._fn(*args, **kwargs)
         except BaseException:
             if self._open is not None:
                 self._end(self._open[0], why="the step raised inside the window")
@@ -114,6 +124,22 @@ class Watched:
             self._block(out)
             self._costs["end_block_s"] = time.perf_counter() - t0
             self._end(edge.window)
+        return out
+
+    def _first_call(self, args: tuple, kwargs: dict) -> Any:
+        """Call 0 (never in a window), in the plain form; notes whether `fn` has jaxpace
+        collectives (traced in the plain form now). A traced count, the same on every
+        process running the same program."""
+        from jaxpace.collectives import measure
+
+        before = measure.passed_through_count()
+        with _pass_through(True):
+            out = self._fn(*args, **kwargs)
+        self._dropins = measure.passed_through_count() > before
+        w = self._worker
+        if self._dropins and w is not None and w._stalls is not None:
+            # The first window's first call compiles the measured form: not a stall.
+            w._stalls.compile_calls = frozenset({self.schedule.every})
         return out
 
     # ----------------------------------------------------------------- windows
@@ -260,6 +286,12 @@ class Watched:
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """Watched methods bind like functions."""
         return self if obj is None else functools.partial(self, obj)
+
+
+def _pass_through(on: bool) -> Any:
+    from jaxpace.collectives.measure import pass_through
+
+    return pass_through(on)
 
 
 def lean_profile_options() -> Any:

@@ -1,0 +1,332 @@
+"""`python -m benchmarks watch`: a jit step under `jaxpace.watch` (its defaults) vs the same step unwatched.
+
+Two steps, each a jit program with no jaxpace collective, on one process with 8 CPU
+devices: the FSDP example's step (`examples/fsdp.py`, `jax.lax` collectives, 2 x 4 mesh)
+and the demo's model (`jaxpace.examples.train`'s MLP, `lax.pmean` of the gradients).
+Each arm runs in its own process (so watch's background thread, its summaries and its
+decision are charged to the watch arm only); a pair is one unwatched run and one watched
+run back to back, the order alternating from pair to pair. Per run: the average step over
+the timed calls (all of them, windows included). The figure is the 95% interval (t) of the
+mean over pairs of watched / unwatched, with the number of pairs. From the watched runs:
+the time per call inside windows, the two edge blocks, `start_trace` / `stop_trace`, and
+the analysis (summary + decision) per window. Writes `benchmarks/results/watch.json` and
+the "watch" section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BEGIN = "<!-- begin: watch, written by `python -m benchmarks watch` -->"
+END = "<!-- end: watch -->"
+WORKLOADS = ("fsdp", "demo", "demo-dropin")
+
+
+# ----------------------------------------------------------------- one run (a child process)
+
+
+def _build(workload: str, arm: str = "plain"):
+    """`(step, state)` with `state = step(*state)` shaped so it can be fed back.
+
+    `demo-dropin`: the demo's model with `jaxpace.pmean` (a `Pacer`, measure only) in the
+    watched arm, `jax.lax.pmean` in the unwatched one."""
+    import jax
+
+    if workload == "fsdp":
+        from benchmarks.fsdp import setup
+
+        ex, mesh, (params, x, y) = setup(8)
+        f = ex.make_step(mesh, "lax", 0.05, donate=False)
+
+        def step(params, x, y):
+            p, _loss = f(params, x, y)
+            return p, x, y
+
+        return step, (params, x, y)
+    from jaxpace.examples.train import _Model
+
+    dropin = workload == "demo-dropin" and arm == "watch"
+    args = argparse.Namespace(
+        hidden=256, seed=0, batch_per_device=32, lr=3e-3, collective="jaxpace" if dropin else "lax"
+    )
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    m = _Model(args, mesh)
+    import jaxpace
+
+    f = m.make_step(jaxpace.Pacer() if dropin else None)
+    x, y = m.batch(0)
+    opt = jax.device_put(m.tx.init(m.params0), m.replicated)
+
+    def step(params, opt, x, y):
+        # Blocking each step as the FSDP example does: 8 CPU devices on 2 cores deadlocked
+        # in XLA's in-process all-reduce rendezvous with steps queued unblocked.
+        p, o, _loss = jax.block_until_ready(f(params, opt, x, y))
+        return p, o, x, y
+
+    return step, (m.params0, opt, x, y)
+
+
+def child(workload: str, arm: str, calls: int, out: str) -> None:
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", 8)
+    import jaxpace
+
+    step, state = _build(workload, arm)
+    from jaxpace.collectives.measure import pass_through
+
+    # Compile and warm: in the watched arm, the form watch runs outside windows (as in a job
+    # watched from its first step), so the timed calls hold no compilation but the measured
+    # form's at the first window of a program with jaxpace collectives.
+    with pass_through(arm == "watch"):
+        for _ in range(3):
+            state = jax.block_until_ready(step(*state))
+    fn = jaxpace.watch(step) if arm == "watch" else step
+    spans: list[float] = []
+    sched = getattr(fn, "schedule", None)
+    t_pre = None
+    t0 = time.perf_counter()
+    for k in range(calls):
+        state = fn(*state)
+        if sched is not None:  # timestamps only (the wrapper itself blocks at the edges)
+            e = sched.edge(k)
+            if e.pre_block:
+                t_pre = time.perf_counter()
+            elif e.end and t_pre is not None:
+                spans.append(time.perf_counter() - t_pre)
+    jax.block_until_ready(state)
+    total = time.perf_counter() - t0
+    res: dict = {"workload": workload, "arm": arm, "calls": calls, "step_s": total / calls}
+    if arm == "watch":
+        fn.close()
+        w = fn._worker
+        res["window"] = fn.schedule.window
+        res["every"] = fn.schedule.every
+        res["window_span_s"] = spans
+        res["costs"] = [v.get("cost_s", {}) for v in (w._verdicts if w is not None else [])]
+        res["windows_decided"] = len(fn.history())
+        res["dropins"] = bool(fn._dropins)
+    Path(out).write_text(json.dumps(res))
+
+
+# ----------------------------------------------------------------- the pairs
+
+
+def _run_child(workload: str, arm: str, calls: int, tmp: str, i: int) -> dict:
+    out = os.path.join(tmp, f"{workload}-{arm}-{i}.json")
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    cmd = [sys.executable, "-m", "benchmarks", "watch", "--child", workload, arm, str(calls), out]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
+    if p.returncode != 0:
+        raise RuntimeError(f"{workload}/{arm} run failed:\n{p.stderr[-3000:]}")
+    return json.loads(Path(out).read_text())
+
+
+def t95(n: int) -> float:
+    """The two-sided 95% t quantile for n - 1 degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, n - 1))
+
+
+def paired(plain: list[dict], watched: list[dict]) -> dict:
+    import numpy as np
+
+    r = np.array([w["step_s"] / p["step_s"] for p, w in zip(plain, watched, strict=True)])
+    n = int(r.size)
+    mean = float(r.mean())
+    half = t95(n) * float(r.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+    return {
+        "n": n,
+        "ratios": r.tolist(),
+        "mean_pct": (mean - 1) * 100,
+        "ci95_pct": [(mean - half - 1) * 100, (mean + half - 1) * 100],
+        "plain_step_ms": float(np.median([p["step_s"] for p in plain]) * 1e3),
+        "watch_step_ms": float(np.median([w["step_s"] for w in watched]) * 1e3),
+    }
+
+
+def _window_figures(watched: list[dict], plain_step_ms: float) -> dict:
+    import numpy as np
+
+    spans = [s for w in watched for s in w["window_span_s"]]
+    win = watched[0]["window"]
+    per_call = [s / win * 1e3 for s in spans]  # the span also holds the end block's wait
+    costs = [c for w in watched for c in w["costs"]]
+
+    def rng(key):
+        v = [c[key] * 1e3 for c in costs if isinstance(c.get(key), int | float)]
+        return [float(np.min(v)), float(np.median(v)), float(np.max(v))] if v else None
+
+    return {
+        "windows": len(spans),
+        "decided": sum(w["windows_decided"] for w in watched),
+        "in_window_call_ms": [
+            float(np.min(per_call)),
+            float(np.median(per_call)),
+            float(np.max(per_call)),
+        ]
+        if per_call
+        else None,
+        "in_window_extra_ms": (float(np.median(per_call)) - plain_step_ms) if per_call else None,
+        **{
+            k: rng(k)
+            for k in (
+                "max_pre_block_s",
+                "max_end_block_s",
+                "max_start_trace_s",
+                "max_stop_trace_s",
+                "max_summarize_s",
+                "analysis_s",
+            )
+        },
+    }
+
+
+def run(pairs: int, calls: int, workloads=WORKLOADS, previous: dict | None = None) -> dict:
+    from benchmarks.__main__ import machine
+
+    out: dict = {k: v for k, v in (previous or {}).items() if k in WORKLOADS}
+    out.update(pairs=pairs, calls=calls, date=time.strftime("%Y-%m-%d"))
+    with tempfile.TemporaryDirectory() as tmp:
+        for wl in workloads:
+            plain, watched = [], []
+            for i in range(pairs):
+                order = ("plain", "watch") if i % 2 == 0 else ("watch", "plain")
+                for arm in order:
+                    r = _run_child(wl, arm, calls, tmp, i)
+                    (plain if arm == "plain" else watched).append(r)
+                print(
+                    f"  {wl} pair {i}: plain {plain[-1]['step_s'] * 1e3:.2f} ms, "
+                    f"watch {watched[-1]['step_s'] * 1e3:.2f} ms",
+                    flush=True,
+                )
+            fig = paired(plain, watched)
+            fig.update(_window_figures(watched, fig["plain_step_ms"]))
+            fig["every"], fig["window"] = watched[0]["every"], watched[0]["window"]
+            fig["pairs"], fig["calls"] = pairs, calls
+            out[wl] = fig
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", 8)
+    out["machine"] = machine()
+    return out
+
+
+# ----------------------------------------------------------------- the docs
+
+
+NAMES = {
+    "fsdp": "FSDP example's step (`examples/fsdp.py`, lax, 2 x 4 mesh, batch 8 per replica)",
+    "demo": "demo's model (`jaxpace.examples.train` MLP, hidden 256, 32 rows per device, Adam)",
+    "demo-dropin": "the same with `jaxpace` `pmean` under watch (measured in windows only) vs "
+    "`jax.lax.pmean` unwatched",
+}
+
+
+def _r(v) -> str:
+    return "n/a" if not v else f"{v[1]:.1f} ms ({v[0]:.1f}-{v[2]:.1f})"
+
+
+def markdown(res: dict, command: str) -> str:
+    lines = [
+        BEGIN,
+        "## watch (`python -m benchmarks watch`)",
+        "",
+        f"`{command}`: one process, 8 CPU devices; each run a fresh process of {res['calls']} "
+        "timed calls after 3 warm-up calls, unwatched or under `jaxpace.watch` at its "
+        "defaults; a pair is one run of each, back to back, the order alternating. The "
+        "average step is every timed call's share of the run's wall time, windows "
+        "included; the figure is the mean over pairs of watched / unwatched with its 95% "
+        "t interval. Window figures are median (min-max) over the watched runs' windows.",
+        "",
+        "| step | pairs | unwatched step (median) | watched step (median) | watched / unwatched, "
+        "mean [95% interval] | windows | call inside a window | `stop_trace` | edge blocks "
+        "(before / last call) | summary | decision |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for wl in WORKLOADS:
+        if wl not in res:
+            continue
+        f = res[wl]
+        lo, hi = f["ci95_pct"]
+        lines.append(
+            f"| {NAMES[wl]} | {f['n']} | {f['plain_step_ms']:.2f} ms | {f['watch_step_ms']:.2f} ms"
+            f" | {f['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}] | {f['windows']} | "
+            f"{_r(f['in_window_call_ms'])} | {_r(f['max_stop_trace_s'])} | "
+            f"{_r(f['max_pre_block_s'])} / {_r(f['max_end_block_s'])} | "
+            f"{_r(f['max_summarize_s'])} | {_r(f['analysis_s'])} |"
+        )
+    f0 = next(res[w] for w in WORKLOADS if w in res)
+    lines += [
+        "",
+        f"Defaults: `every={f0['every']}`, `window={f0['window']}`. A call inside a window is "
+        "the window's wall time (from the return of the blocking call before it to the "
+        "return of its blocking last call) over its calls; it holds `start_trace`, the "
+        "profiled executions and `stop_trace`. The edge blocks are the host's wait for the "
+        "device at the two blocking calls (the device work itself, not an added cost, in a "
+        "step that already blocks, as the FSDP step does). Summary and decision run on "
+        "watch's background thread of the same process.",
+        "",
+        f"Machine: {res['machine']} (2 cores shared with other jobs). Date: {res['date']}.",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--child"]:
+        child(argv[1], argv[2], int(argv[3]), argv[4])
+        return 0
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks watch", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--quick", action="store_true", help="6 pairs of 300 calls (a few minutes)")
+    ap.add_argument("--pairs", type=int, default=None, help="pairs per step (default 12)")
+    ap.add_argument("--calls", type=int, default=None, help="timed calls per run (default 600)")
+    ap.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=WORKLOADS,
+        default=list(WORKLOADS),
+        help="steps to run (the others' figures are kept from OUT/watch.json)",
+    )
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
+    args = ap.parse_args(argv)
+    prev_path = Path(args.out) / "watch.json"
+    previous = json.loads(prev_path.read_text()) if prev_path.exists() else None
+    pairs = args.pairs or (6 if args.quick else 12)
+    calls = args.calls or (300 if args.quick else 600)
+    if pairs < 2 or calls < 100:
+        ap.error("--pairs must be >= 2 (an interval) and --calls >= 100 (one default window)")
+    res = run(pairs, calls, args.workloads, previous)
+    from benchmarks.fsdp import publish
+
+    cmd = "python -m benchmarks watch" + (" --quick" if args.quick else "")
+    if args.pairs or args.calls:
+        cmd += f" --pairs {pairs} --calls {calls}"
+    if list(args.workloads) != list(WORKLOADS):
+        cmd += " --workloads " + " ".join(args.workloads) + " (the other rows: an earlier run)"
+    publish(res, markdown(res, cmd), args.out, "watch", args.markdown, BEGIN, END)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
