@@ -3,8 +3,8 @@
 #
 # Builds src/jaxpace/native/kernels.cc with -fsanitize=address,undefined into a temporary
 # directory, points jaxpace at that build (JAXPACE_KERNELS_LIBRARY), preloads the sanitizer
-# runtimes into Python, and runs the tests that drive every kernel: tests/test_kernels.py,
-# tests/test_kernels_edges.py and tests/test_policy_fast_matches_reference.py. Any
+# runtimes into Python, and runs the tests that drive every kernel: tests/native/test_kernels.py,
+# tests/native/test_kernels_edges.py and tests/policy/test_policy_fast_matches_reference.py. Any
 # out-of-bounds access or undefined behaviour aborts the run with the sanitizer's report.
 #
 #   benchmarks/sanitize.sh              # from anywhere; jaxpace (and pytest) importable
@@ -35,5 +35,5 @@ assert ok and 'sanitized' in where, where
 print('kernels:', where)
 "
 LD_PRELOAD="$preload" timeout 1800 "$PY" -m pytest -q -p no:cacheprovider \
-  tests/test_kernels.py tests/test_kernels_edges.py tests/test_policy_fast_matches_reference.py "$@"
+  tests/native/test_kernels.py tests/native/test_kernels_edges.py tests/policy/test_policy_fast_matches_reference.py "$@"
 echo "sanitize.sh: no sanitizer reports"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ThreadSanitizer run of the native probes' CUDA path, on CPU: builds the probe library and the
 # fake cudart (tests/native/fake_cudart.cc) with -fsanitize=thread into a temporary directory,
-# then runs tests/test_cuda_probe_fake.py against them (the handlers on the calling thread,
+# then runs tests/native/test_cuda_probe_fake.py against them (the handlers on the calling thread,
 # stream workers and host functions on the fake's threads, the drain from another thread).
 # Exits non-zero when the build fails, a test fails, or TSan reports a race in jaxpace's code.
 #
@@ -31,7 +31,7 @@ ok, why = n.available()
 assert ok and 'probe_tsan' in why, why" || { echo "sanitize_probe: FAIL: not the TSan build"; exit 1; }
 status=0
 LD_PRELOAD="$TSAN_LIB" timeout 900 $PY -m pytest -q -p no:cacheprovider \
-  tests/test_cuda_probe_fake.py || status=$?
+  tests/native/test_cuda_probe_fake.py || status=$?
 reports=$(cat "$OUT"/tsan.* 2>/dev/null | grep -c "WARNING: ThreadSanitizer" || true)
 # Ours: any frame or location in the two instrumented libraries or their sources.
 ours=$(cat "$OUT"/tsan.* 2>/dev/null |

@@ -147,7 +147,7 @@ def distributed_client_type() -> Any:
 def coordination_service(address: str, num_processes: int) -> Any:
     """A `jax.distributed` coordination service started in this process (what process 0 of a
     job runs), listening on `address` (`host:port`). For tests and benchmarks of the
-    key-value store at scale only (`tests/test_watch_exchange_scale.py`,
+    key-value store at scale only (`tests/watch/test_watch_exchange_scale.py`,
     `benchmarks/watch_exchange.py`); `.shutdown()` ends it. Raises if this JAX moved it."""
     from jax._src.lib import _jax
 

@@ -25,7 +25,7 @@ ranks, and one process (process 0, unless `fleet=` says otherwise) exports
 the fleet-wide view, a fixed set of values per site (`FleetView`: the
 culprit, the 5 slowest ranks, quantiles of earliness). At 8192 ranks a site
 has the same number of series and tags as at 16
-(tests/test_sink_cardinality.py).
+(tests/sinks/test_sink_cardinality.py).
 
 In a multi-process job every process writes its own file: a `{process}` in
 `path` / `logdir` is replaced by the process index; without it, and with more

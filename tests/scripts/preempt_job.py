@@ -1,4 +1,4 @@
-"""A preempted `jax.distributed` job, run under `jaxpace launch` (tests/test_signals.py).
+"""A preempted `jax.distributed` job, run under `jaxpace launch` (tests/runtime/test_signals.py).
 
 python tests/scripts/preempt_job.py --out DIR [--at-step N] [--max-steps M]
 

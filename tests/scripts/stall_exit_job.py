@@ -1,4 +1,4 @@
-"""A process that leaves the job early, run under `jaxpace launch` (tests/test_watchdog_exited.py).
+"""A process that leaves the job early, run under `jaxpace launch` (tests/runtime/test_watchdog_exited.py).
 
 Process `--process` runs `--at-step` steps, prints `LEFT_AFTER <step>`, closes its pacer
 (its watchdog publishes its last position) and exits 0 through `sys.exit`. The others go on

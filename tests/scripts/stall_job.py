@@ -1,4 +1,4 @@
-"""Multi-process stall-watchdog cases, run under `jaxpace launch` (tests/test_watchdog.py).
+"""Multi-process stall-watchdog cases, run under `jaxpace launch` (tests/runtime/test_watchdog.py).
 
 Modes:
   sleep        process `--process` sleeps forever before the collective of step `--at-step`.

@@ -1,7 +1,7 @@
 """`adaptive`'s fast path: many sites at once, kept window orders, compiled kernels.
 
 It computes what `jaxpace.policy.adaptive.reference_update` computes, bit for bit
-(tests/test_policy_fast_matches_reference.py), with the work shared across sites and, from
+(tests/policy/test_policy_fast_matches_reference.py), with the work shared across sites and, from
 `ORDER_MIN_RANKS` ranks on, three caches that spare the sort of every window and the sum of
 every budget: each window's sort order and NaN count per row (`_window_order`), and each
 rank's delays summed over the window (a running sum that tells when the budget cannot bind).

@@ -14,7 +14,7 @@ The update below is the reference: plain NumPy, one site, the four stages in ord
 
 `adaptive()` runs the same algorithm through `jaxpace.policy._adaptive_fast` (many sites at
 once, a kept sort order of each window from 512 ranks on, and compiled kernels), which must
-give these results bit for bit: tests/test_policy_fast_matches_reference.py checks it. To
+give these results bit for bit: tests/policy/test_policy_fast_matches_reference.py checks it. To
 change the algorithm, change it here, then make the fast path match.
 """
 

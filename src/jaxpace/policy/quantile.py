@@ -4,7 +4,7 @@
 `(n - 1) q`, take the entries at its floor and the next one, and interpolate as
 `a + (b - a) t`, or `b - (b - a)(1 - t)` for `t >= 0.5`. The functions here do that
 arithmetic on sorted data, so that the policy (and `Pacer.stats()`) get NumPy's values
-without NumPy's per-row loop. tests/test_diagnosis_scale.py and tests/test_kernels.py check
+without NumPy's per-row loop. tests/diagnosis/test_diagnosis_scale.py and tests/native/test_kernels.py check
 them against NumPy bit for bit.
 """
 

@@ -2,7 +2,7 @@
 
 The per-line reader (`json.loads`, then `builder.add`) is the reference; the fast
 reader parses the step lines the runtime writes straight from the bytes with
-NumPy and hands every other line to the per-line one (tests/test_records_fast.py
+NumPy and hands every other line to the per-line one (tests/records/test_records_fast.py
 checks they agree). Files are opened with `safe_io.open_regular`: regular files
 only, never blocking in `open()`.
 """
@@ -162,7 +162,7 @@ _INT_KEYS = _TAIL_KEYS[:-1]  # "device" may also be null; the last is "engaged"
 _PREFIX = "".join(json.dumps(_STEP_TEMPLATE, separators=(",", ":")).partition('"site":"')[:2])
 _PREFIX_B = _PREFIX.encode()  # b'{"type":"step","site":"'
 # The layout above, as `step_record` writes it today; if it ever changes shape,
-# every line is read the per-line way (tests/test_records_fast.py checks it holds).
+# every line is read the per-line way (tests/records/test_records_fast.py checks it holds).
 _FAST_LAYOUT = (
     tuple(_STEP_TEMPLATE)[:2] == ("type", "site")
     and _PREFIX == '{"type":"step","site":"'

@@ -485,7 +485,7 @@ from pathlib import Path  # noqa: E402
 
 import jaxpace as jp  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def smap(mesh, f, out_specs=None):

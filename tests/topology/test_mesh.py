@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpace import topology as T
 
-FIX = Path(__file__).parent / "fixtures" / "topology"
+FIX = Path(__file__).parent.parent / "fixtures" / "topology"
 
 
 @pytest.fixture(scope="module")

@@ -330,7 +330,7 @@ def test_text_helpers():
 
 
 def test_report_modules_sit_below_the_runtime():
-    root = Path(__file__).resolve().parents[1] / "src" / "jaxpace" / "report"
+    root = Path(__file__).resolve().parents[2] / "src" / "jaxpace" / "report"
     files = sorted(root.rglob("*.py"))
     assert len(files) >= 10
     for f in files:

@@ -10,7 +10,7 @@ from jaxpace.native import kernels
 @pytest.fixture
 def lib():
     ok, why = kernels.available()
-    if not ok:  # tests/test_kernels.py::test_the_library_is_built_here fails in that case
+    if not ok:  # tests/native/test_kernels.py::test_the_library_is_built_here fails in that case
         pytest.skip(f"the kernel library is not loaded here: {why}")
     return kernels._load()
 

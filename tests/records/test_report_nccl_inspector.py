@@ -22,7 +22,7 @@ from jaxpace.records.sources import load as load_source
 from jaxpace.records.sources.synthetic import Comm, write_inspector_logs
 from jaxpace.report import analyze
 
-FIXTURE = Path(__file__).parent / "fixtures" / "nccl_inspector"
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "nccl_inspector"
 
 
 def test_fixture_in_the_documented_format():

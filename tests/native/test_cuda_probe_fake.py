@@ -23,7 +23,7 @@ import pytest
 
 from jaxpace.native import probes as nat
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE_SRC = os.path.join(HERE, "native", "fake_cudart.cc")
 SYNC_MS = 20_000  # bound on every wait for a fake stream
 

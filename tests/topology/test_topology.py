@@ -12,7 +12,7 @@ import pytest
 from jaxpace import topology as T
 from jaxpace.errors import TopologyError
 
-FIX = Path(__file__).parent / "fixtures" / "topology"
+FIX = Path(__file__).parent.parent / "fixtures" / "topology"
 DGX, PCIE, TWO = FIX / "dgx_h100", FIX / "pcie_2socket", FIX / "two_gpu_per_nic"
 
 

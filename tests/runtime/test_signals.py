@@ -6,7 +6,7 @@ notifier) that `signal.getsignal` reports as `SIG_DFL`: a SIGTERM'd process logs
 `multihost_utils.reached_preemption_sync_point` and save a checkpoint. jaxpace must
 deliver what it measured and neither kill that process nor hide the signal from JAX.
 The single-process orders (a pacing pacer traced before or after the one with sinks, a
-program handler installed before or after jaxpace's) are in tests/test_shutdown_delivery.py.
+program handler installed before or after jaxpace's) are in tests/runtime/test_shutdown_delivery.py.
 """
 
 import json

@@ -24,7 +24,7 @@ prom_parser = pytest.importorskip("prometheus_client.parser")
 pytest.importorskip("tensorboardX")
 
 STEPS, RANKS = 40, 8
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "shutdown_job.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "shutdown_job.py"
 
 
 def _prom_steps(path):
@@ -172,7 +172,7 @@ def test_sigterm_with_a_handler_installed_after_jaxpaces_calls_it_once_and_deliv
 @pytest.mark.timeout(300)
 def test_sigterm_with_a_native_handler_delivers_calls_it_once_and_does_not_kill(tmp_path):
     """A handler installed by native code (here `faulthandler.register`; under
-    `jax.distributed`, XLA's preemption notifier: tests/test_signals.py) is invisible to
+    `jax.distributed`, XLA's preemption notifier: tests/runtime/test_signals.py) is invisible to
     `signal.getsignal`. Before, jaxpace's handler replaced it and killed the process."""
     rc, err = _sigterm(tmp_path, "sigterm_native")
     assert rc == 0, err[-3000:]  # the native handler ran and the program ended normally
