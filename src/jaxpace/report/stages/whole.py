@@ -1,0 +1,180 @@
+"""Stage 1 (the default): the whole step, every collective of one program execution.
+
+A step is one execution of the program. Each site's records number that site's own
+executions (`step`), so a collective that runs k times an execution (inside a
+`lax.scan` or a loop) has k times the steps of one that runs once. The sites are
+folded into executions by their counts: the site with fewest steps runs once an
+execution, a site with k times as many runs k times, and its j-th step belongs to
+execution ``j // k`` (j counted over the site's steps in order). When a site's
+count is not a whole multiple of the fewest, it is not folded (the note says so)
+and its steps are taken as executions.
+
+A rank's lateness in a step is the sum, over the step's collectives, of its
+lateness within each collective's group (`site_data`). A rank that took part in
+only some of a step's collectives (records lost, or not a member) is estimated
+from those it took part in: its mean lateness over them times the number of
+collectives in the step, so a missing collective never makes it look less late.
+Wait, delay and sync wait are summed the same way, and the transfer is the sum of
+the collectives' transfers. A rank's step time is the time between the exits of
+its last collective of two consecutive executions (its own clock); its compute is
+that step time less its time inside the step's collectives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxpace.errors import RecordsError
+from jaxpace.records.reader import Records
+from jaxpace.report.model import SiteData
+from jaxpace.report.stages.context import run_context
+from jaxpace.report.stages.site import _fill_missing, _grid, _index_in, _int_unique, site_data
+
+__all__ = ["WHOLE_STEP", "execution_of", "whole_step"]
+
+# `RunInfo.site` of a report on the whole step.
+WHOLE_STEP = "(whole step)"
+
+
+def execution_of(records: Records) -> tuple[dict[int, np.ndarray], list[str]]:
+    """Per site index, the execution of each of its steps in order (its unique steps'
+    order), and the notes on how the sites were folded."""
+    c = records.columns
+    per_site = {i: _int_unique(c["step"][c["site"] == i]) for i in range(len(records.sites))}
+    counts = {i: s.size for i, s in per_site.items() if s.size}
+    fewest = min(counts.values())
+    out: dict[int, np.ndarray] = {}
+    folded, unfolded = [], []
+    for i, n in counts.items():
+        k = n // fewest if n % fewest == 0 else 1
+        if n % fewest:
+            unfolded.append(records.sites[i])
+        elif k > 1:
+            folded.append(f"`{records.sites[i]}` x{k}")
+        out[i] = np.arange(n) // k
+    notes = []
+    if folded:
+        notes.append(
+            f"a step is one execution of the program: {', '.join(folded)} run several times "
+            f"an execution (their step counts are that multiple of the fewest, {fewest}); "
+            "their repeats are folded into one step."
+        )
+    if unfolded:
+        notes.append(
+            f"site(s) {', '.join(f'`{s}`' for s in unfolded)}: step counts not a multiple of "
+            f"the fewest ({fewest}); their steps are taken as executions, not folded."
+        )
+    return out, notes
+
+
+def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
+    """The whole step's (execution x rank) `SiteData`; returns (data, notes, partial).
+
+    With one site this is `site_data` of it. Raises `RecordsError` when no site has a
+    step with records of two ranks."""
+    if len(records.sites) == 1:
+        return site_data(records, records.sites[0])
+    c = records.columns
+    ranks = _int_unique(c["rank"])
+    R = ranks.size
+    exec_of, notes = execution_of(records)
+    E = max(int(e[-1]) + 1 for e in exec_of.values() if e.size)
+    z = lambda: np.zeros((E, R))  # noqa: E731
+    lat, wait, delay, sync, cnt = z(), z(), z(), z(), z()
+    ncoll = np.zeros(E)
+    transfer = np.zeros(E)
+    engaged = np.zeros(E, bool)
+    processes = np.full(R, -1, np.int64)
+    hosts = ["?"] * R
+    partial, used = False, 0
+    for si, site in enumerate(records.sites):
+        try:
+            d, site_notes, p = site_data(records, site)
+        except RecordsError as e:
+            notes.append(f"`{site}` left out of the whole step: {e}")
+            continue
+        ctx = run_context(records, site, d)
+        if ctx.invariant_over is not None or ctx.no_culprit is not None:
+            why = ctx.no_culprit or f"its operand was already invariant over `{ctx.invariant_over}`"
+            notes.append(
+                f"`{site}` left out of the whole step: {why} (its waits are not evidence)."
+            )
+            continue
+        used += 1
+        partial |= p
+        notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
+        g = _grid(records, site, [])
+        steps_u = _int_unique(c["step"][c["site"] == si])
+        e = exec_of[si][_index_in(steps_u, d.steps)]
+        cols = _index_in(ranks, d.ranks)
+        present = g.present.astype(float)
+        for acc, x in ((lat, d.lateness), (wait, d.wait), (delay, d.delay), (sync, d.sync_wait)):
+            np.add.at(acc, (e[:, None], cols[None, :]), np.where(g.present, x, 0.0))
+        np.add.at(cnt, (e[:, None], cols[None, :]), present)
+        np.add.at(ncoll, e, 1.0)
+        np.add.at(transfer, e, np.nan_to_num(d.transfer))
+        np.logical_or.at(engaged, e, d.engaged)
+        processes[cols] = d.processes
+        for j, h in zip(cols.tolist(), d.hosts, strict=True):
+            hosts[j] = h
+    if not used:
+        raise RecordsError(
+            "no site has a step with records of two or more ranks; nothing to compare."
+        )
+    keep = ncoll > 0
+    missing = (cnt == 0)[keep]
+    scale = np.where(cnt > 0, ncoll[:, None] / np.maximum(cnt, 1), np.nan)[keep]
+    lat, wait, delay, sync = (
+        _fill_missing(a[keep] * scale, missing) for a in (lat, wait, delay, sync)
+    )
+    if (cnt[keep] < ncoll[keep, None]).any():
+        short = float(1.0 - cnt[keep].sum() / (ncoll[keep].sum() * R))
+        notes.append(
+            f"PARTIAL: {short:.2%} of the (collective, rank) records of the whole step are "
+            "missing; a rank's lateness in a step is its mean over the collectives it took "
+            "part in times the step's collectives (never less late for a missing one)."
+        )
+        partial = True
+    steps = np.flatnonzero(keep)
+    done = _last_done(records, exec_of, ranks, E)[keep]
+    step_time = np.full(done.shape, np.nan)
+    step_time[1:] = done[1:] - done[:-1]
+    step_time[1:][np.diff(steps) != 1] = np.nan
+    compute = step_time - wait
+    arrive = done - wait
+    data = SiteData(
+        steps=steps,
+        ranks=ranks,
+        processes=processes,
+        hosts=tuple(hosts),
+        arrive=arrive,
+        done=done,
+        wait=wait,
+        delay=delay,
+        engaged=engaged[keep],
+        compute=compute,
+        step_time=step_time,
+        transfer=transfer[keep],
+        sync_wait=sync,
+        lateness=lat,
+    )
+    return data, notes, partial
+
+
+def _last_done(
+    records: Records, exec_of: dict[int, np.ndarray], ranks: np.ndarray, E: int
+) -> np.ndarray:
+    """(E, R) each rank's last exit in each execution, seconds since its own first
+    arrival (NaN where it has no record)."""
+    c = records.columns
+    ex = np.zeros(c["step"].size, np.int64)
+    for si, e in exec_of.items():
+        sel = c["site"] == si
+        ex[sel] = e[_index_in(_int_unique(c["step"][sel]), c["step"][sel])]
+    col = _index_in(ranks, c["rank"])
+    origin = np.full(ranks.size, np.iinfo(np.int64).max)
+    np.minimum.at(origin, col, c["arrive_ns"])
+    done = np.full((E, ranks.size), np.iinfo(np.int64).min)
+    np.maximum.at(done, (ex, col), c["done_ns"])
+    out = (done - origin[None, :]) / 1e9
+    return np.where(done == np.iinfo(np.int64).min, np.nan, out)
