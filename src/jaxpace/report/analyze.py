@@ -178,6 +178,7 @@ def analyze(
         decisions=((refused,) if refused else ())
         + stages.decisions(culprits, failure_modes, primary, costs, sel.periodic, ctx.hours_unit),
         fleet=culprits.fleet,
+        likely=culprits.likely,
     )
     sites_table = _sites_table(loaded, warmup_steps)
     return Report(run, timing, findings, sites_table=sites_table, data=data)

@@ -30,6 +30,7 @@ __all__ = [
     "GroupFinding",
     "GroupLate",
     "IterationStats",
+    "Likely",
     "LinkWait",
     "PacingEffect",
     "PeriodicOutliers",
@@ -188,6 +189,44 @@ class FleetSpread:
     spread_s: float
     threshold: float
     slowest: tuple[SlowRank, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Likely:
+    """The finding below the line: a rank (or process) last in most steps and
+    significant against per-step noise, but below what this job's size names with
+    confidence (the fleet test). Never a culprit; never "balanced" either.
+
+    Attributes:
+      kind: "process" (one rank a process, or every rank of the process is the
+        latest) or "rank".
+      label: the process or rank id.
+      rank: the latest rank (the process's latest rank).
+      process: its process.
+      host: its host.
+      last_fraction: share in [0, 1] of analyzed steps it arrived last in (a process:
+        any of its ranks).
+      excess_lateness_s: its lateness over the median rank's, seconds a step.
+      step_fraction: that over the median step time (NaN when unknown).
+      threshold: what names with confidence at this size: for a small job the
+        share of the step (e.g. 0.10), else the fleet test's robust SDs.
+      threshold_unit: "of the step" or "robust SDs".
+      text: the sentence, e.g. "likely: process 1, last in 100% of steps, +15 ms,
+        2% of the step; below the 10% of the step this job's size names with
+        confidence".
+    """
+
+    kind: str
+    label: int
+    rank: int
+    process: int
+    host: str
+    last_fraction: float
+    excess_lateness_s: float
+    step_fraction: float
+    threshold: float
+    threshold_unit: str
+    text: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -512,6 +551,9 @@ class Findings:
       decisions: one line per decision (culprit, group, mode, or none), each with
         its evidence and confidence, in the order a user should act on them.
       fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
+      likely: with no culprit or late group, a rank or process last in most steps
+        and significant, but below what the job's size names (`Likely`); else None.
+        Say it plainly, never "balanced" or "nothing to fix".
     """
 
     ranks: tuple[RankStats, ...]
@@ -526,6 +568,7 @@ class Findings:
     costs: tuple[WaitingCost, ...] = ()
     decisions: tuple[str, ...] = ()
     fleet: FleetSpread | None = None
+    likely: Likely | None = None
 
     def mode(self, name: str) -> FailureMode:
         """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
@@ -556,6 +599,7 @@ _FLAT: dict[str, str] = {
     "source": "run",
     "fleet": "findings",
     "context": "run",
+    "likely": "findings",
 }  # fmt: skip
 
 
@@ -620,6 +664,7 @@ class Report:
     costs = _flat("costs")
     decisions = _flat("decisions")
     fleet = _flat("fleet")
+    likely = _flat("likely")
 
     def mode(self, name: str) -> FailureMode:
         """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""

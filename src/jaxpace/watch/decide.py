@@ -5,8 +5,10 @@ the report makes) on the newest window's combined records; when it names
 nobody, on the consecutive windows kept (up to `MAX_POOLED`) pooled (the
 evidence of one 5-step window is too little for that decision), and says how
 many it used. At most two analyses per window: their cost lands on process 0.
-A process whose devices were last in every execution of the newest window,
-not (yet) named, is reported as `likely`.
+A process not (yet) named is reported as `likely`: the report's own `likely`
+(last in most steps, significant, below what the job's size names) when it has
+one, else the process whose devices were last in every execution of the newest
+window.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class WindowResult:
       culprit_process: the process the decision names, or None.
       culprit_host: that process's host, or None.
       culprit_ranks: its ranks (global device ids in order), () when nobody is named.
-      likely: a process last in every execution of this window but not named
-        (yet): the finding below the line; None otherwise.
+      likely: a process not named (yet): the report's `Report.likely` process when
+        the report has one, else one last in every execution of this window; the
+        finding below the line; None otherwise.
       mode: the report's primary failure mode (`persistent_straggler`,
         `balanced`, ...), or `"unanalyzed"` when nothing could be analyzed.
       windows_pooled: how many consecutive windows the decision used (0: none).
@@ -137,6 +140,8 @@ def decide(
     if rep is None:
         return dataclasses.replace(base, notes=notes, partial=True, likely=likely)
     named = rep.culprit_process
+    if named is None and rep.likely is not None:  # the report's finding below the line
+        likely, frac = rep.likely.process, rep.likely.last_fraction
     overlapped = sum(named in b for b in busy[-pooled:]) if named is not None else 0
     if overlapped:  # its own watch work may have made it late: not named from these windows
         notes = (
