@@ -334,3 +334,11 @@ def _groups_note(site: str, codes: np.ndarray) -> str:
         "ranks (and the sync wait against the group's last rank in), and a step's transfer "
         "is the median over groups of each group's least time in the collective."
     )
+
+
+# The grid helpers `stages.whole` shares (the whole step places each site's records
+# the same way).
+site_grid = _grid
+fill_missing = _fill_missing
+index_in = _index_in
+int_unique = _int_unique

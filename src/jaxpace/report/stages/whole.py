@@ -17,7 +17,9 @@ collectives in the step, so a missing collective never makes it look less late.
 Wait, delay and sync wait are summed the same way, and the transfer is the sum of
 the collectives' transfers. A rank's step time is the time between the exits of
 its last collective of two consecutive executions (its own clock); its compute is
-that step time less its time inside the step's collectives.
+that step time less its time inside the step's collectives (their summed waits, at
+most the span from its first arrival to its last exit in the step, so collectives
+that overlap each other count once).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from jaxpace.errors import RecordsError
 from jaxpace.records.reader import Records
 from jaxpace.report.model import SiteData
 from jaxpace.report.stages.context import run_context
-from jaxpace.report.stages.site import _fill_missing, _grid, _index_in, _int_unique, site_data
+from jaxpace.report.stages.site import fill_missing, index_in, int_unique, site_data, site_grid
 
 __all__ = ["WHOLE_STEP", "execution_of", "whole_step"]
 
@@ -40,7 +42,7 @@ def execution_of(records: Records) -> tuple[dict[int, np.ndarray], list[str]]:
     """Per site index, the execution of each of its steps in order (its unique steps'
     order), and the notes on how the sites were folded."""
     c = records.columns
-    per_site = {i: _int_unique(c["step"][c["site"] == i]) for i in range(len(records.sites))}
+    per_site = {i: int_unique(c["step"][c["site"] == i]) for i in range(len(records.sites))}
     counts = {i: s.size for i, s in per_site.items() if s.size}
     fewest = min(counts.values())
     out: dict[int, np.ndarray] = {}
@@ -75,7 +77,7 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
     if len(records.sites) == 1:
         return site_data(records, records.sites[0])
     c = records.columns
-    ranks = _int_unique(c["rank"])
+    ranks = int_unique(c["rank"])
     R = ranks.size
     exec_of, notes = execution_of(records)
     E = max(int(e[-1]) + 1 for e in exec_of.values() if e.size)
@@ -103,10 +105,10 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
         used += 1
         partial |= p
         notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
-        g = _grid(records, site, [])
-        steps_u = _int_unique(c["step"][c["site"] == si])
-        e = exec_of[si][_index_in(steps_u, d.steps)]
-        cols = _index_in(ranks, d.ranks)
+        g = site_grid(records, site, [])
+        steps_u = int_unique(c["step"][c["site"] == si])
+        e = exec_of[si][index_in(steps_u, d.steps)]
+        cols = index_in(ranks, d.ranks)
         present = g.present.astype(float)
         for acc, x in ((lat, d.lateness), (wait, d.wait), (delay, d.delay), (sync, d.sync_wait)):
             np.add.at(acc, (e[:, None], cols[None, :]), np.where(g.present, x, 0.0))
@@ -125,7 +127,7 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
     missing = (cnt == 0)[keep]
     scale = np.where(cnt > 0, ncoll[:, None] / np.maximum(cnt, 1), np.nan)[keep]
     lat, wait, delay, sync = (
-        _fill_missing(a[keep] * scale, missing) for a in (lat, wait, delay, sync)
+        fill_missing(a[keep] * scale, missing) for a in (lat, wait, delay, sync)
     )
     if (cnt[keep] < ncoll[keep, None]).any():
         short = float(1.0 - cnt[keep].sum() / (ncoll[keep].sum() * R))
@@ -135,13 +137,19 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
             "part in times the step's collectives (never less late for a missing one)."
         )
         partial = True
-    steps = np.flatnonzero(keep)
-    done = _last_done(records, exec_of, ranks, E)[keep]
+    first, done, breaks = _span(records, exec_of, ranks, E)
+    # Step numbers: executions in order, one number left out at a break (no step time
+    # across a trace window's end).
+    steps = (np.arange(E) + np.cumsum(breaks))[keep]
+    first, done = first[keep], done[keep]
     step_time = np.full(done.shape, np.nan)
     step_time[1:] = done[1:] - done[:-1]
     step_time[1:][np.diff(steps) != 1] = np.nan
-    compute = step_time - wait
-    arrive = done - wait
+    # Time inside the step's collectives: their summed waits, at most the span from the
+    # first arrival to the last exit (collectives that overlap each other count once).
+    inside = np.fmin(wait, done - first)
+    compute = step_time - inside
+    arrive = done - inside
     data = SiteData(
         steps=steps,
         ranks=ranks,
@@ -161,20 +169,30 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
     return data, notes, partial
 
 
-def _last_done(
+def _span(
     records: Records, exec_of: dict[int, np.ndarray], ranks: np.ndarray, E: int
-) -> np.ndarray:
-    """(E, R) each rank's last exit in each execution, seconds since its own first
-    arrival (NaN where it has no record)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first arrival (E, R), last exit (E, R), breaks (E,)): each rank's first arrival
+    and last exit in each execution, seconds since its own first arrival (NaN where it
+    has no record); `breaks[e]`: some site's steps skip a number just before execution
+    e (a trace window's end), so e does not follow e - 1."""
     c = records.columns
     ex = np.zeros(c["step"].size, np.int64)
+    breaks = np.zeros(E, bool)
     for si, e in exec_of.items():
         sel = c["site"] == si
-        ex[sel] = e[_index_in(_int_unique(c["step"][sel]), c["step"][sel])]
-    col = _index_in(ranks, c["rank"])
-    origin = np.full(ranks.size, np.iinfo(np.int64).max)
+        steps_u = int_unique(c["step"][sel])
+        ex[sel] = e[index_in(steps_u, c["step"][sel])]
+        gap = np.flatnonzero(np.diff(steps_u) != 1) + 1  # first step after a gap
+        breaks[e[gap]] = True
+    col = index_in(ranks, c["rank"])
+    hi, lo = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    origin = np.full(ranks.size, hi)
     np.minimum.at(origin, col, c["arrive_ns"])
-    done = np.full((E, ranks.size), np.iinfo(np.int64).min)
+    first = np.full((E, ranks.size), hi)
+    np.minimum.at(first, (ex, col), c["arrive_ns"])
+    done = np.full((E, ranks.size), lo)
     np.maximum.at(done, (ex, col), c["done_ns"])
-    out = (done - origin[None, :]) / 1e9
-    return np.where(done == np.iinfo(np.int64).min, np.nan, out)
+    first_s = np.where(first == hi, np.nan, (first - origin[None, :]) / 1e9)
+    done_s = np.where(done == lo, np.nan, (done - origin[None, :]) / 1e9)
+    return first_s, done_s, breaks
