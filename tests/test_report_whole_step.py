@@ -50,13 +50,28 @@ def test_lateness_spread_over_a_step_names_the_rank():
 
 
 def test_a_rank_missing_from_some_collectives_is_not_less_late():
-    # Rank 1's records of half the sites are lost: its lateness in a step is estimated
-    # from the collectives it took part in, scaled to the whole step.
+    # Rank 1's records of half the sites are lost in every other step: its lateness in
+    # a step is estimated from the collectives it took part in, scaled to the whole step.
+    recs = synthetic_step_records(8, 45, 8, late_s={1: 0.002}, seed=2)
+    lost = {f"site-{j:02d}" for j in range(4)}
+
+    def gone(r):
+        return r["type"] == "step" and r["rank"] == 1 and r["site"] in lost and r["step"] % 2
+
+    rep = analyze([r for r in recs if not gone(r)])
+    assert rep.partial and any("missing" in n for n in rep.notes)
+    assert rep.rank_stats(1).excess_lateness_s == pytest.approx(0.002, rel=0.25)
+    assert rep.culprit == 1
+
+
+def test_a_rank_in_fewer_collectives_compares_on_the_same_scale():
+    # Rank 1 is no member of half the sites (a subgroup collective): not a missing
+    # record, and its lateness is still a whole step's.
     recs = synthetic_step_records(8, 45, 8, late_s={1: 0.002}, seed=2)
     lost = {f"site-{j:02d}" for j in range(4)}
     kept = [r for r in recs if not (r["type"] == "step" and r["rank"] == 1 and r["site"] in lost)]
     rep = analyze(kept)
-    assert rep.partial
+    assert not rep.partial
     assert rep.rank_stats(1).excess_lateness_s == pytest.approx(0.002, rel=0.25)
     assert rep.culprit == 1
 

@@ -77,12 +77,14 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
     if len(records.sites) == 1:
         return site_data(records, records.sites[0])
     c = records.columns
-    ranks = int_unique(c["rank"])
+    gid, notes = _global_ranks(records)
+    ranks = int_unique(gid)
     R = ranks.size
-    exec_of, notes = execution_of(records)
+    exec_of, fold_notes = execution_of(records)
+    notes += fold_notes
     E = max(int(e[-1]) + 1 for e in exec_of.values() if e.size)
     z = lambda: np.zeros((E, R))  # noqa: E731
-    lat, wait, delay, sync, cnt = z(), z(), z(), z(), z()
+    lat, wait, delay, sync, cnt, expected = z(), z(), z(), z(), z(), z()
     ncoll = np.zeros(E)
     transfer = np.zeros(E)
     engaged = np.zeros(E, bool)
@@ -108,11 +110,13 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
         g = site_grid(records, site, [])
         steps_u = int_unique(c["step"][c["site"] == si])
         e = exec_of[si][index_in(steps_u, d.steps)]
-        cols = index_in(ranks, d.ranks)
+        local, first = np.unique(c["rank"][c["site"] == si], return_index=True)
+        cols = index_in(ranks, gid[c["site"] == si][first][index_in(local, d.ranks)])
         present = g.present.astype(float)
         for acc, x in ((lat, d.lateness), (wait, d.wait), (delay, d.delay), (sync, d.sync_wait)):
             np.add.at(acc, (e[:, None], cols[None, :]), np.where(g.present, x, 0.0))
         np.add.at(cnt, (e[:, None], cols[None, :]), present)
+        np.add.at(expected, (e[:, None], cols[None, :]), 1.0)  # the site's members
         np.add.at(ncoll, e, 1.0)
         np.add.at(transfer, e, np.nan_to_num(d.transfer))
         np.logical_or.at(engaged, e, d.engaged)
@@ -129,15 +133,21 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
     lat, wait, delay, sync = (
         fill_missing(a[keep] * scale, missing) for a in (lat, wait, delay, sync)
     )
-    if (cnt[keep] < ncoll[keep, None]).any():
-        short = float(1.0 - cnt[keep].sum() / (ncoll[keep].sum() * R))
+    if (cnt[keep] < expected[keep]).any():
+        short = float(1.0 - cnt[keep].sum() / expected[keep].sum())
         notes.append(
-            f"PARTIAL: {short:.2%} of the (collective, rank) records of the whole step are "
-            "missing; a rank's lateness in a step is its mean over the collectives it took "
-            "part in times the step's collectives (never less late for a missing one)."
+            f"PARTIAL: {short:.2%} of the (collective, member rank) records of the whole "
+            "step are missing; a rank's lateness in a step is its mean over the collectives "
+            "it took part in times the step's collectives (never less late for a missing one)."
         )
         partial = True
-    first, done, breaks = _span(records, exec_of, ranks, E)
+    if (expected[keep] < ncoll[keep, None]).any():
+        notes.append(
+            "some ranks are not members of every collective of the step: a rank's lateness "
+            "in a step is its mean over the collectives it took part in times the step's "
+            "collectives, so ranks in fewer collectives compare on the same scale."
+        )
+    first, done, breaks = _span(records, exec_of, gid, ranks, E)
     # Step numbers: executions in order, one number left out at a break (no step time
     # across a trace window's end).
     steps = (np.arange(E) + np.cumsum(breaks))[keep]
@@ -169,8 +179,33 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
     return data, notes, partial
 
 
+def _global_ranks(records: Records) -> tuple[np.ndarray, list[str]]:
+    """Each record's rank across the whole step, and a note when it is not `rank`.
+
+    A site's `rank` is its position in the collective's group: global in jaxpace's
+    records and traces, local to a communicator in NCCL Inspector's logs. When one
+    `rank` stands for different (process, device) pairs at different sites, the ranks
+    are local: the whole step numbers the (process, device) pairs in order instead."""
+    c = records.columns
+    dev = c["device"] if "device" in c else np.full(c["rank"].size, -1, np.int64)
+    key = c["process"].astype(np.int64) * (1 << 32) + (dev.astype(np.int64) + 1)
+    pairs = np.unique(np.stack([c["rank"], key]), axis=1)
+    if np.unique(pairs[0]).size == pairs.shape[1]:
+        return c["rank"], []
+    uniq, gid = np.unique(key, return_inverse=True)
+    return gid.reshape(-1).astype(np.int64), [
+        "the sites number their ranks within each communicator: the whole step numbers "
+        f"its {uniq.size} ranks by (process, device) in order; `site=` shows one "
+        "communicator's own ranks."
+    ]
+
+
 def _span(
-    records: Records, exec_of: dict[int, np.ndarray], ranks: np.ndarray, E: int
+    records: Records,
+    exec_of: dict[int, np.ndarray],
+    gid: np.ndarray,
+    ranks: np.ndarray,
+    E: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first arrival (E, R), last exit (E, R), breaks (E,)): each rank's first arrival
     and last exit in each execution, seconds since its own first arrival (NaN where it
@@ -185,7 +220,7 @@ def _span(
         ex[sel] = e[index_in(steps_u, c["step"][sel])]
         gap = np.flatnonzero(np.diff(steps_u) != 1) + 1  # first step after a gap
         breaks[e[gap]] = True
-    col = index_in(ranks, c["rank"])
+    col = index_in(ranks, gid)
     hi, lo = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     origin = np.full(ranks.size, hi)
     np.minimum.at(origin, col, c["arrive_ns"])
