@@ -108,3 +108,22 @@ def test_a_whole_host_late_is_named_as_the_host(tmp_path):
     assert (top.kind, top.label) == ("host", "node-9")
     assert top.ranks == tuple(range(72, 80))
     assert rep.likely is None
+
+
+def test_an_execution_column_folds_a_program_whose_only_collective_repeats():
+    # One all-reduce inside a scan of 4 microbatches and no other collective: the step
+    # counts cannot tell; a source's execution ids (a trace's `run_id`) do.
+    import dataclasses
+
+    from jaxpace.report.analyze import load_step_records
+
+    recs = load_step_records(
+        synthetic_step_records(8, 30, 1, repeats=[4], late_s={5: 0.004}, compute_s=0.08)
+    )
+    assert analyze(recs).num_steps == 120  # without execution ids: microbatches
+    cols = dict(recs.columns, execution=recs.columns["step"] // 4 + 1000)
+    rep = analyze(dataclasses.replace(recs, columns=cols))
+    assert rep.site == WHOLE_STEP and rep.num_steps == 30
+    assert rep.iteration.p50_s > 0.08
+    assert rep.culprit == 5
+    assert rep.rank_stats(5).excess_lateness_s == pytest.approx(0.004, rel=0.25)

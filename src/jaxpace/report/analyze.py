@@ -111,7 +111,7 @@ def analyze(
         )
     loaded = _load(records)
     recs = loaded.records
-    if site is None and len(recs.sites) > 1:
+    if site is None and (len(recs.sites) > 1 or "execution" in recs.columns):
         site = stages.WHOLE_STEP
         data, site_notes, site_partial = stages.whole_step(recs)
     else:

@@ -7,7 +7,9 @@ folded into executions by their counts: the site with fewest steps runs once an
 execution, a site with k times as many runs k times, and its j-th step belongs to
 execution ``j // k`` (j counted over the site's steps in order). When a site's
 count is not a whole multiple of the fewest, it is not folded (the note says so)
-and its steps are taken as executions.
+and its steps are taken as executions. A source that knows each record's execution
+(an `execution` column, e.g. a trace's `run_id`) folds by it instead, which also
+folds a program whose only collective runs several times an execution.
 
 A rank's lateness in a step is the sum, over the step's collectives, of its
 lateness within each collective's group (`site_data`). A rank that took part in
@@ -40,9 +42,15 @@ WHOLE_STEP = "(whole step)"
 
 def execution_of(records: Records) -> tuple[dict[int, np.ndarray], list[str]]:
     """Per site index, the execution of each of its steps in order (its unique steps'
-    order), and the notes on how the sites were folded."""
+    order), and the notes on how the sites were folded.
+
+    With an `execution` column (a source that knows each record's program execution,
+    e.g. a trace's `run_id`) that is the execution, numbered 0, 1, ... in order;
+    else the sites are folded by their step counts (the module's docstring)."""
     c = records.columns
     per_site = {i: int_unique(c["step"][c["site"] == i]) for i in range(len(records.sites))}
+    if "execution" in c:
+        return _by_column(records, per_site)
     counts = {i: s.size for i, s in per_site.items() if s.size}
     fewest = min(counts.values())
     out: dict[int, np.ndarray] = {}
@@ -69,12 +77,41 @@ def execution_of(records: Records) -> tuple[dict[int, np.ndarray], list[str]]:
     return out, notes
 
 
+def _by_column(
+    records: Records, per_site: dict[int, np.ndarray]
+) -> tuple[dict[int, np.ndarray], list[str]]:
+    """`execution_of` from the records' `execution` column."""
+    c = records.columns
+    ex = c["execution"]
+    uniq = int_unique(ex)
+    out: dict[int, np.ndarray] = {}
+    folded = []
+    for i, steps_u in per_site.items():
+        if not steps_u.size:
+            continue
+        sel = c["site"] == i
+        e = np.zeros(steps_u.size, np.int64)
+        e[index_in(steps_u, c["step"][sel])] = index_in(uniq, ex[sel])
+        out[i] = e
+        k = steps_u.size / max(np.unique(e).size, 1)
+        if k > 1:
+            folded.append(f"`{records.sites[i]}` x{k:.3g}")
+    notes = []
+    if folded:
+        notes.append(
+            f"a step is one execution of the program (the records' execution ids): "
+            f"{', '.join(folded)} run several times an execution; their repeats are folded "
+            "into one step."
+        )
+    return out, notes
+
+
 def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
     """The whole step's (execution x rank) `SiteData`; returns (data, notes, partial).
 
     With one site this is `site_data` of it. Raises `RecordsError` when no site has a
     step with records of two ranks."""
-    if len(records.sites) == 1:
+    if len(records.sites) == 1 and "execution" not in records.columns:
         return site_data(records, records.sites[0])
     c = records.columns
     gid, notes = _global_ranks(records)
@@ -220,6 +257,9 @@ def _span(
         ex[sel] = e[index_in(steps_u, c["step"][sel])]
         gap = np.flatnonzero(np.diff(steps_u) != 1) + 1  # first step after a gap
         breaks[e[gap]] = True
+    if "execution" in c:  # executions not recorded in between (a trace window's end)
+        uniq = int_unique(c["execution"])
+        breaks[1:] |= np.diff(uniq)[: E - 1] != 1
     col = index_in(ranks, gid)
     hi, lo = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     origin = np.full(ranks.size, hi)
