@@ -17,7 +17,8 @@ __all__ = ["pick_site", "site_data", "site_groups"]
 
 
 def pick_site(recs: Records, site: str | None) -> str:
-    """`site` if the records have it (else a clear error); by default the busiest site."""
+    """`site` if the records have it (else a clear error); without one, the busiest site
+    (`analyze` itself defaults to the whole step: `stages.whole`)."""
     if site is None:
         counts = np.bincount(recs.columns["site"], minlength=len(recs.sites))
         return recs.sites[int(np.argmax(counts))]
