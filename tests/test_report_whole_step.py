@@ -127,3 +127,17 @@ def test_an_execution_column_folds_a_program_whose_only_collective_repeats():
     assert rep.iteration.p50_s > 0.08
     assert rep.culprit == 5
     assert rep.rank_stats(5).excess_lateness_s == pytest.approx(0.004, rel=0.25)
+
+
+def test_a_rank_late_against_its_late_host_too_is_named_alone():
+    # Process 4 (ranks 32-39, one host) is 4 ms late a step: the process is the finding,
+    # no rank alone. With rank 35 another 6 ms later, it is late against its own host's
+    # ranks too, and named alone beside the group.
+    late = dict.fromkeys(range(32, 40), 0.004)
+    kw = dict(ranks_per_process=8, compute_s=0.05, seed=5)
+    rep = analyze(synthetic_step_records(64, 40, 2, late_s=late, **kw))
+    assert rep.culprits == () and rep.culprit_process == 4  # no individual culprit
+    assert (rep.late_groups[0].kind, rep.late_groups[0].label) == ("process", "4")
+    rep = analyze(synthetic_step_records(64, 40, 2, late_s=late | {35: 0.010}, **kw))
+    assert rep.culprits == (35,)
+    assert rep.late_groups[0].label == "4"

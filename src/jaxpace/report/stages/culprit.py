@@ -114,7 +114,7 @@ def rank_culprits(
     found = late_groups(data, lat, groups or {}, floor, iteration.p50_s) if n >= 2 else ()
     explained = np.zeros(R, bool)
     for g in found:
-        explained[np.isin(data.ranks, g.ranks)] = True
+        explained[_explained_by(g, data, lat, iteration.p50_s)] = True
     individual = [i for i in dec.culprits if not explained[i]]
     rank_stats = _rank_stats(data, sel, lat, dec)
     culprit_i = individual[0] if individual else None
@@ -212,6 +212,16 @@ def likely_finding(
         threshold_unit=unit,
         text=f"likely: {kind} {label}, last in {last:.0%} of steps, {figure}; {below}",
     )
+
+
+def _explained_by(g: GroupFinding, data: SiteData, lat: np.ndarray, step_s: float) -> np.ndarray:
+    """The members of late group `g` its lateness explains: all but those late against
+    the group's other members too (`decide` on the members alone), who are named alone."""
+    members = np.flatnonzero(np.isin(data.ranks, g.ranks))
+    if members.size < 3 or lat.shape[0] < 2:
+        return members
+    within = decide(lat[:, members], step_s)
+    return members[~within.late]
 
 
 def _saving_s(compute: np.ndarray, transfer: np.ndarray, idx: np.ndarray) -> float:
