@@ -4,6 +4,7 @@ execution (issue 47), the hosts named as hosts, and the finding below the line."
 from __future__ import annotations
 
 import pytest
+from conftest import run_4x2
 
 from jaxpace.records.sources.synthetic import write_inspector_logs
 from jaxpace.records.synthetic import synthetic_step_records
@@ -23,6 +24,19 @@ def test_tied_site_counts_name_the_late_rank():
     # --site still narrows to one site: there rank 1 is 0.25 ms late, below the line.
     one = analyze(recs, site="site-00")
     assert one.site == "site-00" and one.culprit is None
+
+
+def test_tied_site_counts_run_for_real(tmp_path):
+    # 4 processes x 2 CPU devices, a `shard_map` step of 8 drop-in psum sites of 30 steps
+    # each, process 1 sleeping 15 ms before each step. Before, the report took the
+    # alphabetical first of the tied sites (`a-last`, run last in the step), named
+    # nobody and called it topology contention.
+    run_4x2("tied_sites_job.py", tmp_path, "--steps", 30, "--lag-s", 0.015)
+    rep = analyze(tmp_path)
+    assert rep.site == WHOLE_STEP and len(rep.sites) == 8
+    assert rep.num_steps == 30
+    assert rep.culprit_process == 1 or (rep.likely is not None and rep.likely.process == 1)
+    assert rep.primary_mode != "topology_contention"
 
 
 def test_a_collective_inside_a_scan_is_folded_into_its_step():
