@@ -477,3 +477,22 @@ def test_an_unclosed_watch_is_closed_at_exit_and_its_last_window_decided(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "jaxpace watch: steps 2-2:" in proc.stderr, proc.stderr[-2000:]
     assert (tmp_path / "verdict.json").is_file()
+
+
+def test_watch_says_the_reports_likely_in_its_words():
+    # A small job, process 1 always last at 2% of the step: the report's `likely`, with
+    # its figure and threshold, is watch's `likely` and its log line.
+    from jaxpace.records.synthetic import synthetic_step_records
+    from jaxpace.report.analyze import load_step_records
+    from jaxpace.watch.decide import decide, verdict
+
+    recs = load_step_records(
+        synthetic_step_records(4, 40, 2, late_s={1: 0.015}, compute_s=0.85, jitter_s=0.002)
+    )
+    r = decide([(1, 0, 39, recs, ())], [])
+    assert r.culprit_process is None and r.likely == 1
+    assert r.likely_text.startswith("likely: process 1, last in")
+    line = log_line(r)
+    assert "likely: process 1" in line and "10% of the step" in line
+    v = verdict(r, run="t", process_count=4)
+    assert v["confidence"] == "likely" and v["likely_text"] == r.likely_text
