@@ -155,3 +155,21 @@ def test_a_rank_late_against_its_late_host_too_is_named_alone():
     rep = analyze(synthetic_step_records(64, 40, 2, late_s=late | {35: 0.010}, **kw))
     assert rep.culprits == (35,)
     assert rep.late_groups[0].label == "4"
+
+
+def test_sites_that_are_not_evidence_are_left_out_of_the_whole_step():
+    # Rank 1 is late only at `site-00`, whose operand was invariant (its header says so):
+    # its waits are not evidence. With every site refused, the report says why.
+    from jaxpace.report.analyze import load_step_records
+
+    recs = synthetic_step_records(8, 45, 2, late_s={1: 0.004}, seed=6)
+    bad = {"site-00": {"invariant_over": "data"}}
+    recs = [r | {"sites": bad} if r["type"] == "header" else r for r in recs]
+    rep = analyze(recs)
+    assert rep.site == WHOLE_STEP
+    assert any("`site-00` left out of the whole step" in n for n in rep.notes)
+    both = {s: {"invariant_over": "data"} for s in ("site-00", "site-01")}
+    recs = [r | {"sites": both} if r["type"] == "header" else r for r in recs]
+    rep = analyze(load_step_records(recs))
+    assert rep.site in ("site-00", "site-01") and rep.culprit is None
+    assert any("NO CULPRIT" in d for d in rep.decisions)

@@ -111,7 +111,10 @@ def analyze(
         )
     loaded = _load(records)
     recs = loaded.records
-    if site is None and (len(recs.sites) > 1 or "execution" in recs.columns):
+    whole = len(recs.sites) > 1 or "execution" in recs.columns
+    if whole and set(stages.refused_sites(recs)) >= set(recs.sites):
+        whole = False  # no site is evidence: the busiest one says why (its refusal)
+    if site is None and whole:
         site = stages.WHOLE_STEP
         data, site_notes, site_partial = stages.whole_step(recs)
     else:

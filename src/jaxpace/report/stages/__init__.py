@@ -47,11 +47,12 @@ from jaxpace.report.stages.steps import (
     periodic_outliers,
     select_steps,
 )
-from jaxpace.report.stages.whole import WHOLE_STEP, execution_of, whole_step
+from jaxpace.report.stages.whole import WHOLE_STEP, execution_of, refused_sites, whole_step
 
 __all__ = [
     "WHOLE_STEP",
     "execution_of",
+    "refused_sites",
     "whole_step",
     "ALPHA",
     "CulpritRanking",

@@ -34,10 +34,24 @@ from jaxpace.report.model import SiteData
 from jaxpace.report.stages.context import run_context
 from jaxpace.report.stages.site import fill_missing, index_in, int_unique, site_data, site_grid
 
-__all__ = ["WHOLE_STEP", "execution_of", "whole_step"]
+__all__ = ["WHOLE_STEP", "execution_of", "refused_sites", "whole_step"]
 
 # `RunInfo.site` of a report on the whole step.
 WHOLE_STEP = "(whole step)"
+
+
+def refused_sites(records: Records) -> tuple[str, ...]:
+    """The sites whose waits are not evidence (the headers' `invariant_over` or
+    `no_culprit`): the whole step leaves them out."""
+    out = []
+    for site in records.sites:
+        for h in records.headers:
+            info = h.get("sites") if isinstance(h.get("sites"), dict) else None
+            i = (info or {}).get(site)
+            if isinstance(i, dict) and (i.get("invariant_over") or i.get("no_culprit")):
+                out.append(site)
+                break
+    return tuple(out)
 
 
 def execution_of(records: Records) -> tuple[dict[int, np.ndarray], list[str]]:
