@@ -213,7 +213,8 @@ class Likely:
       threshold_unit: "of the step" or "robust SDs".
       text: the sentence, e.g. "likely: process 1, last in 100% of steps, +15 ms,
         2% of the step; below the 10% of the step this job's size names with
-        confidence".
+        confidence" (or, where the size's test passed, the noise floor or the short
+        run's consistency that held it back).
     """
 
     kind: str

@@ -192,13 +192,18 @@ def likely_finding(
     unit = "of the step" if small else "robust SDs"
     kind, label = ("process", proc) if whole else ("rank", int(data.ranks[i]))
     figure = f"+{format_ms(d)}" + (f", {share:.0%} of the step" if math.isfinite(share) else "")
-    if small:
-        below = f"below the {threshold:.0%} of the step this job's size names with confidence"
-    else:
-        below = (
-            f"{num_text(float(dec.fleet.distance[i]))} robust SDs above the fleet's median, "
-            f"below the {num_text(threshold)} this job's size names with confidence"
-        )
+    if not bool(dec.fleet.outlier[i]):  # test 2 held it back: what the size names
+        if small:
+            below = f"below the {threshold:.0%} of the step this job's size names with confidence"
+        else:
+            below = (
+                f"{num_text(float(dec.fleet.distance[i]))} robust SDs above the fleet's median, "
+                f"below the {num_text(threshold)} this job's size names with confidence"
+            )
+    elif d <= dec.floor_s:
+        below = f"below the noise floor {format_ms(dec.floor_s)} a culprit must exceed"
+    else:  # test 3: a short run's episode
+        below = "late in part of this short run only (a culprit is late in every third of it)"
     return Likely(
         kind=kind,
         label=label,
