@@ -545,6 +545,10 @@ def main(argv=None) -> int:
         from benchmarks import diagnosis
 
         return diagnosis.main(argv[1:])
+    if argv[:1] == ["accuracy"]:  # names right and false alarms per size (benchmarks/accuracy.py)
+        from benchmarks import accuracy
+
+        return accuracy.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     ap.add_argument("--out", default=str(HERE / "results"))

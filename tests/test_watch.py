@@ -294,7 +294,7 @@ def test_an_optax_train_step_under_watch_gives_the_same_state_and_real_windows(t
         1, "jaxpace.watch.verdict", 2, 1,
     )  # fmt: skip
     assert len((tmp_path / "verdicts.ndjson").read_text().splitlines()) == 2
-    assert (tmp_path / "windows" / "records-p0.jsonl").is_file()
+    assert (tmp_path / "windows" / "records-p0.parquet").is_file()
 
 
 def test_exporters_take_what_watch_delivers(tmp_path):

@@ -7,8 +7,8 @@ the same list (`tables.next_steps_rows`).
 >>> rep = analyze(synthetic_records(8, 60, late_rank=3, late_s=0.01, seed=1))
 >>> rep.primary_mode, rep.culprit
 ('persistent_straggler', 3)
->>> print(next_steps(rep)[0][:39])
-Rank 3 (process 3, host node-3) arrives
+>>> print(next_steps(rep)[0][:49])
+Rank 3 (process 3, host node-3): look at that pro
 """
 
 from __future__ import annotations
@@ -22,7 +22,24 @@ from jaxpace.report.render.text import format_ms
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
 
-__all__ = ["advice_blocks", "next_steps"]
+__all__ = ["advice_blocks", "next_steps", "scope_notes"]
+
+# Collectives whose ranks do not finish together: their waits are evidence, not a verdict.
+EVIDENCE_ONLY_KINDS = {
+    "collective-permute": "point-to-point",
+    "collective-broadcast": "broadcast",
+    "all-to-all": "all-to-all",
+}
+_NAME_HINTS = {  # words in a site's name when no source gave its kind
+    "ppermute": "point-to-point",
+    "permute": "point-to-point",
+    "send": "point-to-point",
+    "recv": "point-to-point",
+    "broadcast": "broadcast",
+    "all-to-all": "all-to-all",
+    "all_to_all": "all-to-all",
+    "alltoall": "all-to-all",
+}
 
 
 def _saving(report: Report) -> str:
@@ -30,9 +47,73 @@ def _saving(report: Report) -> str:
     if w is None or not math.isfinite(w.saving_s) or w.saving_s <= 0:
         return ""
     return (
-        f" Expected saving if it ran like the median rank: {format_ms(w.saving_s)} per step "
+        f" Expected saving if {_target(w)} ran like the median rank: "
+        f"{format_ms(w.saving_s)} per step "
         f"({w.saving_fraction:.1%})."
     )
+
+
+def _target(w) -> str:
+    """What a `WhatIf` fixes: "it" for the culprit alone, else its late group."""
+    return "it" if not w.target or w.target == f"rank {w.rank}" else f"{w.target} (all its ranks)"
+
+
+def _site_kinds(report: Report) -> dict[str, str]:
+    """Each site's collective as far as the report knows it (the sites table, else its name)."""
+    out = {r.site: r.kind for r in report.sites_table if r.kind}
+    return {s: out.get(s) or "" for s in (report.sites or (report.site,))}
+
+
+def scope_notes(report: Report) -> tuple[str, ...]:
+    """Where the clock-free rule holds, said for the sites of this run (docs/concepts.md).
+
+    The rule (lateness = the last arriver's wait minus one's own) needs a collective
+    whose ranks all finish together. A broadcast's root, a send's sender and an
+    all-to-all rank with less to move leave early; on GPU an asynchronous collective's
+    kernel runs beside compute, so its time holds compute too. Empty when no such
+    site is present.
+    """
+    odd: dict[str, list[str]] = {}
+    for site, kind in _site_kinds(report).items():
+        what = EVIDENCE_ONLY_KINDS.get(kind) or next(
+            (w for hint, w in _NAME_HINTS.items() if hint in site.lower()), None
+        )
+        if what:
+            odd.setdefault(what, []).append(site)
+    out = []
+    if odd:
+        listed = "; ".join(
+            f"{what}: "
+            + ", ".join(f"`{s}`" for s in sites[:4])
+            + (" ..." if len(sites) > 4 else "")
+            for what, sites in sorted(odd.items())
+        )
+        here = report.site in {s for sites in odd.values() for s in sites}
+        out.append(
+            f"SCOPE: the clock-free rule needs a collective whose ranks finish together; at "
+            f"these sites they do not ({listed}): a broadcast's root and a sender leave before "
+            "the receivers, and an all-to-all with unequal sizes ends each rank's part at its "
+            "own time, so a long wait there does not by itself mean the others were late. "
+            + (
+                "The analyzed site is one of them: treat its culprit as evidence and check it "
+                "at an all-reduce, all-gather or reduce-scatter (`--site`)."
+                if here
+                else "They are evidence only; the verdict rests on the other sites."
+            )
+        )
+    ctx = getattr(report, "context", None)
+    asyncs = [s for s in _site_kinds(report) if "-start" in s or "async" in s.lower()]
+    if ctx is not None and ctx.platform == "gpu" and asyncs:
+        out.append(
+            "SCOPE: on GPU, "
+            + ", ".join(f"`{s}`" for s in asyncs[:4])
+            + (" ..." if len(asyncs) > 4 else "")
+            + " run asynchronously beside compute: the kernel starts at launch and shares "
+            "the GPU with the compute it overlaps, so its time inside is waiting plus "
+            "overlapped compute, not waiting alone; a rank's lateness there is an upper "
+            "bound, and its compute is understated by the overlap."
+        )
+    return tuple(out)
 
 
 def _device_checks(host: str, platform: str) -> list[str]:
@@ -73,11 +154,9 @@ def _device_checks(host: str, platform: str) -> list[str]:
 
 def _straggler(report: Report) -> list[str]:
     rs = report.rank_stats(report.culprit)
-    out = [
-        f"Rank {rs.rank} (process {rs.process}, host {rs.host}) arrives "
-        f"{format_ms(rs.excess_lateness_s)} later than a typical rank, last in "
-        f"{rs.last_fraction:.0%} of steps: look at that process and its device first."
-        + _saving(report),
+    out = [  # the evidence is the decision's sentence; the advice says where to look
+        f"Rank {rs.rank} (process {rs.process}, host {rs.host}): look at that process and its "
+        "device first." + _saving(report),
         *_device_checks(rs.host, _platform(report)),
     ]
     if rs.compute_s > 0 and math.isfinite(rs.compute_s):

@@ -92,7 +92,7 @@ def cli_main(args: argparse.Namespace) -> int:
             ),
         )
         print_summary(report, verbose=bool(getattr(args, "verbose", False)))
-        _print_sites(report)
+        _print_sites(report, verbose=bool(getattr(args, "verbose", False)))
         written = []
         for writing, write in (("html", write_html), ("trace", write_trace), ("json", write_json)):
             if writing in outputs:
@@ -164,13 +164,15 @@ def _output_paths(args: argparse.Namespace) -> dict[str, Path]:
     return paths
 
 
-def _print_sites(report) -> None:
+def _print_sites(report, *, verbose: bool = False) -> None:
     """Every site in step order, with who is late within each group (several sites only):
-    the rows `analyze` computed (`Report.sites_table`); names shown as `printable` text."""
+    the rows `analyze` computed (`Report.sites_table`); names shown as `printable` text,
+    shortened and groups summarized unless `verbose` (`render.terminal.site_table_lines`)."""
     if report.sites_table:
-        from jaxpace.report.stages.links import format_site_table
+        from jaxpace.report.render.terminal import site_table_lines
 
-        print("\n" + printable(format_site_table(list(report.sites_table)), keep_newlines=True))
+        text = "\n".join(site_table_lines(report.sites_table, verbose=verbose))
+        print("\n" + printable(text, keep_newlines=True))
 
 
 def _one_run(run_dir: str) -> str:

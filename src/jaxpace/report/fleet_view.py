@@ -17,7 +17,14 @@ from jaxpace.report.render.text import format_ms
 if TYPE_CHECKING:
     from jaxpace.report.model import FleetSpread, Report
 
-__all__ = ["LATE_LEGEND", "arrived_last_rows", "fleet_line", "fleet_sections", "slowest_rows"]
+__all__ = [
+    "LATE_LEGEND",
+    "arrived_last_rows",
+    "below_line",
+    "fleet_line",
+    "fleet_sections",
+    "slowest_rows",
+]
 
 # What the ranking's star means: exactly the ranks the decision names (`RankStats.late`).
 LATE_LEGEND = (
@@ -28,6 +35,19 @@ LATE_LEGEND = (
 
 def _pct(x: float, step: float) -> str:
     return f" ({x / step:.1%})" if math.isfinite(step) and step > 0 else ""
+
+
+def below_line(fleet: FleetSpread | None, *, short: bool = False) -> str:
+    """Why a slow rank is not named, in the words of the rule that decided it.
+
+    On a fleet the rule is the fleet's spread; on a small job it is a line (SDs of the
+    ranks below, or a share of the step) that a rank many SDs out can still be under,
+    so "within normal spread" would contradict the SDs printed beside it.
+    """
+    if fleet is None or fleet.rule == "fleet spread":
+        return "within normal spread" if short else "within the fleet's normal spread"
+    sds = f"{num_text(fleet.threshold)} SDs or " if math.isfinite(fleet.threshold) else ""
+    return f"below the line this job's size names ({sds}{SMALL_JOB_STEP_FRACTION:.0%} of the step)"
 
 
 def fleet_line(fleet: FleetSpread | None, rule: bool = True) -> str:
@@ -64,7 +84,8 @@ def fleet_short(fleet: FleetSpread | None) -> str:
 
 
 def slowest_rows(report: Report) -> list[list[str]]:
-    """The slowest ranks, named or "slowest, within normal spread", and what waiting costs."""
+    """The slowest ranks, named or "slowest, within normal spread" (on a small job: below
+    its line, `below_line`), and what waiting costs."""
     rows = [
         ["rank", "host", "later than median", "SDs above the fleet", "verdict", "cost of waiting"]
     ]
@@ -75,7 +96,7 @@ def slowest_rows(report: Report) -> list[list[str]]:
         verdict = (
             "culprit"
             if s.named
-            else "slowest, within normal spread"
+            else f"slowest, {below_line(fleet, short=True)}"
             if s.within_spread
             else "outside the spread, not significant"
         )

@@ -141,7 +141,8 @@ class SlowRank:
       excess_lateness_s: later than the median rank by this much (seconds).
       fleet_sd: that in robust SDs of the fleet's per-rank spread.
       named: a culprit (both tests passed); else "slowest, within normal spread"
-        when `fleet_sd` is below the threshold.
+        when `fleet_sd` is below the threshold (on a small job: "below the line this
+        job's size names", `fleet_view.below_line`).
       within_spread: not an outlier of the fleet (test 2 fails).
       saving_s, saving_fraction: step time saved (seconds, share of the mean
         step, >= 0) if its compute ran at the per-step median (the what-if
@@ -338,12 +339,15 @@ class PeriodicOutliers:
 
 @dataclasses.dataclass(frozen=True)
 class WhatIf:
-    """Expected step time if `rank` computed as fast as the median rank.
+    """Expected step time if `target` computed as fast as the median rank.
 
     Model: step time = ``max_i(compute_i) + transfer`` per step (`model_step_s`;
     pacing delays are left out: with no late rank there is nothing to pace);
     `what_if_step_s` = measured mean minus the model's saving from replacing
-    `rank`'s compute by the per-step median compute.
+    the compute of `target`'s ranks by the per-step median compute. `target` is
+    `rank` ("rank 3"), or the late group it is in ("process 1") when it is late
+    with that group: then the saving is that group's `WaitingCost`, the one
+    figure the summary, advice, HTML and decisions all show.
     """
 
     rank: int
@@ -353,6 +357,7 @@ class WhatIf:
     what_if_step_s: float
     saving_s: float
     saving_fraction: float
+    target: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 One small home for the on-disk form, so the format can change in one place:
 `store_windows` writes the last `KEEP_WINDOWS` windows' combined records as
-one run (the native records format, `records-p*.jsonl`); `write_verdict` writes the current verdict and the last ones. Every file goes
-through a temporary file and a rename beside it and refuses symlinks.
+one run in the native records format (Parquet, `records-p*.parquet`); `write_verdict` writes
+the current verdict and the last ones. Every file goes through the one atomic writer
+(`jaxpace.records.safe_io.write_atomic`: a temporary file and a rename beside it; symlinks
+and special files refused).
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxpace.records.format import FORMAT_VERSION, check_replaceable, make_dirs, write_jsonl
+from jaxpace.records.format import FORMAT_VERSION, write_jsonl
 from jaxpace.records.reader import Records
+from jaxpace.records.safe_io import write_atomic
 
 __all__ = [
     "HISTORY_FILE",
@@ -34,28 +36,11 @@ HISTORY_FILE = "verdicts.ndjson"
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes `text` to `path` through a temporary file beside it and one rename.
+    """Writes `text` to `path` through the one atomic writer (see the module docstring).
 
-    Raises OSError (`FileExistsError` for a symlink or special file at `path`,
-    which is left as it was).
+    Raises OSError (a symlink or special file at `path` is refused and left as it was).
     """
-    p = os.fspath(path)
-    check_replaceable(p)
-    d = os.path.dirname(p) or "."
-    make_dirs(d)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(p) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        check_replaceable(p)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, text, what="watch verdict", make_parents=True)
 
 
 def write_verdict(out: str | os.PathLike, verdicts: Sequence[dict[str, Any]]) -> Path:
@@ -70,7 +55,7 @@ def write_verdict(out: str | os.PathLike, verdicts: Sequence[dict[str, Any]]) ->
 def store_windows(out: str | os.PathLike, windows: Sequence[Records], *, run_id: str) -> Path:
     """Keeps the last windows (every process, steps = the wrapper's call indices, so
     windows keep their gaps) as one run in the native records format,
-    `out/windows/records-p*.jsonl`, rewritten after each window: `jaxpace report
+    `out/windows/records-p*.parquet`, rewritten after each window: `jaxpace report
     OUT/windows` reads them as one run with the job's real processes.
     Returns the folder."""
     from jaxpace.watch.summary import merge
@@ -78,5 +63,5 @@ def store_windows(out: str | os.PathLike, windows: Sequence[Records], *, run_id:
     recs = merge(list(windows), run_id=run_id)
     headers = tuple({**h, "format": FORMAT_VERSION} for h in recs.headers)
     folder = Path(out) / "windows"
-    dataclasses.replace(recs, headers=headers).write_jsonl(folder)
+    dataclasses.replace(recs, headers=headers).write_parquet(folder)
     return folder

@@ -1,4 +1,4 @@
-"""jaxpace's own records (`records-p*.jsonl`, docs/records.md): the existing reader."""
+"""jaxpace's own records (`records-p*.parquet`, or `.jsonl` on request; docs/records.md), and records other readers made."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = ["CONVERTED_SOURCES", "load"]
 
 # The `source` header values of records that another source's reader made (`Loaded.records`,
 # or `jaxpace convert`'s files): only theirs say `source_label` and `timed`.
-CONVERTED_SOURCES = ("nccl_inspector", "xprof")
+CONVERTED_SOURCES = ("nccl_inspector", "xprof", "watch")
 
 
 def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> Loaded:

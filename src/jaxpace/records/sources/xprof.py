@@ -594,6 +594,19 @@ def _resolve_gpu(files: list[_File], proc_of: dict[int, int]) -> None:
         f.events = fixed
 
 
+def trace_platform(files: list[_File]) -> str:
+    """`gpu`, `tpu` or `cpu`: what the traced devices are, from the trace's process names
+    (`/device:GPU:N`, `/device:TPU:N`) and its events (NCCL kernels are GPU; collectives
+    placed by `device_ordinal` on no named accelerator ran on CPU devices); `unknown`
+    when there is no collective."""
+    names = " ".join(n for f in files for n in f.pid_names.values())
+    if any(isinstance(e[0], tuple) for f in files for e in f.events) or _GPU.search(names):
+        return "gpu"
+    if "/device:TPU:" in names:
+        return "tpu"
+    return "cpu" if any(f.events for f in files) else "unknown"
+
+
 def _exit_intervals(events: list[tuple[int, float, float]]) -> np.ndarray:
     """Intervals between one process's successive exits from a collective: per
     occurrence, the median over its devices of `ts + dur`, differenced."""
@@ -757,6 +770,8 @@ def _load_run(path: Path, files: list[_File], run_id: str) -> Loaded:
     paths = [f.path for f in files]
     notes = [n for f in files for n in f.notes]
     keys, proc_of = _processes(files)
+    platform = trace_platform(files)
+    kinds = {f"{e[1]}/{e[2]}": e[3] for f in files for e in f.events}
     _resolve_gpu(files, proc_of)
     n_events = sum(len(f.events) for f in files)
     for f in files:
@@ -811,6 +826,8 @@ def _load_run(path: Path, files: list[_File], run_id: str) -> Loaded:
         source="xprof",
         source_label=label,
         timed=True,
+        platform=platform,
+        site_info={s: {"kind": kinds[s]} for s in sites if kinds.get(s)},
     )
     if unaligned:  # the report names nobody from these sites (`RunContext.no_culprit`)
         why = (
@@ -818,6 +835,8 @@ def _load_run(path: Path, files: list[_File], run_id: str) -> Loaded:
             "`run_id` (see the notes), so which execution is which across processes is "
             "unknown and its waits do not say who was late"
         )
-        info = {s: {"no_culprit": why} for s in unaligned}
+        info = dict(recs.headers[0].get("sites") or {})
+        for s in unaligned:
+            info[s] = {**info.get(s, {}), "no_culprit": why}
         recs = dataclasses.replace(recs, headers=tuple(h | {"sites": info} for h in recs.headers))
     return Loaded(recs, label, timed=True)

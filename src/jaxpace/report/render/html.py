@@ -19,6 +19,7 @@ import numpy as np
 import jaxpace.report.fleet_view as fleet_view
 import jaxpace.report.render.tables as tables
 from jaxpace.records.safe_io import write_atomic
+from jaxpace.report.advice import scope_notes
 from jaxpace.report.render.lateness_map import TITLE as LATENESS_TITLE
 from jaxpace.report.render.lateness_map import lateness_map
 from jaxpace.report.render.summary import headline
@@ -39,7 +40,6 @@ from jaxpace.report.render.svg import (
     ticks,
 )
 from jaxpace.report.render.text import format_ms
-from jaxpace.report.stages.links import site_table_notes
 
 if TYPE_CHECKING:
     from jaxpace.report.model import Findings, Report
@@ -374,12 +374,13 @@ def render_report_html(report: Report, extra_sections: Sequence[tuple[str, Any]]
         parts.append(
             _section("pacing", "Pacing effect", _table(tables.pacing_table(report.pacing)) + caveat)
         )
-    if report.notes:
+    notes = (*report.notes, *scope_notes(report))
+    if notes:
         parts.append(
             _section(
                 "notes",
                 "Notes",
-                "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.notes) + "</ul>",
+                "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>",
             )
         )
     parts.append("</body></html>")
@@ -392,7 +393,7 @@ def _sites_section(report: Report) -> list[str]:
     if not rows:
         return []
     culprit = "none" if report.culprit is None else f"rank {report.culprit}"
-    notes = site_table_notes(list(report.sites_table)) + [
+    notes = tables.site_notes(report.sites_table) + [
         "A rank named here arrived last in its group at that site more often than chance "
         "allows: evidence of where lateness enters the step, not a verdict. The culprit is "
         f"the summary's, decided by the culprit test at `{report.site}`: {culprit}."

@@ -121,6 +121,48 @@ def lateness_grid(
     S, R = lat.shape
     steps_a = np.arange(S) if steps is None else np.asarray(steps)
     ranks_a = np.arange(R) if ranks is None else np.asarray(ranks)
+    col = _check_grid_input(
+        lat, hosts, steps_a, ranks_a, culprit_ranks, culprit_hosts, culprit_groups
+    )
+    # Ranks in host order (natural names), ascending within a host.
+    host_names = sorted(set(hosts), key=_natural)
+    host_index = {h: i for i, h in enumerate(host_names)}
+    order = sorted(range(R), key=lambda i: (host_index[hosts[i]], int(ranks_a[i])))
+    lat = lat[:, order]
+    ranks_o = [int(ranks_a[i]) for i in order]
+    hosts_o = [hosts[i] for i in order]
+    known = np.isfinite(lat)
+    excess = _excess(lat, known)
+    cols, mean_r, col_steps = _step_columns(excess, known, steps_a, max_cols)
+    unit, bounds = _row_bounds(hosts_o, max_rows)
+    row_ranks, row_hosts, rank_mean, row_median, shown = [], [], [], [], []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        row_ranks.append(tuple(ranks_o[a:b]))
+        row_hosts.append(tuple(dict.fromkeys(hosts_o[a:b])))
+        m = mean_r[a:b]
+        k = int(np.nanargmax(m)) if np.isfinite(m).any() else 0
+        shown.append(a + k)
+        rank_mean.append((ranks_o[a + k], float(m[k])))
+        row_median.append(float(np.nanmedian(m)) if np.isfinite(m).any() else math.nan)
+    values = cols[:, shown].T if R else np.zeros((0, cols.shape[0]))
+    marks = _marks(row_ranks, row_hosts, hosts, col, culprit_ranks, culprit_hosts, culprit_groups)
+    return LatenessGrid(
+        unit=unit,
+        values_s=values,
+        row_ranks=tuple(row_ranks),
+        row_hosts=tuple(row_hosts),
+        col_steps=col_steps,
+        rank_mean_s=tuple(rank_mean),
+        row_median_s=tuple(row_median),
+        marks=tuple(marks),
+    )
+
+
+def _check_grid_input(
+    lat, hosts, steps_a, ranks_a, culprit_ranks, culprit_hosts, culprit_groups
+) -> dict[int, int]:
+    """Shapes agree and every culprit is in the data; returns each rank's column."""
+    S, R = lat.shape
     for name, got, want in (("hosts", len(hosts), R), ("ranks", ranks_a.size, R)):
         if got != want:
             raise ValueError(f"`{name}` has {got} entries; `lateness_s` has {want} ranks.")
@@ -133,20 +175,15 @@ def lateness_grid(
     for h in culprit_hosts:
         if h not in set(hosts):
             raise ValueError(f"culprit host {h!r} is not among the hosts of `lateness_s`.")
+    return col
 
-    # Ranks in host order (natural names), ascending within a host.
-    host_names = sorted(set(hosts), key=_natural)
-    host_index = {h: i for i, h in enumerate(host_names)}
-    order = sorted(range(R), key=lambda i: (host_index[hosts[i]], int(ranks_a[i])))
-    lat = lat[:, order]
-    ranks_o = [int(ranks_a[i]) for i in order]
-    hosts_o = [hosts[i] for i in order]
 
-    # Against the median rank, as the decisions measure it (`diagnosis.culprit.decide`):
-    # each step, the rank's lateness minus the other ranks' median (a lateness every rank
-    # shares, such as the first arrival being an extreme among thousands, is no one's);
-    # then less the median rank's mean of that, so a typical rank reads 0 on average.
-    known = np.isfinite(lat)
+def _excess(lat: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Lateness against the median rank, as the decisions measure it
+    (`diagnosis.culprit.decide`): each step, the rank's lateness minus the other ranks'
+    median (a lateness every rank shares, such as the first arrival being an extreme among
+    thousands, is no one's); then less the median rank's mean of that, so a typical rank
+    reads 0 on average."""
     whole = known.all(axis=1)
     excess = np.full_like(lat, np.nan)
     if whole.any():
@@ -161,8 +198,13 @@ def lateness_grid(
         )
     if np.isfinite(mean_all).any():
         excess = excess - np.nanmedian(mean_all)
+    return excess
 
-    # Step columns: the mean over each bin of consecutive steps (NaN-aware).
+
+def _step_columns(excess, known, steps_a, max_cols):
+    """`(cols (C, R), each rank's mean, each column's (first, last) step)`: the mean over
+    each bin of consecutive steps (NaN-aware)."""
+    S, R = excess.shape
     C = max(min(S, max_cols), 1)
     sb = np.linspace(0, S, C + 1).astype(int)
     if S:
@@ -179,28 +221,22 @@ def lateness_grid(
         (int(steps_a[a]), int(steps_a[max(b - 1, a)])) if S else (0, 0)
         for a, b in zip(sb[:-1], sb[1:], strict=True)
     )
+    return cols, mean_r, col_steps
 
-    # Rows: ranks, else hosts, else runs of consecutive hosts; a row of several ranks shows
-    # its latest rank over all the steps.
+
+def _row_bounds(hosts_o: list[str], max_rows: int) -> tuple[str, list[int]]:
+    """Rows: ranks, else hosts, else runs of consecutive hosts (a row of several ranks
+    shows its latest rank over all the steps)."""
+    R = len(hosts_o)
     if R <= max_rows:
-        unit, bounds = "rank", list(range(R + 1))
-    else:
-        starts = [0] + [i for i in range(1, R) if hosts_o[i] != hosts_o[i - 1]]
-        per = 1 if len(starts) <= max_rows else math.ceil(len(starts) / max_rows)
-        unit = "host" if per == 1 else "hosts"
-        bounds = starts[::per] + [R]
-    row_ranks, row_hosts, rank_mean, row_median, shown = [], [], [], [], []
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        row_ranks.append(tuple(ranks_o[a:b]))
-        row_hosts.append(tuple(dict.fromkeys(hosts_o[a:b])))
-        m = mean_r[a:b]
-        k = int(np.nanargmax(m)) if np.isfinite(m).any() else 0
-        shown.append(a + k)
-        rank_mean.append((ranks_o[a + k], float(m[k])))
-        row_median.append(float(np.nanmedian(m)) if np.isfinite(m).any() else math.nan)
-    values = cols[:, shown].T if R else np.zeros((0, C))
+        return "rank", list(range(R + 1))
+    starts = [0] + [i for i in range(1, R) if hosts_o[i] != hosts_o[i - 1]]
+    per = 1 if len(starts) <= max_rows else math.ceil(len(starts) / max_rows)
+    return ("host" if per == 1 else "hosts"), starts[::per] + [R]
 
-    # Marks: every culprit, on the rows holding its ranks.
+
+def _marks(row_ranks, row_hosts, hosts, col, culprit_ranks, culprit_hosts, culprit_groups):
+    """Every culprit, on the rows holding its ranks."""
     where = {r: i for i, rr in enumerate(row_ranks) for r in rr}
     marks: list[tuple[str, tuple[int, ...]]] = []
     for r in culprit_ranks:
@@ -210,16 +246,7 @@ def lateness_grid(
         marks.append((f"host {h}", tuple(rows)))
     for label, g in culprit_groups:
         marks.append((label, tuple(sorted({where[int(r)] for r in g}))))
-    return LatenessGrid(
-        unit=unit,
-        values_s=values,
-        row_ranks=tuple(row_ranks),
-        row_hosts=tuple(row_hosts),
-        col_steps=col_steps,
-        rank_mean_s=tuple(rank_mean),
-        row_median_s=tuple(row_median),
-        marks=tuple(marks),
-    )
+    return marks
 
 
 def _short(name: str, most: int = _HOST_CHARS) -> str:
@@ -403,7 +430,15 @@ def lateness_map(
     for X, t in _step_ticks(g, left, cw, max(int(pw // 60), 2)):
         out.append(f'<text x="{X:.1f}" y="{top + ph + 16:.1f}" text-anchor="middle">{t}</text>')
 
-    # Hover: per cell when there are few, else per row.
+    out += _hover(g, left, top, pw, row_h, cw)
+    out += _culprit_marks(g, left, top, pw, row_h, height, labels)
+    out.append("</svg>")
+    return "\n".join(out), _caption(g, n_hosts)
+
+
+def _hover(g: LatenessGrid, left: float, top: float, pw: float, row_h: float, cw: float):
+    """Invisible rectangles with a title: per cell when there are few, else per row."""
+    n, C = g.values_s.shape
     marked: dict[int, list[str]] = {}
     for label, rows in g.marks:
         for i in rows:
@@ -425,9 +460,12 @@ def lateness_map(
                 f"<title>{escape(_row_tip(g, i, marked))}</title></rect>"
             )
     tips.append("</g>")
-    out += tips
+    return tips
 
-    # Culprits: an outline around their rows and a label to the right, never overlapping.
+
+def _culprit_marks(g: LatenessGrid, left, top, pw, row_h, height, labels) -> list[str]:
+    """An outline around each culprit's rows and a label to the right, never overlapping."""
+    out: list[str] = []
     wanted: list[tuple[float, str]] = []
     for label, rows in g.marks[:8]:
         for a, b in _runs(rows):
@@ -446,8 +484,7 @@ def lateness_map(
         out.append(
             f'<text x="{left + pw + 8:.1f}" y="{y:.1f}" fill="{MARK}">{escape(label)}</text>'
         )
-    out.append("</svg>")
-    return "\n".join(out), _caption(g, n_hosts)
+    return out
 
 
 def _spread(ys: Sequence[float], gap: float, lo: float, hi: float) -> list[float]:

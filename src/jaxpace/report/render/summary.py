@@ -121,8 +121,13 @@ def _modes(report: Report, verbose: bool) -> list[Block]:
     for m in report.failure_modes:
         out.append(Line(f"  {m.name}: score {m.score:.2f}{', detected' if m.detected else ''}"))
         if m.evidence:
-            out.append(Items(None, tuple(m.evidence), indent=4))
+            out.append(Items(None, tuple(_once(e, report.decisions) for e in m.evidence), indent=4))
     return out
+
+
+def _once(evidence: str, decisions: tuple[str, ...]) -> str:
+    """A mode's evidence, or a pointer to the decision that already says it (each sentence once)."""
+    return "as in Decisions above" if any(evidence in d for d in decisions) else evidence
 
 
 def _outlook(report: Report) -> list[Block]:
@@ -151,7 +156,10 @@ def _outlook(report: Report) -> list[Block]:
 
 def _notes(report: Report, verbose: bool) -> tuple[str, ...]:
     """Every note with --verbose; by default the tagged ones (`PARTIAL:`, `NO CULPRIT:` ...)."""
-    return tuple(n for n in report.notes if verbose or re.match(r"[A-Z][A-Z ]+:", n))
+    from jaxpace.report.advice import scope_notes
+
+    tagged = tuple(n for n in report.notes if verbose or re.match(r"[A-Z][A-Z ]+:", n))
+    return tagged + scope_notes(report)
 
 
 def _actions(report: Report, verbose: bool) -> tuple[str, ...]:

@@ -8,12 +8,13 @@ the part of the report it reads (`Findings`, `PacingEffect`, ...), or the whole
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from jaxpace.report.fleet_view import fleet_line
 from jaxpace.report.reach import SAMPLES_PER_RANK, forecast_support
-from jaxpace.report.render.text import format_ms
+from jaxpace.report.render.text import format_ms, ranges
 from jaxpace.report.stages.links import late_text
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ __all__ = [
     "host_rows",
     "pacing_table",
     "ranking_rows",
+    "groups_text",
+    "shorten",
+    "site_notes",
     "site_rows",
     "summary_rows",
 ]
@@ -81,7 +85,7 @@ def summary_rows(report: Report) -> list[list[str]]:
         w = report.what_if
         rows.append(
             [
-                f"if rank {w.rank} ran like the median",
+                f"if {w.target or f'rank {w.rank}'} ran like the median",
                 f"{format_ms(w.what_if_step_s)} per step ({w.saving_fraction:.1%} faster)",
             ]
         )
@@ -210,15 +214,75 @@ def host_rows(findings: Findings, max_hosts: int = 16) -> list[list[str]]:
     return rows
 
 
-def site_rows(sites_table: Sequence[SiteRow]) -> list[list[str]]:
-    """`Report.sites_table` (2 or more sites): the terminal's columns, one row per site in
-    step order; no rows for one site."""
+def site_rows(sites_table: Sequence[SiteRow], *, verbose: bool = True) -> list[list[str]]:
+    """`Report.sites_table` (2 or more sites): one row per site in step order; no rows for
+    one site. `verbose` (the HTML, `--verbose`): full site names and every group's
+    members; else names shortened to `SITE_NAME_WIDTH` and groups summarized."""
     if not sites_table:
         return []
     rows = [["site", "collective", "groups", "wait", "share", "latest in group"]]
     for r in sites_table:
         share = f"{r.share:.0%}" if r.share == r.share else "n/a"
         rows.append(
-            [r.site, r.kind or "?", str(len(r.groups)), format_ms(r.wait_s), share, late_text(r)]
+            [
+                r.site if verbose else shorten(r.site, SITE_NAME_WIDTH),
+                r.kind or "unknown",
+                str(len(r.groups)) if verbose else groups_text(r.groups),
+                format_ms(r.wait_s),
+                share,
+                late_text(r) if verbose else _late_short(r),
+            ]
         )
     return rows
+
+
+# Characters of a site name the terminal's sites table shows (the full name: --verbose).
+SITE_NAME_WIDTH = 40
+
+
+def shorten(name: str, width: int) -> str:
+    """`name` cut in the middle to `width` characters (the file and the op stay readable).
+
+    >>> shorten("jit_train_step/all-reduce.17", 20)
+    'jit_trai...reduce.17'
+    """
+    if len(name) <= width:
+        return name
+    head = (width - 3) // 2
+    return name[:head] + "..." + name[len(name) - (width - 3 - head) :]
+
+
+def groups_text(groups: Sequence[Sequence[int]]) -> str:
+    """The groups of a site in a few words: "1 group of 8", "64 groups of 8", "3 groups of 2-4".
+
+    >>> groups_text([(0, 1), (2, 3)]), groups_text([(0, 1, 2)]), groups_text([(0,), (1, 2)])
+    ('2 groups of 2', '1 group of 3', '2 groups of 1-2')
+    """
+    if not groups:
+        return "-"
+    sizes = sorted({len(g) for g in groups})
+    size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    return f"{len(groups)} group{'s' * (len(groups) > 1)} of {size}"
+
+
+def _late_short(row: SiteRow) -> str:
+    """`late_text` with each group's members as ranges (a few runs), not every rank."""
+    late = ", ".join(
+        f"rank {g.rank} by {format_ms(g.lead_s)} in ranks {ranges(sorted(g.group), limit=3)}"
+        for g in row.late
+    )
+    if row.slow_link is not None:
+        lw = row.slow_link
+        late = (late + "; " if late else "") + (
+            f"slow pair {lw.source}->{lw.destination}: waits {format_ms(lw.wait_s)}"
+        )
+    return late or "-"
+
+
+def site_notes(sites_table: Sequence[SiteRow]) -> list[str]:
+    """`stages.links.site_table_notes`, a site without a known collective said in words."""
+    from jaxpace.report.stages.links import site_table_notes
+
+    return site_table_notes(
+        [dataclasses.replace(r, kind=r.kind or "kind unknown") for r in sites_table]
+    )

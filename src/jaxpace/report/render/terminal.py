@@ -16,6 +16,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
+import jaxpace.report.render.tables as tables
 from jaxpace.report.render.summary import (
     VERBOSE_RANKS,
     Block,
@@ -27,12 +28,15 @@ from jaxpace.report.render.summary import (
 )
 
 if TYPE_CHECKING:
-    from jaxpace.report.model import Report
+    from collections.abc import Sequence
+
+    from jaxpace.report.model import Report, SiteRow
 
 __all__ = [
     "display_name",
     "print_summary",
     "printable",
+    "site_table_lines",
     "summary_lines",
     "summary_renderable",
     "text_table",
@@ -266,3 +270,20 @@ def print_summary(report: Report, console: Any = None, *, verbose: bool = False)
         return
     text = "\n".join(summary_lines(report, verbose=verbose, width=min(console.width, 200)))
     console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def site_table_lines(sites_table: Sequence[SiteRow], *, verbose: bool = False) -> list[str]:
+    """The terminal's sites table (`tables.site_rows`) and its notes, as lines.
+
+    Replaces `stages.links.format_site_table` for the terminal: that one prints every
+    group's member list and full names, which at 512 ranks is 512 numbers a row.
+    """
+    rows = tables.site_rows(sites_table, verbose=verbose)
+    if not rows:
+        return []
+    lines = text_table(
+        rows, title="Sites, in step order (waits: median over steps of the mean over ranks)"
+    )
+    if not verbose and any(len(r.site) > tables.SITE_NAME_WIDTH for r in sites_table):
+        lines.append("Site names shortened in the middle; --verbose shows them whole.")
+    return lines + tables.site_notes(sites_table)

@@ -24,10 +24,16 @@ __all__ = ["PACING_POLICIES", "context_notes", "refuse_invariant", "run_context"
 PACING_POLICIES = ("adaptive(", "fixed(")
 
 
+def _platform(header: Mapping) -> str:
+    """A header's platform; NCCL Inspector logs come from GPUs whatever the header lacks."""
+    p = str(header.get("platform", "unknown")).lower()
+    return "gpu" if p == "unknown" and header.get("source") == "nccl_inspector" else p
+
+
 def run_context(records: Records, site: str, data: SiteData) -> RunContext:
     """The `RunContext` of `site` from every header (fields missing in older records: defaults)."""
     headers = records.headers
-    platforms = sorted({str(h.get("platform", "unknown")).lower() for h in headers})
+    platforms = sorted({_platform(h) for h in headers})
     platforms = [{"cuda": "gpu", "rocm": "gpu"}.get(p, p) for p in platforms]
     known = [p for p in platforms if p != "unknown"]
     platform = known[0] if len(set(known)) == 1 else ("mixed" if known else "unknown")

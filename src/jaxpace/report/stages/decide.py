@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from jaxpace.diagnosis.culprit import CONSISTENCY_MAX_STEPS
 from jaxpace.diagnosis.stats import num_text, p_text
+from jaxpace.report.fleet_view import below_line
 from jaxpace.report.model import FailureMode, PeriodicOutliers, WaitingCost
 from jaxpace.report.render.text import format_ms, ranges
 from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, rank_evidence
@@ -103,7 +104,7 @@ def _nobody(c: CulpritRanking, R: int, n: int) -> str:
         "No persistent straggler: the slowest rank was late in part of this short run only "
         "(an episode, such as a descheduled thread, not a rank late throughout)"
         if episode
-        else "No persistent straggler: the slowest rank is within the fleet's normal spread"
+        else f"No persistent straggler: the slowest rank is {below_line(c.fleet)}"
     )
     every = (
         f" in every third of the steps (a run under {CONSISTENCY_MAX_STEPS} steps)"

@@ -11,6 +11,7 @@ import numpy as np
 
 from jaxpace.diagnosis.stats import num_text, p_text, robust_std
 from jaxpace.records.reader import Records
+from jaxpace.report.fleet_view import below_line
 from jaxpace.report.model import (
     FAILURE_MODES,
     FailureMode,
@@ -32,6 +33,10 @@ __all__ = [
     "normalize_groups",
     "straggler_mode",
 ]
+
+
+# Spiky steps a run needs before spikes score the contention mode fully; one scores 0.
+MIN_SPIKES = 3
 
 
 def _over(c: CulpritRanking, i: int) -> float:
@@ -77,7 +82,8 @@ def straggler_mode(c: CulpritRanking, n: int) -> FailureMode:
         0.4 if sig else 0.0,
         False,
         (
-            "slowest rank, within normal spread: " + rank_evidence(top, R, n, c.fleet, _over(c, i)),
+            f"slowest rank, {below_line(c.fleet, short=True)}: "
+            + rank_evidence(top, R, n, c.fleet, _over(c, i)),
             f"a culprit needs Holm p < {ALPHA:g}, to be outside the fleet's normal spread, and "
             f"an excess above the noise floor {format_ms(c.noise_floor_s)}",
         ),
@@ -278,7 +284,8 @@ def contention_mode(
     over the run (linear fit on the non-spike steps, r^2 >= 0.3,
     `clip(growth / 0.5)`); spiky (steps above `1.5 x median + 3 robust sd`
     cost at least 0.5% of the mean step and drive a share of the step-time
-    variance: `clip(lost / (0.005 step)) x clip(share / 0.3)`).
+    variance: `clip(lost / (0.005 step)) x clip(share / 0.3)`, times
+    `clip((spikes - 1) / (MIN_SPIKES - 1))`: one spike is an event, never a mode).
     """
     tr = data.transfer[sel.rows]
     tr_steps = data.steps[sel.rows].astype(float)
@@ -290,9 +297,10 @@ def contention_mode(
         return FailureMode("topology_contention", 0.0, False, ("too few steps",))
     med_tr = float(np.median(tr))
     ok_it = math.isfinite(mean_it) and mean_it > 0
+    mean_tr = float(tr.mean())  # the share the advice quotes too (`RankStats.transfer_s`)
     ev_t.append(
-        f"transfer (last arriver's wait) median {format_ms(med_tr)}, "
-        f"{med_tr / mean_it:.0%} of the step"
+        f"transfer (last arriver's wait) median {format_ms(med_tr)}, mean "
+        f"{format_ms(mean_tr)}: {mean_tr / mean_it:.0%} of the step"
         if ok_it
         else f"transfer median {format_ms(med_tr)}"
     )
@@ -319,12 +327,21 @@ def contention_mode(
         share = 0.0
         if fin.sum() > 2 and np.var(it[fin]) > 0:
             share = float(np.cov(tr[fin], it[fin])[0, 1] / np.var(it[fin], ddof=1))
+        n_spikes = int(spike.sum())
+        recurring = min(max((n_spikes - 1) / (MIN_SPIKES - 1), 0.0), 1.0)
         score_tail = min(max(lost / (0.005 * mean_it), 0.0), 1.0) * min(max(share / 0.3, 0.0), 1.0)
+        score_tail *= recurring
         cost_tail = max(lost, 0.0)
         ev_t.append(
-            f"transfer spikes on {spike.mean():.1%} of steps (up to {tr.max() / med_tr:.1f}x the "
+            f"transfer spikes on {n_spikes} of {sel.n} steps (up to {tr.max() / med_tr:.1f}x the "
             f"median): {format_ms(lost)} lost per step ({lost / mean_it:.1%}), "
             f"{min(max(share, 0.0), 1.0):.0%} of the step-time variance"
+            + (
+                f"; one spike (step {int(tr_steps[spike][0])}) is an event, not a recurring "
+                f"pattern: the mode needs {MIN_SPIKES} spiky steps to score fully"
+                if n_spikes == 1
+                else ""
+            )
         )
     else:
         ev_t.append("no transfer spikes (steps above 1.5x the median)")

@@ -33,27 +33,44 @@ __all__ = [
 
 
 def what_if(data: SiteData, sel: StepSelection, c: CulpritRanking, mean_it: float) -> WhatIf | None:
-    """Step time if the culprit (or the top-ranked rank) computed at the per-step median."""
+    """Step time if the culprit (or the top-ranked rank) computed at the per-step median.
+
+    A culprit late with its late group (a process, a host) is fixed with it: the saving
+    is then the group's, as `waiting_costs` computes it, so the report states one figure.
+    """
     compf = sel.compute
     R = data.ranks.size
     if not (compf.size and R >= 2 and math.isfinite(mean_it)):
         return None
     wi = c.culprit_index if c.culprit_index is not None else c.order[0]
+    rank = int(data.ranks[wi])
+    target, idx = f"rank {rank}", np.array([wi])
+    if c.culprit_index is not None:
+        group = next((g for g in c.groups if rank in g.ranks), None)
+        if group is not None:
+            target, idx = group.name, np.flatnonzero(np.isin(data.ranks, group.ranks))
     t = data.transfer[sel.rows][sel.compute_rows]
-    model = compf.max(axis=1) + t
-    alt = compf.copy()
-    alt[:, wi] = np.median(compf, axis=1)
-    alt_step = alt.max(axis=1) + t
-    saving = float(model.mean() - alt_step.mean())
+    model = float((compf.max(axis=1) + t).mean())
+    saving = model - _fixed_step_s(compf, t, idx)
     return WhatIf(
-        rank=int(data.ranks[wi]),
+        rank=rank,
         is_culprit=c.culprit_index is not None,
         measured_step_s=mean_it,
-        model_step_s=float(model.mean()),
+        model_step_s=model,
         what_if_step_s=mean_it - saving,
         saving_s=saving,
         saving_fraction=saving / mean_it if mean_it > 0 else math.nan,
+        target=target,
     )
+
+
+def _fixed_step_s(compf: np.ndarray, t: np.ndarray, idx: np.ndarray) -> float:
+    """Mean modelled step time with the compute of columns `idx` at the per-step median."""
+    keep = np.ones(compf.shape[1], bool)
+    keep[idx] = False
+    med = np.median(compf, axis=1)
+    rest = compf[:, keep].max(axis=1) if keep.any() else np.full(med.shape, -np.inf)
+    return float((np.maximum(rest, med) + t).mean())
 
 
 def waiting_costs(
@@ -78,14 +95,9 @@ def waiting_costs(
         return ()
     t = data.transfer[sel.rows][sel.compute_rows]
     model = float((compf.max(axis=1) + t).mean())
-    med = np.median(compf, axis=1)
     out = []
     for name, idx in targets:
-        keep = np.ones(R, bool)
-        keep[idx] = False
-        rest = compf[:, keep].max(axis=1) if keep.any() else np.full(med.shape, -np.inf)
-        alt = float((np.maximum(rest, med) + t).mean())
-        saving = max(model - alt, 0.0)
+        saving = max(model - _fixed_step_s(compf, t, idx), 0.0)
         out.append(
             WaitingCost(
                 target=name,
