@@ -121,6 +121,7 @@ def test_a_whole_host_late_is_named_as_the_host(tmp_path):
     top = rep.late_groups[0]
     assert (top.kind, top.label) == ("host", "node-9")
     assert top.ranks == tuple(range(72, 80))
+    assert rep.culprit_group is top  # the culprit line's subject: the host, not a rank
     assert rep.likely is None
 
 

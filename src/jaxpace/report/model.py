@@ -576,6 +576,13 @@ class Findings:
     fleet: FleetSpread | None = None
     likely: Likely | None = None
 
+    @property
+    def culprit_group(self) -> GroupFinding | None:
+        """The late group the decision names instead of a rank: the most significant
+        late group when no rank is named alone (`culprits` empty), else None. The
+        culprit line names it ("host node-9, ranks 72-79") with its ranks as evidence."""
+        return self.late_groups[0] if self.late_groups and not self.culprits else None
+
     def mode(self, name: str) -> FailureMode:
         """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
         for m in self.failure_modes:
@@ -671,6 +678,11 @@ class Report:
     decisions = _flat("decisions")
     fleet = _flat("fleet")
     likely = _flat("likely")
+
+    @property
+    def culprit_group(self) -> GroupFinding | None:
+        """`findings.culprit_group`: the late group named instead of a rank, or None."""
+        return self.findings.culprit_group
 
     def mode(self, name: str) -> FailureMode:
         """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
