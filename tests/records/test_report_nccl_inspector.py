@@ -75,8 +75,12 @@ def test_several_communicators_are_several_sites(tmp_path):
     ]
     write_inspector_logs(tmp_path, 16, 100, comms=comms, late_ranks=[11], late_us=1500.0)
     rep = analyze(tmp_path)
-    assert len(rep.sites) == 5 and rep.site == "AllReduce on DP (0xd0)"
-    assert rep.culprit == 11 and rep.num_ranks == 16
+    assert len(rep.sites) == 5 and rep.site == "(whole step)"
+    # The whole step numbers the communicators' local ranks globally: rank 3 of TP 1 is 11.
+    assert rep.culprit == 11 and rep.culprit_process == 11 and rep.num_ranks == 16
+    assert not rep.partial  # not being a member of TP 0 is not a missing record
+    dp = analyze(tmp_path, site="AllReduce on DP (0xd0)")
+    assert dp.culprit == 11 and dp.num_ranks == 16
     tp1 = analyze(tmp_path, site="ReduceScatter on TP 1 (0x71)")
     # Rank 3 of TP 1 is global rank 11: its process (and host) says so.
     assert tp1.num_ranks == 8 and tp1.culprit == 3 and tp1.culprit_process == 11

@@ -72,6 +72,23 @@ def test_fsdp_step_gives_one_site_per_collective(tmp_path):
         assert (r.num_ranks, r.num_steps) == (8, 10)
 
 
+def test_gradient_accumulation_steps_are_executions(tmp_path):
+    """A jit FSDP step with a `lax.scan` over 4 microbatches (XLA's all-reduce runs 4
+    times an execution), process 1 late by 15 ms a step: a step is one execution."""
+    run_4x2(
+        "trace_job.py", "--out", tmp_path, "--kind", "accum", "--lag-s", 0.015,
+        "--lag-process", 1, "--steps", 20,
+    )  # fmt: skip
+    rep = analyze(tmp_path)
+    assert rep.site == "(whole step)" and len(rep.sites) == 2
+    assert rep.num_steps == 20  # not the all-reduce's 80 microbatches
+    assert any("x4" in n for n in rep.notes)
+    assert rep.culprit_process == 1 or (rep.likely is not None and rep.likely.process == 1)
+    assert rep.primary_mode != "synchronization_amplification"
+    # One step holds the 15 ms of sleep: the step is longer than it.
+    assert rep.iteration.p50_s > 0.015
+
+
 def test_multiprocess_late_process_is_named(tmp_path):
     run_4x2("trace_job.py", "--out", tmp_path, "--lag-s", 0.02, "--lag-process", 1, "--steps", 30)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "p1", "p2", "p3"]

@@ -497,13 +497,16 @@ def test_unknown_site(tmp_path):
         report.analyze(_synthetic(2, 5).to_dicts(), site="nope")
 
 
-def test_several_sites_pick_the_busiest_and_say_so():
+def test_several_sites_analyze_the_whole_step_and_say_so():
     a = _synthetic(2, 20, site="a").to_dicts()
     b = [d for d in _synthetic(2, 10, site="b").to_dicts() if d["type"] == "step"]
     rep = report.analyze(a + b)
-    assert rep.site == "a" and rep.sites == ("a", "b")
-    assert any("`b`" in n for n in rep.notes)
+    assert rep.site == "(whole step)" and rep.sites == ("a", "b")
+    assert any("whole step" in n and "`site=`" in n for n in rep.notes)
+    assert any("`a` x2" in n for n in rep.notes)  # 20 steps of `a` fold into 10 executions
+    assert rep.num_steps == 10
     assert report.analyze(a + b, site="b").num_steps == 10
+    assert report.analyze(a + b, site="a").site == "a"
 
 
 # --------------------------------------------------------------------------- CLI

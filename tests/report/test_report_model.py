@@ -17,7 +17,7 @@ JSON_KEYS = [
     "warmup_steps", "analyzed_steps", "partial", "notes", "iteration", "amplification",
     "ranks", "ranking", "culprit", "culprit_process", "noise_floor_s", "failure_modes",
     "primary_mode", "periodic", "what_if", "forecast", "pacing", "culprits", "late_groups",
-    "costs", "decisions", "source", "fleet", "context", "sites_table",
+    "costs", "decisions", "source", "fleet", "context", "likely", "sites_table",
 ]  # fmt: skip
 
 

@@ -6,7 +6,9 @@ process writes its trace to `OUT/p{process}` (as users collect them per process)
 `--kind dp`: data-parallel step (XLA inserts the gradient's all-reduce); `--kind
 fsdp`: parameters sharded too (XLA inserts the weights' all-gather and, on CPU, an
 all-reduce for the gradient); `--kind fsdp_manual`: the same step written with
-`shard_map`, `all_gather` and `psum_scatter` (an all-gather and a reduce-scatter).
+`shard_map`, `all_gather` and `psum_scatter` (an all-gather and a reduce-scatter);
+`--kind accum`: the fsdp step with gradient accumulation, a `lax.scan` over 4
+microbatches (XLA's collectives run inside the loop, 4 times an execution).
 Prints the compiled program's collectives as `COLLECTIVES: name,name`.
 `--lag-s` seconds of host sleep before each step on `--lag-process`.
 """
@@ -17,7 +19,7 @@ import time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
-ap.add_argument("--kind", choices=("dp", "fsdp", "fsdp_manual"), default="dp")
+ap.add_argument("--kind", choices=("dp", "fsdp", "fsdp_manual", "accum"), default="dp")
 ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--lag-s", type=float, default=0.0)
 ap.add_argument("--lag-process", type=int, default=1)
@@ -46,6 +48,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 mesh = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 n = jax.device_count()
 w_spec = P() if args.kind == "dp" else P("d")
+MICRO = 4
 w = jax.make_array_from_callback(
     (128, 128), NamedSharding(mesh, w_spec), lambda i: np.ones((128, 128), np.float32)[i] * 0.01
 )
@@ -54,7 +57,22 @@ x = jax.make_array_from_callback(
 )
 
 
-if args.kind == "fsdp_manual":
+if args.kind == "accum":
+    x = jax.make_array_from_callback(
+        (MICRO, 8 * n, 128),
+        NamedSharding(mesh, P(None, "d")),
+        lambda i: np.ones((MICRO, 8 * n, 128), np.float32)[i],
+    )
+
+    @jax.jit
+    def step(w, x):
+        def body(g, xb):
+            return g + jax.grad(lambda w: jnp.sum(jnp.tanh(xb @ w)))(w), None
+
+        g, _ = jax.lax.scan(body, jnp.zeros_like(w), x)
+        return jax.lax.with_sharding_constraint(w - 0.01 * g, NamedSharding(mesh, w_spec))
+
+elif args.kind == "fsdp_manual":
 
     def local(w, x):
         wf = jax.lax.all_gather(w, "d", tiled=True)

@@ -540,3 +540,22 @@ def test_the_first_window_call_of_a_dropin_program_compiles_and_is_not_a_stall()
     beats = {0: {"calls": 13}, 1: {"calls": 12}}  # 1 inside call 11: a stall
     d.observe(beats, now=6.0)
     assert [s["process"] for s in d.observe(beats, now=8.0)] == [1]
+
+
+def test_watch_says_the_reports_likely_in_its_words():
+    # A small job, process 1 always last at 2% of the step: the report's `likely`, with
+    # its figure and threshold, is watch's `likely` and its log line.
+    from jaxpace.records.synthetic import synthetic_step_records
+    from jaxpace.report.analyze import load_step_records
+    from jaxpace.watch.decide import decide, verdict
+
+    recs = load_step_records(
+        synthetic_step_records(4, 40, 2, late_s={1: 0.015}, compute_s=0.85, jitter_s=0.002)
+    )
+    r = decide([(1, 0, 39, recs, ())], [])
+    assert r.culprit_process is None and r.likely == 1
+    assert r.likely_text.startswith("likely: process 1, last in")
+    line = log_line(r)
+    assert "likely: process 1" in line and "10% of the step" in line
+    v = verdict(r, run="t", process_count=4)
+    assert v["confidence"] == "likely" and v["likely_text"] == r.likely_text

@@ -12,7 +12,7 @@ from jaxpace.diagnosis.earliness import earliness
 from jaxpace.records.format import header_record
 from jaxpace.records.reader import Records
 
-__all__ = ["SyntheticSpec", "synthetic_records", "synthetic_run"]
+__all__ = ["SyntheticSpec", "synthetic_records", "synthetic_run", "synthetic_step_records"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,3 +219,79 @@ def synthetic_records(num_ranks: int, num_steps: int, **kwargs: Any) -> list[dic
     True
     """
     return synthetic_run(num_ranks, num_steps, **kwargs).to_dicts()
+
+
+def synthetic_step_records(
+    num_ranks: int,
+    num_steps: int,
+    num_sites: int,
+    *,
+    late_s: Mapping[int, float] | None = None,
+    compute_s: float = 0.010,
+    jitter_s: float = 0.0003,
+    transfer_s: float = 0.0005,
+    repeats: Sequence[int] | None = None,
+    ranks_per_process: int = 1,
+    seed: int = 0,
+    run_id: str = "synthetic-step",
+) -> list[dict[str, Any]]:
+    """Records of a program whose step runs `num_sites` collectives in order
+    (`site-00`, `site-01`, ...), site j `repeats[j]` times an execution (default 1).
+
+    Every rank computes `compute_s / collectives + jitter_s * N(0, 1)` before each
+    collective (plus `late_s[rank] / collectives`: a rank late by `late_s[rank]` a step,
+    spread over the step); all ranks leave each collective together at the last arrival
+    plus `transfer_s`. One clock per process, offset by up to 100 s. A site's `step`
+    counts its own executions (`step` of a repeated site runs `repeats[j]` times a step).
+    """
+    rng = np.random.default_rng(seed)
+    R, rpp = num_ranks, ranks_per_process
+    reps = list(repeats) if repeats is not None else [1] * num_sites
+    order = [j for j in range(num_sites) for _ in range(reps[j])]
+    n = len(order)
+    extra = np.zeros(R)
+    for r, s in (late_s or {}).items():
+        extra[r] = s
+    offset_ns = (rng.uniform(0, 100.0, R // rpp) * 1e9).astype(np.int64)
+    P = R // rpp
+    out: list[dict[str, Any]] = [
+        header_record(
+            run_id=run_id,
+            process_index=p,
+            process_count=P,
+            host=f"node-{p}",
+            pid=1000 + p,
+            granularity="device" if rpp > 1 else "process",
+            jaxpace_version="0.1.0",
+            policy="synthetic",
+            local_devices=list(range(p * rpp, (p + 1) * rpp)),
+            rank_groups=None,
+        )
+        for p in range(P)
+    ]
+    t = np.zeros(R)
+    count = [0] * num_sites
+    for _ in range(num_steps):
+        for j in order:
+            arrive = t + compute_s / n + extra / n + jitter_s * rng.standard_normal(R)
+            done = arrive.max() + transfer_s + rng.uniform(0, 20e-6, R)
+            for r in range(R):
+                off = offset_ns[r // rpp]
+                out.append(
+                    {
+                        "type": "step",
+                        "site": f"site-{j:02d}",
+                        "step": count[j],
+                        "rank": r,
+                        "process": r // rpp,
+                        "device": r if rpp > 1 else None,
+                        "arrive_ns": int(arrive[r] * 1e9) + int(off),
+                        "done_ns": int(done[r] * 1e9) + int(off),
+                        "wait_ns": int(done[r] * 1e9) - int(arrive[r] * 1e9),
+                        "delay_ns": 0,
+                        "engaged": False,
+                    }
+                )
+            count[j] += 1
+            t = done
+    return out

@@ -71,7 +71,7 @@ def analyze(
     topology_groups: Mapping[str, Any] | None = None,
     expected_transfer_s: float | None = None,
 ) -> Report:
-    """Analyzes one site of a run's timing records.
+    """Analyzes a run's timing records: the whole step, or one site.
 
     Args:
       records: `Records`, a run directory or JSONL path, or record dicts (as
@@ -79,7 +79,9 @@ def analyze(
         traces or NCCL Inspector logs (`jaxpace.records.sources`).
       warmup_steps: steps excluded at the start (compilation, caches). Default:
         5, but at most a quarter of the steps.
-      site: the collective site to analyze; default: the one with most records.
+      site: one collective site to analyze; default: the whole step, every site
+        folded into program executions (`stages.whole`); `RunInfo.site` is then
+        `stages.WHOLE_STEP`.
       topology_groups: rank groups for the locality test, either
         ``{kind: {rank: label}}`` (kinds like "numa", "nic", "host") or a flat
         ``{rank: label}``. Default: the headers' `topology.rank_groups`, plus
@@ -109,8 +111,15 @@ def analyze(
         )
     loaded = _load(records)
     recs = loaded.records
-    site = stages.pick_site(recs, site)
-    data, site_notes, site_partial = stages.site_data(recs, site)
+    whole = len(recs.sites) > 1 or "execution" in recs.columns
+    if whole and set(stages.refused_sites(recs)) >= set(recs.sites):
+        whole = False  # no site is evidence: the busiest one says why (its refusal)
+    if site is None and whole:
+        site = stages.WHOLE_STEP
+        data, site_notes, site_partial = stages.whole_step(recs)
+    else:
+        site = stages.pick_site(recs, site)
+        data, site_notes, site_partial = stages.site_data(recs, site)
     if not loaded.timed:
         data, untimed_note = sources.untimed(data)
         site_notes.append(untimed_note)
@@ -172,6 +181,7 @@ def analyze(
         decisions=((refused,) if refused else ())
         + stages.decisions(culprits, failure_modes, primary, costs, sel.periodic, ctx.hours_unit),
         fleet=culprits.fleet,
+        likely=culprits.likely,
     )
     sites_table = _sites_table(loaded, warmup_steps)
     return Report(run, timing, findings, sites_table=sites_table, data=data)
@@ -180,6 +190,11 @@ def analyze(
 def _other_sites_note(recs: Records, site: str) -> list[str]:
     if len(recs.sites) < 2:
         return []
+    if site == stages.WHOLE_STEP:
+        return [
+            f"analyzed the whole step: its {len(recs.sites)} sites together (the sites table "
+            "is the evidence per site; `site=` narrows to one)."
+        ]
     others = ", ".join(f"`{s}`" for s in recs.sites if s != site)
     return [f"analyzed site `{site}`; the records also hold {others} (use `site=`)."]
 

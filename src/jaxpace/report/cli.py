@@ -37,7 +37,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"steps to skip at the start (default {DEFAULT_WARMUP_STEPS}, at most a quarter)",
     )
-    parser.add_argument("--site", help="collective site to analyze (default: the busiest)")
+    parser.add_argument(
+        "--site", help="one collective site to analyze (default: the whole step, every site)"
+    )
     parser.add_argument(
         "--verbose",
         "-v",

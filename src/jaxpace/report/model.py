@@ -30,6 +30,7 @@ __all__ = [
     "GroupFinding",
     "GroupLate",
     "IterationStats",
+    "Likely",
     "LinkWait",
     "PacingEffect",
     "PeriodicOutliers",
@@ -189,6 +190,45 @@ class FleetSpread:
     spread_s: float
     threshold: float
     slowest: tuple[SlowRank, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Likely:
+    """The finding below the line: a rank (or process) last in most steps and
+    significant against per-step noise, but below what this job's size names with
+    confidence (the fleet test). Never a culprit; never "balanced" either.
+
+    Attributes:
+      kind: "process" (one rank a process, or every rank of the process is the
+        latest) or "rank".
+      label: the process or rank id.
+      rank: the latest rank (the process's latest rank).
+      process: its process.
+      host: its host.
+      last_fraction: share in [0, 1] of analyzed steps it arrived last in (a process:
+        any of its ranks).
+      excess_lateness_s: its lateness over the median rank's, seconds a step.
+      step_fraction: that over the median step time (NaN when unknown).
+      threshold: what names with confidence at this size: for a small job the
+        share of the step (e.g. 0.10), else the fleet test's robust SDs.
+      threshold_unit: "of the step" or "robust SDs".
+      text: the sentence, e.g. "likely: process 1, last in 100% of steps, +15 ms,
+        2% of the step; below the 10% of the step this job's size names with
+        confidence" (or, where the size's test passed, the noise floor or the short
+        run's consistency that held it back).
+    """
+
+    kind: str
+    label: int
+    rank: int
+    process: int
+    host: str
+    last_fraction: float
+    excess_lateness_s: float
+    step_fraction: float
+    threshold: float
+    threshold_unit: str
+    text: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,6 +557,9 @@ class Findings:
       decisions: one line per decision (culprit, group, mode, or none), each with
         its evidence and confidence, in the order a user should act on them.
       fleet: the fleet's per-rank spread and its slowest ranks (`FleetSpread`).
+      likely: with no culprit or late group, a rank or process last in most steps
+        and significant, but below what the job's size names (`Likely`); else None.
+        Say it plainly, never "balanced" or "nothing to fix".
     """
 
     ranks: tuple[RankStats, ...]
@@ -531,6 +574,14 @@ class Findings:
     costs: tuple[WaitingCost, ...] = ()
     decisions: tuple[str, ...] = ()
     fleet: FleetSpread | None = None
+    likely: Likely | None = None
+
+    @property
+    def culprit_group(self) -> GroupFinding | None:
+        """The late group the decision names instead of a rank: the most significant
+        late group when no rank is named alone (`culprits` empty), else None. The
+        culprit line names it ("host node-9, ranks 72-79") with its ranks as evidence."""
+        return self.late_groups[0] if self.late_groups and not self.culprits else None
 
     def mode(self, name: str) -> FailureMode:
         """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""
@@ -561,6 +612,7 @@ _FLAT: dict[str, str] = {
     "source": "run",
     "fleet": "findings",
     "context": "run",
+    "likely": "findings",
 }  # fmt: skip
 
 
@@ -625,6 +677,12 @@ class Report:
     costs = _flat("costs")
     decisions = _flat("decisions")
     fleet = _flat("fleet")
+    likely = _flat("likely")
+
+    @property
+    def culprit_group(self) -> GroupFinding | None:
+        """`findings.culprit_group`: the late group named instead of a rank, or None."""
+        return self.findings.culprit_group
 
     def mode(self, name: str) -> FailureMode:
         """The `FailureMode` called `name` (one of `FAILURE_MODES`)."""

@@ -5,8 +5,10 @@ the report makes) on the newest window's combined records; when it names
 nobody, on the consecutive windows kept (up to `MAX_POOLED`) pooled (the
 evidence of one 5-step window is too little for that decision), and says how
 many it used. At most two analyses per window: their cost lands on process 0.
-A process whose devices were last in every execution of the newest window,
-not (yet) named, is reported as `likely`.
+A process not (yet) named is reported as `likely`: the report's own `likely`
+(last in most steps, significant, below what the job's size names) when it has
+one, else the process whose devices were last in every execution of the newest
+window.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ class WindowResult:
       culprit_process: the process the decision names, or None.
       culprit_host: that process's host, or None.
       culprit_ranks: its ranks (global device ids in order), () when nobody is named.
-      likely: a process last in every execution of this window but not named
-        (yet): the finding below the line; None otherwise.
+      likely: a process not named (yet): the report's `Report.likely` process when
+        the report has one, else one last in every execution of this window; the
+        finding below the line; None otherwise.
+      likely_text: the report's sentence for it (`Likely.text`: its figure and the
+        threshold it is below), "" when the likely process is watch's own.
       mode: the report's primary failure mode (`persistent_straggler`,
         `balanced`, ...), or `"unanalyzed"` when nothing could be analyzed.
       windows_pooled: how many consecutive windows the decision used (0: none).
@@ -63,6 +68,7 @@ class WindowResult:
     culprit_host: str | None = None
     culprit_ranks: tuple[int, ...] = ()
     likely: int | None = None
+    likely_text: str = ""
     mode: str = "unanalyzed"
     windows_pooled: int = 0
     analyzed_steps: int = 0
@@ -137,6 +143,10 @@ def decide(
     if rep is None:
         return dataclasses.replace(base, notes=notes, partial=True, likely=likely)
     named = rep.culprit_process
+    likely_text = ""
+    if named is None and rep.likely is not None:  # the report's finding below the line
+        likely, frac = rep.likely.process, rep.likely.last_fraction
+        likely_text = rep.likely.text
     overlapped = sum(named in b for b in busy[-pooled:]) if named is not None else 0
     if overlapped:  # its own watch work may have made it late: not named from these windows
         notes = (
@@ -170,6 +180,7 @@ def decide(
         culprit_host=host if named is not None else None,
         culprit_ranks=ranks if named is not None else (),
         likely=None if named is not None else likely,
+        likely_text="" if named is not None else likely_text,
         mode=str(rep.primary_mode),
         windows_pooled=pooled,
         analyzed_steps=int(rep.analyzed_steps),
@@ -217,6 +228,8 @@ def log_line(r: WindowResult) -> str:
         )
     if r.windows_pooled == 0:
         return f"{head}not analyzed{partial}"
+    if r.likely is not None and r.likely_text:  # the report's own words
+        return f"{head}nobody named{pooled}; {r.likely_text}{partial}"
     if r.likely is not None:
         return (
             f"{head}nobody named{pooled}; likely process {r.likely}: last in every step of "
@@ -255,5 +268,6 @@ def verdict(r: WindowResult, *, run: str, process_count: int) -> dict[str, Any]:
         "windows_pooled": r.windows_pooled,
         "analyzed_steps": r.analyzed_steps,
         "partial": r.partial,
+        "likely_text": r.likely_text,
         "notes": list(r.notes[:8]),
     }

@@ -1,6 +1,7 @@
 """The stages of `jaxpace.report.analyze`, in pipeline order.
 
-1. `site`: pick the site, build its dense `SiteData`;
+1. `whole` (default): every site folded into program executions, one (step x rank)
+   `SiteData` of the whole step; `site`: one site's dense `SiteData` (`site=`);
 2. `steps`: drop the warm-up and periodic slow steps; iteration statistics;
 3. `culprit`: per-rank statistics, the ranking, the persistent culprit;
    `context`: what the headers say (platform, policy, an invariant operand: no culprit);
@@ -46,8 +47,13 @@ from jaxpace.report.stages.steps import (
     periodic_outliers,
     select_steps,
 )
+from jaxpace.report.stages.whole import WHOLE_STEP, execution_of, refused_sites, whole_step
 
 __all__ = [
+    "WHOLE_STEP",
+    "execution_of",
+    "refused_sites",
+    "whole_step",
     "ALPHA",
     "CulpritRanking",
     "StepSelection",

@@ -117,4 +117,5 @@ def _no_culprit(c: CulpritRanking) -> CulpritRanking:
         culprit_process=None,
         culprit_indices=(),
         groups=(),
+        likely=None,
     )

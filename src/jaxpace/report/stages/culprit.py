@@ -41,6 +41,7 @@ from jaxpace.report.model import (
     FleetSpread,
     GroupFinding,
     IterationStats,
+    Likely,
     RankStats,
     SiteData,
     SlowRank,
@@ -54,6 +55,7 @@ __all__ = [
     "fleet_summary",
     "fleet_text",
     "late_groups",
+    "likely_finding",
     "noise_floor",
     "rank_culprits",
     "rank_evidence",
@@ -82,6 +84,7 @@ class CulpritRanking:
     excess: np.ndarray | None = None  # (n, R) per-step excess lateness of the analyzed steps
     fleet: FleetSpread | None = None  # the fleet's per-rank spread, slowest ranks
     decision: Decision | None = None  # the shared decision's arrays
+    likely: Likely | None = None  # below the line: last in most steps, not named
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -111,7 +114,7 @@ def rank_culprits(
     found = late_groups(data, lat, groups or {}, floor, iteration.p50_s) if n >= 2 else ()
     explained = np.zeros(R, bool)
     for g in found:
-        explained[np.isin(data.ranks, g.ranks)] = True
+        explained[_explained_by(g, data, lat, iteration.p50_s)] = True
     individual = [i for i in dec.culprits if not explained[i]]
     rank_stats = _rank_stats(data, sel, lat, dec)
     culprit_i = individual[0] if individual else None
@@ -128,6 +131,12 @@ def rank_culprits(
                 f"process {proc.label} is last in {pl:.0%} of steps: its ranks "
                 f"{ranges(data.ranks[members])} are late together."
             )
+    fleet = fleet_summary(data, sel, dec, iteration)
+    likely = (
+        likely_finding(data, dec, iteration, fleet)
+        if culprit_i is None and not found and n >= 2
+        else None
+    )
     return CulpritRanking(
         rank_stats=rank_stats,
         ranking=tuple(int(data.ranks[i]) for i in order),
@@ -142,9 +151,82 @@ def rank_culprits(
         culprit_indices=tuple(individual),
         groups=found,
         excess=dec.excess,
-        fleet=fleet_summary(data, sel, dec, iteration),
+        fleet=fleet,
         decision=dec,
+        likely=likely,
     )
+
+
+# A rank (or process) last in at least this share of the analyzed steps, and
+# significant against per-step noise (test 1), but not named: `likely`.
+LIKELY_LAST_FRACTION = 0.5
+
+
+def likely_finding(
+    data: SiteData, dec: Decision, iteration: IterationStats, fleet: FleetSpread | None
+) -> Likely | None:
+    """The finding below the line (`Likely`), or None.
+
+    The latest rank (largest `d`) is *likely* when test 1 passes (Holm p < `ALPHA`)
+    and it (or its process) arrived last in at least `LIKELY_LAST_FRACTION` of the
+    steps, but it was not named: the fleet test (what this job's size names with
+    confidence) or the short-run test held it back. Its process is named instead of
+    it when the process has one rank, or each of its ranks passes test 1 too.
+    """
+    if dec.n == 0 or data.ranks.size < 2:
+        return None
+    i = int(np.argmax(dec.d))
+    if not (dec.d[i] > 0 and dec.p_adjusted[i] < ALPHA):
+        return None
+    proc = int(data.processes[i])
+    members = np.flatnonzero(data.processes == proc)
+    whole = members.size == 1 or bool((dec.p_adjusted[members] < ALPHA).all())
+    last = float(np.isin(dec.last, members).mean()) if whole else float(dec.last_counts[i] / dec.n)
+    if last < LIKELY_LAST_FRACTION:
+        return None
+    d = float(dec.d[i])
+    step = float(iteration.p50_s)
+    share = d / step if math.isfinite(step) and step > 0 else math.nan
+    small = fleet is not None and fleet.rule == "small job"
+    threshold = SMALL_JOB_STEP_FRACTION if small else (fleet.threshold if fleet else math.nan)
+    unit = "of the step" if small else "robust SDs"
+    kind, label = ("process", proc) if whole else ("rank", int(data.ranks[i]))
+    figure = f"+{format_ms(d)}" + (f", {share:.0%} of the step" if math.isfinite(share) else "")
+    if not bool(dec.fleet.outlier[i]):  # test 2 held it back: what the size names
+        if small:
+            below = f"below the {threshold:.0%} of the step this job's size names with confidence"
+        else:
+            below = (
+                f"{num_text(float(dec.fleet.distance[i]))} robust SDs above the fleet's median, "
+                f"below the {num_text(threshold)} this job's size names with confidence"
+            )
+    elif d <= dec.floor_s:
+        below = f"below the noise floor {format_ms(dec.floor_s)} a culprit must exceed"
+    else:  # test 3: a short run's episode
+        below = "late in part of this short run only (a culprit is late in every third of it)"
+    return Likely(
+        kind=kind,
+        label=label,
+        rank=int(data.ranks[i]),
+        process=proc,
+        host=data.hosts[i],
+        last_fraction=last,
+        excess_lateness_s=d,
+        step_fraction=share,
+        threshold=float(threshold),
+        threshold_unit=unit,
+        text=f"likely: {kind} {label}, last in {last:.0%} of steps, {figure}; {below}",
+    )
+
+
+def _explained_by(g: GroupFinding, data: SiteData, lat: np.ndarray, step_s: float) -> np.ndarray:
+    """The members of late group `g` its lateness explains: all but those late against
+    the group's other members too (`decide` on the members alone), who are named alone."""
+    members = np.flatnonzero(np.isin(data.ranks, g.ranks))
+    if members.size < 3 or lat.shape[0] < 2:
+        return members
+    within = decide(lat[:, members], step_s)
+    return members[~within.late]
 
 
 def _saving_s(compute: np.ndarray, transfer: np.ndarray, idx: np.ndarray) -> float:

@@ -17,7 +17,8 @@ __all__ = ["pick_site", "site_data", "site_groups"]
 
 
 def pick_site(recs: Records, site: str | None) -> str:
-    """`site` if the records have it (else a clear error); by default the busiest site."""
+    """`site` if the records have it (else a clear error); without one, the busiest site
+    (`analyze` itself defaults to the whole step: `stages.whole`)."""
     if site is None:
         counts = np.bincount(recs.columns["site"], minlength=len(recs.sites))
         return recs.sites[int(np.argmax(counts))]
@@ -334,3 +335,11 @@ def _groups_note(site: str, codes: np.ndarray) -> str:
         "ranks (and the sync wait against the group's last rank in), and a step's transfer "
         "is the median over groups of each group's least time in the collective."
     )
+
+
+# The grid helpers `stages.whole` shares (the whole step places each site's records
+# the same way).
+site_grid = _grid
+fill_missing = _fill_missing
+index_in = _index_in
+int_unique = _int_unique

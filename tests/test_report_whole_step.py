@@ -1,0 +1,176 @@
+"""The headline decision is made on the whole step: every collective of one program
+execution (issue 47), the hosts named as hosts, and the finding below the line."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_4x2
+
+from jaxpace.records.sources.synthetic import write_inspector_logs
+from jaxpace.records.synthetic import synthetic_step_records
+from jaxpace.report import analyze
+from jaxpace.report.stages import WHOLE_STEP
+
+
+def test_tied_site_counts_name_the_late_rank():
+    # 8 sites of 45 steps each; rank 1 is 2 ms late a step, spread over the 8 collectives
+    # (0.25 ms at each). The first of the tied sites alone named nobody ("balanced").
+    recs = synthetic_step_records(8, 45, 8, late_s={1: 0.002}, seed=0)
+    rep = analyze(recs)
+    assert rep.site == WHOLE_STEP
+    assert rep.num_steps == 45
+    assert rep.culprit == 1
+    assert rep.rank_stats(1).excess_lateness_s == pytest.approx(0.002, rel=0.25)
+    # --site still narrows to one site: there rank 1 is 0.25 ms late, below the line.
+    one = analyze(recs, site="site-00")
+    assert one.site == "site-00" and one.culprit is None
+
+
+def test_tied_site_counts_run_for_real(tmp_path):
+    # 4 processes x 2 CPU devices, a `shard_map` step of 8 drop-in psum sites of 30 steps
+    # each, process 1 sleeping 15 ms before each step. Before, the report took the
+    # alphabetical first of the tied sites (`a-last`, run last in the step), named
+    # nobody and called it topology contention.
+    run_4x2("tied_sites_job.py", tmp_path, "--steps", 30, "--lag-s", 0.015)
+    rep = analyze(tmp_path)
+    assert rep.site == WHOLE_STEP and len(rep.sites) == 8
+    assert rep.num_steps == 30
+    assert rep.culprit_process == 1 or (rep.likely is not None and rep.likely.process == 1)
+    assert rep.primary_mode != "topology_contention"
+
+
+def test_a_collective_inside_a_scan_is_folded_into_its_step():
+    # Gradient accumulation: `site-00` runs 4 times a step (a scan over 4 microbatches),
+    # `site-01` once; process 1 (ranks 2-3) is 15 ms late a step. A step is one execution:
+    # 30 steps of ~200 ms, not 120 microbatches.
+    recs = synthetic_step_records(
+        8, 30, 2, repeats=[4, 1], late_s={2: 0.015, 3: 0.015}, compute_s=0.186, ranks_per_process=2
+    )
+    rep = analyze(recs)
+    assert rep.num_steps == 30
+    assert rep.iteration.p50_s > 0.18
+    assert rep.culprit_process == 1 or (rep.likely is not None and rep.likely.process == 1)
+    assert any("x4" in n for n in rep.notes)  # the fold is stated
+
+
+def test_lateness_spread_over_a_step_names_the_rank():
+    # 512 ranks, 16 collectives a step, rank 77 0.125 ms late at each (2 ms a step).
+    recs = synthetic_step_records(
+        512, 30, 16, late_s={77: 16 * 0.000125}, compute_s=0.040, jitter_s=0.0002, seed=1
+    )
+    rep = analyze(recs)
+    assert rep.culprit == 77
+    assert rep.primary_mode != "balanced"
+
+
+def test_a_rank_missing_from_some_collectives_is_not_less_late():
+    # Rank 1's records of half the sites are lost in every other step: its lateness in
+    # a step is estimated from the collectives it took part in, scaled to the whole step.
+    recs = synthetic_step_records(8, 45, 8, late_s={1: 0.002}, seed=2)
+    lost = {f"site-{j:02d}" for j in range(4)}
+
+    def gone(r):
+        return r["type"] == "step" and r["rank"] == 1 and r["site"] in lost and r["step"] % 2
+
+    rep = analyze([r for r in recs if not gone(r)])
+    assert rep.partial and any("missing" in n for n in rep.notes)
+    assert rep.rank_stats(1).excess_lateness_s == pytest.approx(0.002, rel=0.25)
+    assert rep.culprit == 1
+
+
+def test_a_rank_in_fewer_collectives_compares_on_the_same_scale():
+    # Rank 1 is no member of half the sites (a subgroup collective): not a missing
+    # record, and its lateness is still a whole step's.
+    recs = synthetic_step_records(8, 45, 8, late_s={1: 0.002}, seed=2)
+    lost = {f"site-{j:02d}" for j in range(4)}
+    kept = [r for r in recs if not (r["type"] == "step" and r["rank"] == 1 and r["site"] in lost)]
+    rep = analyze(kept)
+    assert not rep.partial
+    assert rep.rank_stats(1).excess_lateness_s == pytest.approx(0.002, rel=0.25)
+    assert rep.culprit == 1
+
+
+def test_a_small_job_one_process_always_last_is_likely_not_balanced():
+    # 4 processes, an ~850 ms step, process 1 +15 ms (2% of the step), last every step:
+    # below the 10% a job of 4 names with confidence, so not the culprit, but `likely`.
+    recs = synthetic_step_records(
+        4, 60, 4, late_s={1: 0.015}, compute_s=0.85, jitter_s=0.002, seed=3
+    )
+    rep = analyze(recs)
+    assert rep.culprit is None
+    lk = rep.likely
+    assert lk is not None and lk.process == 1 and lk.kind == "process"
+    assert lk.last_fraction >= 0.9
+    assert lk.excess_lateness_s == pytest.approx(0.015, rel=0.3)
+    assert lk.threshold == pytest.approx(0.10)
+    assert "likely: process 1" in lk.text and "10% of the step" in lk.text
+    assert "balanced" not in lk.text.lower()
+    assert rep.to_dict()["likely"]["process"] == 1
+
+
+def test_a_balanced_run_has_no_likely():
+    rep = analyze(synthetic_step_records(8, 45, 4, seed=4))
+    assert rep.culprit is None and rep.likely is None
+
+
+def test_a_whole_host_late_is_named_as_the_host(tmp_path):
+    # NCCL Inspector, 256 ranks on 32 hosts of 8; host 9's 8 GPUs are 4 ms late.
+    write_inspector_logs(tmp_path, 256, 20, late_ranks=list(range(72, 80)), late_us=4000.0)
+    rep = analyze(tmp_path)
+    assert rep.culprit is None and rep.culprits == ()  # no rank named alone
+    top = rep.late_groups[0]
+    assert (top.kind, top.label) == ("host", "node-9")
+    assert top.ranks == tuple(range(72, 80))
+    assert rep.culprit_group is top  # the culprit line's subject: the host, not a rank
+    assert rep.likely is None
+
+
+def test_an_execution_column_folds_a_program_whose_only_collective_repeats():
+    # One all-reduce inside a scan of 4 microbatches and no other collective: the step
+    # counts cannot tell; a source's execution ids (a trace's `run_id`) do.
+    import dataclasses
+
+    from jaxpace.report.analyze import load_step_records
+
+    recs = load_step_records(
+        synthetic_step_records(8, 30, 1, repeats=[4], late_s={5: 0.004}, compute_s=0.08)
+    )
+    assert analyze(recs).num_steps == 120  # without execution ids: microbatches
+    cols = dict(recs.columns, execution=recs.columns["step"] // 4 + 1000)
+    rep = analyze(dataclasses.replace(recs, columns=cols))
+    assert rep.site == WHOLE_STEP and rep.num_steps == 30
+    assert rep.iteration.p50_s > 0.08
+    assert rep.culprit == 5
+    assert rep.rank_stats(5).excess_lateness_s == pytest.approx(0.004, rel=0.25)
+
+
+def test_a_rank_late_against_its_late_host_too_is_named_alone():
+    # Process 4 (ranks 32-39, one host) is 4 ms late a step: the process is the finding,
+    # no rank alone. With rank 35 another 6 ms later, it is late against its own host's
+    # ranks too, and named alone beside the group.
+    late = dict.fromkeys(range(32, 40), 0.004)
+    kw = dict(ranks_per_process=8, compute_s=0.05, seed=5)
+    rep = analyze(synthetic_step_records(64, 40, 2, late_s=late, **kw))
+    assert rep.culprits == () and rep.culprit_process == 4  # no individual culprit
+    assert (rep.late_groups[0].kind, rep.late_groups[0].label) == ("process", "4")
+    rep = analyze(synthetic_step_records(64, 40, 2, late_s=late | {35: 0.010}, **kw))
+    assert rep.culprits == (35,)
+    assert rep.late_groups[0].label == "4"
+
+
+def test_sites_that_are_not_evidence_are_left_out_of_the_whole_step():
+    # Rank 1 is late only at `site-00`, whose operand was invariant (its header says so):
+    # its waits are not evidence. With every site refused, the report says why.
+    from jaxpace.report.analyze import load_step_records
+
+    recs = synthetic_step_records(8, 45, 2, late_s={1: 0.004}, seed=6)
+    bad = {"site-00": {"invariant_over": "data"}}
+    recs = [r | {"sites": bad} if r["type"] == "header" else r for r in recs]
+    rep = analyze(recs)
+    assert rep.site == WHOLE_STEP
+    assert any("`site-00` left out of the whole step" in n for n in rep.notes)
+    both = {s: {"invariant_over": "data"} for s in ("site-00", "site-01")}
+    recs = [r | {"sites": both} if r["type"] == "header" else r for r in recs]
+    rep = analyze(load_step_records(recs))
+    assert rep.site in ("site-00", "site-01") and rep.culprit is None
+    assert any("NO CULPRIT" in d for d in rep.decisions)
