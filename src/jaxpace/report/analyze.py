@@ -63,6 +63,21 @@ def _load(records: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) ->
     return loaded
 
 
+def _step_data(recs: Records, site: str | None):
+    """`(site label, SiteData, notes, partial)`: the whole step (every site folded into
+    program executions) unless `site` narrows to one, or no site is evidence (then the
+    busiest one says why: its refusal)."""
+    whole = len(recs.sites) > 1 or "execution" in recs.columns
+    if whole and set(stages.refused_sites(recs)) >= set(recs.sites):
+        whole = False
+    if site is None and whole:
+        data, notes, partial = stages.whole_step(recs)
+        return stages.WHOLE_STEP, data, notes, partial
+    site = stages.pick_site(recs, site)
+    data, notes, partial = stages.site_data(recs, site)
+    return site, data, notes, partial
+
+
 def analyze(
     records: Records | str | os.PathLike | Iterable[Mapping[str, Any]],
     *,
@@ -111,15 +126,7 @@ def analyze(
         )
     loaded = _load(records)
     recs = loaded.records
-    whole = len(recs.sites) > 1 or "execution" in recs.columns
-    if whole and set(stages.refused_sites(recs)) >= set(recs.sites):
-        whole = False  # no site is evidence: the busiest one says why (its refusal)
-    if site is None and whole:
-        site = stages.WHOLE_STEP
-        data, site_notes, site_partial = stages.whole_step(recs)
-    else:
-        site = stages.pick_site(recs, site)
-        data, site_notes, site_partial = stages.site_data(recs, site)
+    site, data, site_notes, site_partial = _step_data(recs, site)
     if not loaded.timed:
         data, untimed_note = sources.untimed(data)
         site_notes.append(untimed_note)

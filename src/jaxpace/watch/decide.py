@@ -156,24 +156,9 @@ def decide(
             "them (a larger `every` leaves that work room between windows).",
         )
         named, likely = None, named
-    late = math.nan
-    ranks: tuple[int, ...] = ()
-    host = None
     who = named if named is not None else likely
-    if who is not None:
-        stats = [r for r in rep.ranks if r.process == who]
-        ranks = tuple(sorted(r.rank for r in stats))
-        host = stats[0].host if stats else None
-        finite = [r.excess_lateness_s for r in stats if math.isfinite(r.excess_lateness_s)]
-        late = max(finite) if finite else math.nan
-    prev = history[-1] if history else None
-    in_a_row = 0
-    since = None
-    if named is not None:
-        if prev is not None and prev.culprit_process == named and prev.window == w - 1:
-            in_a_row, since = prev.in_a_row + 1, prev.since_window
-        else:
-            in_a_row, since = 1, w
+    ranks, host, late = _process_figures(rep, who)
+    in_a_row, since = _streak(history, named, w)
     return dataclasses.replace(
         base,
         culprit_process=named,
@@ -191,6 +176,27 @@ def decide(
         last_fraction=frac if who is not None else math.nan,
         notes=notes,
     )
+
+
+def _process_figures(rep: Any, who: int | None) -> tuple[tuple[int, ...], str | None, float]:
+    """`(ranks, host, how late)` of process `who` in the report (late: its latest rank's
+    lateness against the median rank)."""
+    if who is None:
+        return (), None, math.nan
+    stats = [r for r in rep.ranks if r.process == who]
+    finite = [r.excess_lateness_s for r in stats if math.isfinite(r.excess_lateness_s)]
+    host = stats[0].host if stats else None
+    return tuple(sorted(r.rank for r in stats)), host, (max(finite) if finite else math.nan)
+
+
+def _streak(history: Sequence[WindowResult], named: int | None, w: int) -> tuple[int, int | None]:
+    """`(windows in a row, since which window)` the same process has been named."""
+    if named is None:
+        return 0, None
+    prev = history[-1] if history else None
+    if prev is not None and prev.culprit_process == named and prev.window == w - 1:
+        return prev.in_a_row + 1, prev.since_window
+    return 1, w
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

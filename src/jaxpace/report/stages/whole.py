@@ -26,6 +26,8 @@ that overlap each other count once).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from jaxpace.errors import RecordsError
@@ -127,57 +129,26 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
     step with records of two ranks."""
     if len(records.sites) == 1 and "execution" not in records.columns:
         return site_data(records, records.sites[0])
-    c = records.columns
     gid, notes = _global_ranks(records)
     ranks = int_unique(gid)
     R = ranks.size
     exec_of, fold_notes = execution_of(records)
     notes += fold_notes
     E = max(int(e[-1]) + 1 for e in exec_of.values() if e.size)
-    z = lambda: np.zeros((E, R))  # noqa: E731
-    lat, wait, delay, sync, cnt, expected = z(), z(), z(), z(), z(), z()
-    ncoll = np.zeros(E)
-    transfer = np.zeros(E)
-    engaged = np.zeros(E, bool)
-    processes = np.full(R, -1, np.int64)
-    hosts = ["?"] * R
-    partial, used = False, 0
-    for si, site in enumerate(records.sites):
-        try:
-            d, site_notes, p = site_data(records, site)
-        except RecordsError as e:
-            notes.append(f"`{site}` left out of the whole step: {e}")
-            continue
-        ctx = run_context(records, site, d)
-        if ctx.invariant_over is not None or ctx.no_culprit is not None:
-            why = ctx.no_culprit or f"its operand was already invariant over `{ctx.invariant_over}`"
-            notes.append(
-                f"`{site}` left out of the whole step: {why} (its waits are not evidence)."
-            )
-            continue
-        used += 1
-        partial |= p
-        notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
-        g = site_grid(records, site, [])
-        steps_u = int_unique(c["step"][c["site"] == si])
-        e = exec_of[si][index_in(steps_u, d.steps)]
-        local, first = np.unique(c["rank"][c["site"] == si], return_index=True)
-        cols = index_in(ranks, gid[c["site"] == si][first][index_in(local, d.ranks)])
-        present = g.present.astype(float)
-        for acc, x in ((lat, d.lateness), (wait, d.wait), (delay, d.delay), (sync, d.sync_wait)):
-            np.add.at(acc, (e[:, None], cols[None, :]), np.where(g.present, x, 0.0))
-        np.add.at(cnt, (e[:, None], cols[None, :]), present)
-        np.add.at(expected, (e[:, None], cols[None, :]), 1.0)  # the site's members
-        np.add.at(ncoll, e, 1.0)
-        np.add.at(transfer, e, np.nan_to_num(d.transfer))
-        np.logical_or.at(engaged, e, d.engaged)
-        processes[cols] = d.processes
-        for j, h in zip(cols.tolist(), d.hosts, strict=True):
-            hosts[j] = h
+    a = _Sums.zeros(E, R)
+    used, partial = _add_sites(records, exec_of, gid, ranks, a, notes)
     if not used:
         raise RecordsError(
             "no site has a step with records of two or more ranks; nothing to compare."
         )
+    lat, wait, delay, sync, cnt, expected = a.lat, a.wait, a.delay, a.sync, a.cnt, a.expected
+    ncoll, transfer, engaged, processes, hosts = (
+        a.ncoll,
+        a.transfer,
+        a.engaged,
+        a.processes,
+        a.hosts,
+    )
     keep = ncoll > 0
     missing = (cnt == 0)[keep]
     scale = np.where(cnt > 0, ncoll[:, None] / np.maximum(cnt, 1), np.nan)[keep]
@@ -228,6 +199,69 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
         lateness=lat,
     )
     return data, notes, partial
+
+
+@dataclasses.dataclass
+class _Sums:
+    """The whole step's sums over its sites, (execution x rank) or per execution."""
+
+    lat: np.ndarray
+    wait: np.ndarray
+    delay: np.ndarray
+    sync: np.ndarray
+    cnt: np.ndarray  # records present
+    expected: np.ndarray  # the sites' member ranks
+    ncoll: np.ndarray  # collectives per execution
+    transfer: np.ndarray
+    engaged: np.ndarray
+    processes: np.ndarray
+    hosts: list
+
+    @classmethod
+    def zeros(cls, E: int, R: int) -> _Sums:
+        z = lambda: np.zeros((E, R))  # noqa: E731
+        return cls(z(), z(), z(), z(), z(), z(), np.zeros(E), np.zeros(E), np.zeros(E, bool),
+                   np.full(R, -1, np.int64), ["?"] * R)  # fmt: skip
+
+
+def _add_sites(records, exec_of, gid, ranks, a: _Sums, notes: list[str]) -> tuple[int, bool]:
+    """Adds every site that is evidence into `a`; returns (sites used, partial)."""
+    c = records.columns
+    partial, used = False, 0
+    for si, site in enumerate(records.sites):
+        try:
+            d, site_notes, p = site_data(records, site)
+        except RecordsError as e:
+            notes.append(f"`{site}` left out of the whole step: {e}")
+            continue
+        ctx = run_context(records, site, d)
+        if ctx.invariant_over is not None or ctx.no_culprit is not None:
+            why = ctx.no_culprit or f"its operand was already invariant over `{ctx.invariant_over}`"
+            notes.append(
+                f"`{site}` left out of the whole step: {why} (its waits are not evidence)."
+            )
+            continue
+        used += 1
+        partial |= p
+        notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
+        g = site_grid(records, site, [])
+        steps_u = int_unique(c["step"][c["site"] == si])
+        e = exec_of[si][index_in(steps_u, d.steps)]
+        local, first = np.unique(c["rank"][c["site"] == si], return_index=True)
+        cols = index_in(ranks, gid[c["site"] == si][first][index_in(local, d.ranks)])
+        present = g.present.astype(float)
+        for acc, x in ((a.lat, d.lateness), (a.wait, d.wait), (a.delay, d.delay),
+                       (a.sync, d.sync_wait)):  # fmt: skip
+            np.add.at(acc, (e[:, None], cols[None, :]), np.where(g.present, x, 0.0))
+        np.add.at(a.cnt, (e[:, None], cols[None, :]), present)
+        np.add.at(a.expected, (e[:, None], cols[None, :]), 1.0)  # the site's members
+        np.add.at(a.ncoll, e, 1.0)
+        np.add.at(a.transfer, e, np.nan_to_num(d.transfer))
+        np.logical_or.at(a.engaged, e, d.engaged)
+        a.processes[cols] = d.processes
+        for j, h in zip(cols.tolist(), d.hosts, strict=True):
+            a.hosts[j] = h
+    return used, partial
 
 
 def _global_ranks(records: Records) -> tuple[np.ndarray, list[str]]:
