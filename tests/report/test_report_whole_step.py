@@ -174,3 +174,21 @@ def test_sites_that_are_not_evidence_are_left_out_of_the_whole_step():
     rep = analyze(load_step_records(recs))
     assert rep.site in ("site-00", "site-01") and rep.culprit is None
     assert any("NO CULPRIT" in d for d in rep.decisions)
+
+
+def test_the_printed_report_says_likely_never_balanced_or_nothing_to_fix():
+    # The same small job: what a user reads (summary, advice, HTML) carries the `likely`
+    # sentence, and nowhere says "balanced" or "Nothing to fix".
+    from jaxpace.report.render.html import render_report_html as render_html
+    from jaxpace.report.render.terminal import summary_lines
+
+    recs = synthetic_step_records(
+        4, 60, 4, late_s={1: 0.015}, compute_s=0.85, jitter_s=0.002, seed=3
+    )
+    rep = analyze(recs)
+    assert rep.culprit is None and rep.likely is not None
+    for text in ("\n".join(summary_lines(rep)), "\n".join(summary_lines(rep, verbose=True))):
+        assert "likely: process 1" in text, text
+        assert "Nothing to fix" not in text and "arrivals are balanced" not in text, text
+    html = render_html(rep)
+    assert "likely: process 1" in html and "Nothing to fix" not in html

@@ -269,7 +269,17 @@ def _amplification(report: Report) -> list[str]:
 def _balanced(report: Report) -> list[str]:
     amp = report.amplification
     eff = 1.0 / amp if amp and math.isfinite(amp) and amp >= 1 else math.nan
-    line = "Nothing to fix: arrivals are balanced and no rank or group is persistently late."
+    likely = getattr(report, "likely", None)
+    if likely is not None:
+        # Below what this job's size names with confidence, but last in most steps: said
+        # plainly, with its figure and the threshold, never called balanced.
+        who = f"process {likely.process}" if likely.kind == "process" else f"rank {likely.rank}"
+        line = (
+            f"Not named with confidence, but {likely.text}. Look at {who} (host "
+            f"{likely.host}) first; more steps (a longer run, or pooled windows) can name it."
+        )
+    else:
+        line = "Nothing to fix: arrivals are balanced and no rank or group is persistently late."
     if math.isfinite(eff):
         line += f" Scaling efficiency lost to waiting at this size: {1 - eff:.1%}."
     lines = [line]

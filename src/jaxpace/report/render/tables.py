@@ -45,12 +45,21 @@ def summary_rows(report: Report) -> list[list[str]]:
     culprit = "none (no persistent straggler)"
     if report.context.invariant_over:
         culprit = "none named: the operand was already invariant (see NO CULPRIT)"
+    group = getattr(report, "culprit_group", None)
+    likely = getattr(report, "likely", None)
     if report.culprit is not None:
         rs = report.rank_stats(report.culprit)
         culprit = (
             f"rank {rs.rank} (process {rs.process}, {rs.host}): "
             f"+{format_ms(rs.excess_lateness_s)} late, last in {rs.last_fraction:.0%} of steps"
         )
+    elif group is not None:
+        culprit = (
+            f"{group.kind} {group.label} (ranks {ranges(group.ranks)}): "
+            f"+{format_ms(group.excess_lateness_s)} late"
+        )
+    elif likely is not None:
+        culprit = f"none named with confidence; {likely.text}"
     rows = [
         ["metric", "value"],
         ["source", report.source],
