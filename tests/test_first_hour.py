@@ -336,10 +336,10 @@ def test_html_plots_use_the_analyzed_steps_and_supported_forecasts_only():
 
 
 def test_perfetto_slices_never_overlap_on_a_track():
+    from jaxpace.records.perfetto import trace_events
     from jaxpace.records.reader import load_records
+    from jaxpace.records.site_data import site_data
     from jaxpace.report import synthetic_records
-    from jaxpace.report.render.trace import trace_events
-    from jaxpace.report.stages.site import site_data
 
     recs = load_records(
         synthetic_records(4, 80, late_rank=1, late_s=0.02, straggler_prob=0.1, seed=4)

@@ -15,10 +15,10 @@ import pytest
 from jaxpace import cli
 from jaxpace.records.engine import Engine
 from jaxpace.records.reader import load_records
+from jaxpace.records.site_data import site_data
 from jaxpace.records.sources.synthetic import write_inspector_logs, write_xprof_traces
 from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import analyze
-from jaxpace.report.stages.site import site_data
 
 
 @pytest.fixture(scope="module")

@@ -435,7 +435,7 @@ def test_random_corruptions_of_writer_lines(tmp_path, monkeypatch):
 
 
 def test_round3_is_pythons_round_bit_for_bit():
-    from jaxpace.report.render.trace import _round3
+    from jaxpace.records.perfetto import _round3
 
     rng = np.random.default_rng(3)
     ties = (rng.integers(-(10**9), 10**9, 200_000) + 0.5) / 1000.0  # x.xxx5 as doubles
@@ -466,9 +466,9 @@ def test_round3_is_pythons_round_bit_for_bit():
 def test_trace_vectorized_equals_per_event(kw, monkeypatch):
     """Perfetto events built with NumPy equal the per-event path, and the text that
     `write_trace` writes equals `json.dumps` of them."""
+    from jaxpace.records import perfetto as tr
     from jaxpace.records.synthetic import synthetic_run
     from jaxpace.report import analyze
-    from jaxpace.report.render import trace as tr
 
     rep = analyze(synthetic_run(16, 60, seed=4, **kw))
     data, site = rep.data, rep.site
@@ -487,9 +487,9 @@ def test_trace_vectorized_equals_per_event(kw, monkeypatch):
 def test_trace_with_times_that_are_not_finite_takes_the_per_event_path(monkeypatch):
     import dataclasses
 
+    from jaxpace.records import perfetto as tr
     from jaxpace.records.synthetic import synthetic_run
     from jaxpace.report import analyze
-    from jaxpace.report.render import trace as tr
 
     rep = analyze(synthetic_run(8, 40, seed=1))
     wait = rep.data.wait.copy()
@@ -516,7 +516,7 @@ def test_permutation_null_by_counting_equals_the_one_hot_product():
 
 
 def test_grid_index_by_lookup_equals_searchsorted():
-    from jaxpace.report.stages.site import _index_in
+    from jaxpace.records.site_data import _index_in
 
     rng = np.random.default_rng(6)
     for lo, span, n in ((0, 50, 1000), (10**12, 10**6, 100), (-7, 3, 10), (5, 10**9, 1000)):

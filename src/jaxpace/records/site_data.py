@@ -1,12 +1,32 @@
-"""`SiteData`: one site's timings as dense (step x rank) arrays, the form every source becomes."""
+"""`SiteData`: one site's timings as dense (step x rank) arrays, the form every source becomes,
+and how it is built from `Records` (`pick_site`, `site_data`, `site_groups`).
+
+A rank missing from a step is neither late nor early there: its values are the step's
+median over the ranks present (the report, the whole step and the Perfetto trace alike).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["SiteData"]
+from jaxpace import _text
+from jaxpace.diagnosis.earliness import earliness
+from jaxpace.errors import RecordsError
+from jaxpace.records.reader import Records
+
+__all__ = [
+    "SiteData",
+    "group_columns",
+    "pick_site",
+    "rank_columns",
+    "site_data",
+    "site_groups",
+    "site_info",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,3 +51,366 @@ class SiteData:
     transfer: np.ndarray  # (S,)
     sync_wait: np.ndarray  # (S, R)
     lateness: np.ndarray  # (S, R)
+
+
+def _ranges(values, limit: int = 6) -> str:
+    return _text.ranges(values, limit=limit)
+
+
+def site_info(records: Records) -> dict[str, dict[str, Any]]:
+    """`{site: what the headers say of it}` (`kind`, `groups`, `pairs`, ...): the first
+    header that names the site."""
+    out: dict[str, dict[str, Any]] = {}
+    for h in records.headers:
+        for name, info in (h.get("sites") or {}).items():
+            if isinstance(info, Mapping):
+                out.setdefault(str(name), dict(info))
+    return out
+
+
+def rank_columns(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(columns of the `wanted` ranks that have records, which of `wanted` those are);
+    `ranks` is sorted (the records' rank columns)."""
+    if ranks.size == 0:
+        return np.zeros(0, np.intp), np.zeros(wanted.size, bool)
+    idx = np.searchsorted(ranks, wanted).clip(0, ranks.size - 1)
+    ok = ranks[idx] == wanted
+    return idx[ok], ok
+
+
+def group_columns(groups, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(cols, gid)`: the columns of the ranks `groups` lists that have records, in the
+    groups' order, and the index of each one's group."""
+    flat = np.fromiter((int(r) for g in groups for r in g), np.int64)
+    gid = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    cols, ok = rank_columns(ranks, flat)
+    return cols, gid[ok]
+
+
+def pick_site(recs: Records, site: str | None) -> str:
+    """`site` if the records have it (else a clear error); without one, the busiest site
+    (`analyze` itself defaults to the whole step: `stages.whole`)."""
+    if site is None:
+        counts = np.bincount(recs.columns["site"], minlength=len(recs.sites))
+        return recs.sites[int(np.argmax(counts))]
+    if site not in recs.sites:
+        raise RecordsError(
+            f"site `{site}` is not in the records; available sites: "
+            f"{', '.join(f'`{s}`' for s in recs.sites)}."
+        )
+    return site
+
+
+class _Grid(NamedTuple):
+    """Where each record of one site sits in the (step x rank) grid."""
+
+    sel: np.ndarray  # records of the site
+    flat: np.ndarray  # their flat grid index
+    steps_all: np.ndarray  # (S,) every step seen
+    ranks: np.ndarray  # (R,)
+    complete: np.ndarray  # (S,) the steps used: two or more ranks reported them
+    present: np.ndarray  # (S', R) which rank reported each used step
+
+
+# A rank missing from more than this share of the used steps is named in the notes.
+_MOSTLY_MISSING = 0.5
+
+
+def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
+    """Places the site's records on the grid; raises on duplicates or when no step has
+    records of two ranks.
+
+    Partial steps are used: each step compares the ranks present in it. The notes
+    say how much is missing, and name a rank missing from most steps.
+    """
+    c = records.columns
+    sel = c["site"] == records.sites.index(site)
+    step, rank = c["step"][sel], c["rank"][sel]
+    ranks = _int_unique(rank)
+    steps_all = _int_unique(step)
+    R, S = ranks.size, steps_all.size
+    flat = _index_in(steps_all, step) * R + _index_in(ranks, rank)
+    counts = np.bincount(flat, minlength=S * R)
+    if counts.max() > 1:
+        dup = np.flatnonzero(counts > 1)
+        s_dup, r_dup = divmod(int(dup[0]), R)
+        raise RecordsError(
+            f"site `{site}`: {dup.size} duplicate records, e.g. step {int(steps_all[s_dup])} "
+            f"of rank {int(ranks[r_dup])} appears {int(counts[dup[0]])} times. Each (site, "
+            "step, rank) must appear once; did two files come from the same process?"
+        )
+    present = (counts > 0).reshape(S, R)
+    n_present = present.sum(axis=1)
+    used = n_present >= min(2, R)  # (a one-rank run: its steps, nothing to compare)
+    if not used.any():
+        raise RecordsError(
+            f"site `{site}` has no step with records of two or more ranks (ranks "
+            f"{_ranges(ranks)}, {S} steps); nothing to compare. Point the report at the "
+            "whole run (every process's file)."
+        )
+    notes.extend(_coverage_notes(site, steps_all, ranks, present, used))
+    return _Grid(sel, flat, steps_all, ranks, used, present[used])
+
+
+def _coverage_notes(
+    site: str, steps: np.ndarray, ranks: np.ndarray, present: np.ndarray, used: np.ndarray
+) -> list[str]:
+    """`PARTIAL:` notes on what is missing at `site`: steps with fewer than two ranks
+    (not used), records missing in the used steps, ranks missing from most steps."""
+    notes = []
+    R = ranks.size
+    if not used.all():
+        notes.append(
+            f"PARTIAL: {int((~used).sum())} of {steps.size} steps of `{site}` have records of "
+            f"fewer than two ranks (steps {_ranges(steps[~used])}; not compared)."
+        )
+    p = present[used]
+    n = p.sum(axis=1)
+    missing = int(p.size - n.sum())
+    if missing:
+        short = int((n < R).sum())
+        lost = p.shape[0] - p.sum(axis=0)
+        top = np.argsort(-lost, kind="stable")[:3]
+        most = ", ".join(f"rank {int(ranks[j])}: {int(lost[j])}" for j in top if lost[j] > 0)
+        notes.append(
+            f"PARTIAL: {missing} of {p.size} (step, rank) records of `{site}` are missing "
+            f"({missing / p.size:.2%}); {short} of {n.size} steps lack some ranks. Each step "
+            f"compares the ranks present in it ({int(n.min())} to {int(n.max())} of {R}, "
+            f"median {int(np.median(n))}); a rank missing from a step is neither late nor "
+            f"early there (its lateness there is the step's median). Most missing: {most}."
+        )
+        share = 1.0 - p.mean(axis=0)
+        mostly = np.flatnonzero(share > _MOSTLY_MISSING)
+        if mostly.size:
+            shown = ", ".join(
+                f"{int(ranks[j])} ({share[j]:.0%})" for j in mostly[np.argsort(-share[mostly])][:10]
+            )
+            more = f", and {mostly.size - 10} more" if mostly.size > 10 else ""
+            notes.append(
+                f"PARTIAL: rank(s) missing from most steps of `{site}`: {shown}{more} of "
+                "the steps missing; what the report says of them rests on few steps."
+            )
+    return notes
+
+
+def _int_unique(a: np.ndarray) -> np.ndarray:
+    """`np.unique` of an integer array, by counting when its range is small (no sort)."""
+    if a.size == 0:
+        return np.unique(a)
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo <= 4 * a.size + 1024:
+        return np.flatnonzero(np.bincount(a - lo, minlength=hi - lo + 1)) + lo
+    return np.unique(a)
+
+
+def _index_in(uniq: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """`np.searchsorted(uniq, a)` for `a` drawn from the sorted `uniq`; by a lookup
+    table when their range is small (as `_int_unique`)."""
+    if a.size == 0 or int(uniq[-1]) - int(uniq[0]) > 4 * a.size + 1024:
+        return np.searchsorted(uniq, a)
+    lut = np.zeros(int(uniq[-1]) - int(uniq[0]) + 1, dtype=np.intp)
+    lut[uniq - uniq[0]] = np.arange(uniq.size)
+    return lut[a - uniq[0]]
+
+
+def _dense(
+    records: Records, g: _Grid, col: str, dtype: type = np.int64, fill: Any = 0
+) -> np.ndarray:
+    """Column `col` of the site as a (used steps x rank) array, `fill` where missing."""
+    a = np.full(g.steps_all.size * g.ranks.size, fill, dtype)
+    column = records.columns[col]
+    a[g.flat] = column if g.sel.all() else column[g.sel]  # (one site: no copy)
+    a = a.reshape(g.steps_all.size, g.ranks.size)
+    return a if g.complete.all() else a[g.complete]
+
+
+def _fill_missing(a: np.ndarray, missing: np.ndarray) -> np.ndarray:
+    """`a` with its `missing` cells set to their step's median over the ranks present (a
+    rank missing from a step is neither late nor early there); rows with no value stay NaN."""
+    if not missing.any():
+        return a
+    a = np.where(missing, np.nan, a)
+    rows = np.flatnonzero(missing.any(axis=1) & ~np.isnan(a).all(axis=1))
+    if rows.size:
+        med = np.nanmedian(a[rows], axis=1)
+        part = a[rows]
+        a[rows] = np.where(np.isnan(part), med[:, None], part)
+    return a
+
+
+def _fill_all(missing: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`_fill_missing` of lateness, sync wait, wait, delay, compute and step time (S, R);
+    compute and step time need the step before too, and a step whose every value is
+    unknown (not consecutive) stays unknown."""
+    lateness, sync_wait, wait, delay, compute, step_time = arrays
+    lost = missing.copy()
+    lost[1:] |= missing[:-1]
+    return (
+        _fill_missing(lateness, missing),
+        _fill_missing(sync_wait, missing),
+        _fill_missing(wait, missing),
+        _fill_missing(delay, missing),
+        _fill_missing(compute, lost & ~np.isnan(compute).all(axis=1, keepdims=True)),
+        _fill_missing(step_time, lost & ~np.isnan(step_time).all(axis=1, keepdims=True)),
+    )
+
+
+def _own_clock(records: Records, g: _Grid, missing: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(arrive, done) in seconds since each rank's own first arrival, NaN where missing
+    (int64 until each rank's origin is subtracted: only differences on one clock matter)."""
+    arrive_i, done_i = _dense(records, g, "arrive_ns"), _dense(records, g, "done_ns")
+    origin_ns = np.where(missing, np.iinfo(np.int64).max, arrive_i).min(axis=0, keepdims=True)
+    arrive = np.where(missing, np.nan, (arrive_i - origin_ns) / 1e9)
+    return arrive, np.where(missing, np.nan, (done_i - origin_ns) / 1e9)
+
+
+def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
+    """Dense arrays of one site's steps with two or more ranks; returns (data, notes, partial).
+
+    All times are durations on one rank's own clock (each rank's origin is its
+    own first arrival), so clock offsets between processes never matter. Each step
+    compares the ranks present in it: the lateness, transfer and sync wait of a step
+    come from those ranks only, and at a step a rank is missing from, its values are
+    the step's median over the ranks present (neither late nor early there).
+    """
+    notes: list[str] = []
+    g = _grid(records, site, notes)
+    missing = ~g.present
+    partial = bool(not g.complete.all() or missing.any())
+    nan = np.nan
+    arrive, done = _own_clock(records, g, missing)
+    wait = _dense(records, g, "wait_ns", np.float64, nan) / 1e9
+    delay = _dense(records, g, "delay_ns", np.float64, nan) / 1e9
+    engaged = _dense(records, g, "engaged", bool).any(axis=1)
+    steps = g.steps_all[g.complete]
+
+    consecutive = np.zeros(steps.size, bool)
+    consecutive[1:] = np.diff(steps) == 1
+    phases = max((int(h.get("interleaved_phases", 1)) for h in records.headers), default=1)
+    if phases > 1:
+        # One exit of the site to the next spans the other runs' steps too.
+        notes.append(
+            f"INTERLEAVED: these records come from one of {phases} runs interleaved step "
+            "by step in the same processes (header `interleaved_phases`), so the time from "
+            "one exit of the collective to the next spans the other runs' steps too. "
+            "Iteration and compute times are not measured from these records; waits, "
+            "delays and the ranking are. Time each run's own step in the program."
+        )
+        consecutive[:] = False
+    compute = np.full(arrive.shape, np.nan)
+    step_time = np.full(arrive.shape, np.nan)
+    compute[1:] = arrive[1:] - done[:-1]
+    step_time[1:] = done[1:] - done[:-1]
+    compute[~consecutive] = np.nan
+    step_time[~consecutive] = np.nan
+    if steps.size > 1 and phases == 1 and not consecutive[1:].any():
+        notes.append(
+            "steps are not consecutive (sampled records?): compute and step time need "
+            "consecutive steps, so only wait-based statistics are available."
+        )
+    # Time in the collective before it could finish; its minimum is the transfer,
+    # and each rank's earliness beyond that minimum is its sync wait.
+    entered = np.maximum(wait - delay, 0.0)
+    codes = site_groups(records, site, g.ranks)
+    if codes is None:
+        if missing.any():
+            lateness = np.nanmax(wait, axis=1, keepdims=True) - wait
+            transfer = np.nanmin(entered, axis=1)
+            sync_wait = entered - transfer[:, None]
+        else:
+            lateness = wait.max(axis=1, keepdims=True) - wait
+            transfer, sync_wait = entered.min(axis=1), earliness(entered, axis=-1)
+    else:
+        lateness, transfer, sync_wait = _within_groups(wait, entered, codes)
+        notes.append(_groups_note(site, codes))
+    if missing.any():
+        lateness, sync_wait, wait, delay, compute, step_time = _fill_all(
+            missing, lateness, sync_wait, wait, delay, compute, step_time
+        )
+    # Each rank's process: from any of its records.
+    proc_grid = _dense(records, g, "process", np.int64, -1)
+    processes = proc_grid.max(axis=0)
+    host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in records.headers}
+    data = SiteData(
+        steps=steps,
+        ranks=g.ranks,
+        processes=processes,
+        hosts=tuple(host_of_proc.get(int(p), "?") for p in processes.tolist()),
+        arrive=arrive,
+        done=done,
+        wait=wait,
+        delay=delay,
+        engaged=engaged,
+        compute=compute,
+        step_time=step_time,
+        transfer=transfer,
+        sync_wait=sync_wait,
+        lateness=lateness,
+    )
+    return data, notes, partial
+
+
+def site_groups(records: Records, site: str, ranks: np.ndarray) -> np.ndarray | None:
+    """Each of `ranks`' group at `site` (R,) from the headers' `sites[site]["groups"]`,
+    or None when the site runs as one group (no groups in the headers, or one).
+
+    A listed rank without records is ignored; ranks in no group form one more group
+    together (as all ranks do without groups); a rank listed twice counts in its first.
+    """
+    listed = site_info(records).get(site, {}).get("groups")
+    if not listed:
+        return None
+    cols, gid = group_columns(listed, ranks)
+    idx, first = np.unique(cols, return_index=True)  # a rank's first listing
+    codes = np.full(ranks.size, len(listed), np.int64)
+    codes[idx] = gid[first]
+    _, codes = np.unique(codes, return_inverse=True)  # the groups with ranks, 0..G-1
+    return codes.reshape(-1) if codes.max(initial=0) > 0 else None
+
+
+def _within_groups(
+    wait: np.ndarray, entered: np.ndarray, codes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lateness (S, R), transfer (S,), sync wait (S, R)), each rank against its own group.
+
+    Lateness is ``max_j wait_j - wait_i`` over i's group, and the sync wait the rank's time
+    in the collective beyond its group's least; a step's transfer is the median over groups
+    of each group's least time in the collective (the typical group's collective: the
+    groups run the same collective on different data, at the same time).
+    """
+    order = np.argsort(codes, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(codes[order]) != 0])
+    # fmax/fmin: a missing rank (NaN) is left out of its group's extreme.
+    gmax = np.fmax.reduceat(wait[:, order], starts, axis=1)
+    gmin = np.fmin.reduceat(entered[:, order], starts, axis=1)
+    lateness = gmax[:, codes] - wait
+    transfer = np.median(gmin, axis=1) if not np.isnan(gmin).any() else _nanmedian_rows(gmin)
+    return lateness, transfer, entered - gmin[:, codes]
+
+
+def _nanmedian_rows(a: np.ndarray) -> np.ndarray:
+    """Median of each row over its non-NaN values (NaN for a row without any), warning-free."""
+    out = np.full(a.shape[0], np.nan)
+    ok = ~np.isnan(a).all(axis=1)
+    if ok.any():
+        out[ok] = np.nanmedian(a[ok], axis=1)
+    return out
+
+
+def _groups_note(site: str, codes: np.ndarray) -> str:
+    sizes = np.bincount(codes)
+    n = str(int(sizes[0])) if (sizes == sizes[0]).all() else f"{sizes.min()} to {sizes.max()}"
+    return (
+        f"`{site}` runs as {sizes.size} groups (the records' header): ranks of different "
+        f"groups never wait for each other; lateness is measured within each group of {n} "
+        "ranks (and the sync wait against the group's last rank in), and a step's transfer "
+        "is the median over groups of each group's least time in the collective."
+    )
+
+
+# The grid helpers `stages.whole` shares (the whole step places each site's records
+# the same way).
+site_grid = _grid
+fill_missing = _fill_missing
+index_in = _index_in
+int_unique = _int_unique

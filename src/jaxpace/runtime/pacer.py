@@ -499,7 +499,7 @@ class Pacer:
 
     def write_trace(self, path: str | os.PathLike) -> str:
         """Writes a Perfetto / Chrome trace JSON of this process's records."""
-        from jaxpace.report.render.trace import write_trace
+        from jaxpace.records.perfetto import write_trace
 
         write_trace(self.records(), os.fspath(path))
         return os.fspath(path)

@@ -11,6 +11,7 @@
 7. `links` (2 or more sites): every site in step order, the latest rank within each group.
 """
 
+from jaxpace.records.site_data import pick_site, site_data
 from jaxpace.report.stages.context import context_notes, refuse_invariant, run_context
 from jaxpace.report.stages.culprit import (
     ALPHA,
@@ -39,7 +40,6 @@ from jaxpace.report.stages.outlook import (
     waiting_costs,
     what_if,
 )
-from jaxpace.report.stages.site import pick_site, site_data
 from jaxpace.report.stages.steps import (
     StepSelection,
     amplification,

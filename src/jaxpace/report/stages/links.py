@@ -27,12 +27,11 @@ first site where a rank is late is where its lateness enters the step; later sit
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from jaxpace.records.reader import Records
+from jaxpace.records.site_data import group_columns, rank_columns, site_info
 from jaxpace.report.model import GroupLate, LinkWait, SiteRow
 from jaxpace.report.render.text import format_ms
 
@@ -52,36 +51,6 @@ __all__ = [
 ALPHA = 1e-3  # per site and group, as `stages.culprit`'s culprit test
 MIN_LEAD_S = 1e-3
 REL_LEAD = 0.02  # of the site's median step period: below it a lead is the fleet's own spread
-
-
-def site_info(records: Records) -> dict[str, dict[str, Any]]:
-    """`{site: what the headers say of it}` (`kind`, `groups`, `pairs`, ...): the first
-    header that names the site."""
-    out: dict[str, dict[str, Any]] = {}
-    for h in records.headers:
-        for name, info in (h.get("sites") or {}).items():
-            if isinstance(info, Mapping):
-                out.setdefault(str(name), dict(info))
-    return out
-
-
-def rank_columns(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(columns of the `wanted` ranks that have records, which of `wanted` those are);
-    `ranks` is sorted (the records' rank columns)."""
-    if ranks.size == 0:
-        return np.zeros(0, np.intp), np.zeros(wanted.size, bool)
-    idx = np.searchsorted(ranks, wanted).clip(0, ranks.size - 1)
-    ok = ranks[idx] == wanted
-    return idx[ok], ok
-
-
-def group_columns(groups, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`(cols, gid)`: the columns of the ranks `groups` lists that have records, in the
-    groups' order, and the index of each one's group."""
-    flat = np.fromiter((int(r) for g in groups for r in g), np.int64)
-    gid = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-    cols, ok = rank_columns(ranks, flat)
-    return cols, gid[ok]
 
 
 def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:

@@ -32,9 +32,9 @@ import numpy as np
 
 from jaxpace.errors import RecordsError
 from jaxpace.records.reader import Records
+from jaxpace.records.site_data import fill_missing, index_in, int_unique, site_data, site_grid
 from jaxpace.report.model import SiteData
 from jaxpace.report.stages.context import run_context
-from jaxpace.report.stages.site import fill_missing, index_in, int_unique, site_data, site_grid
 
 __all__ = ["WHOLE_STEP", "execution_of", "refused_sites", "whole_step"]
 
