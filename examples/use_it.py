@@ -1,4 +1,4 @@
-"""A complete data-parallel training program with jaxpace (README "Use it" includes this file).
+"""A complete data-parallel training program with jaxpace (the README's drop-ins section includes this file).
 
 python examples/use_it.py                # one process: all of its devices (set XLA_FLAGS for more)
 jaxpace launch -n 2 --local-devices 2 -- python examples/use_it.py   # two processes

@@ -25,8 +25,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Adds the `jaxpace report` arguments to `parser`."""
     parser.add_argument(
         "run_dir",
-        help="run directory of `records-p*.jsonl` files (or one file), `jax.profiler` traces "
-        "(a directory, or one per process), or NCCL Inspector logs (`<host>-pid<pid>.log`)",
+        help="run directory of `records-p*.parquet` (or `.jsonl`) files (or one file), a "
+        "`jaxpace.watch` out= folder, `jax.profiler` traces (a directory, or one per process), "
+        "or NCCL Inspector logs (`<host>-pid<pid>.log`)",
     )
     parser.add_argument("--html", help="HTML report path (default: RUN_DIR/report.html)")
     parser.add_argument("--trace", help="Perfetto trace path (default: RUN_DIR/trace.json)")
