@@ -380,34 +380,45 @@ def _check_launch_args(cmd, num_processes, local_devices, per_rank_env) -> None:
 
 def _check_run_args(timeout_s, grace_s, tail_lines) -> None:
     if timeout_s is not None:
-        try:
-            check_number("timeout_s", timeout_s, lo=0.0, hi=_MAX_TIMEOUT_S, lo_open=True)
-        except ConfigError as e:
-            raise ConfigError(
-                f"{e} The job timeout (`--timeout`) is the wall-clock limit in seconds, "
-                "e.g. `--timeout 600`; it must be finite and above 0."
-            ) from None
+        _check_with_hint(
+            "timeout_s",
+            timeout_s,
+            "The job timeout (`--timeout`) is the wall-clock limit in seconds, e.g. "
+            "`--timeout 600`; it must be finite and above 0.",
+            lo=0.0,
+            hi=_MAX_TIMEOUT_S,
+            lo_open=True,
+        )
     check_number("grace_s", grace_s, lo=0.0, hi=600.0)
     check_number("tail_lines", tail_lines, lo=1, hi=100_000, integer=True)
 
 
 def _check_jax_timeouts(heartbeat_timeout_s, init_timeout_s) -> None:
     """Both are whole seconds of at least 1 (JAX took 0 and -5 and misbehaved later)."""
-    hi = int(_MAX_TIMEOUT_S)
+    whole = dict(lo=1, hi=int(_MAX_TIMEOUT_S), integer=True)
+    _check_with_hint(
+        "heartbeat_timeout_s",
+        heartbeat_timeout_s,
+        "`--heartbeat-timeout` is the seconds after which JAX declares a silent peer dead: "
+        "a whole number of at least 1, e.g. `--heartbeat-timeout 10`.",
+        **whole,
+    )
+    _check_with_hint(
+        "init_timeout_s",
+        init_timeout_s,
+        "It is the seconds `jax.distributed.initialize` waits for every peer: a whole "
+        "number of at least 1, e.g. 60.",
+        **whole,
+    )
+
+
+def _check_with_hint(name: str, value, hint: str, **bounds) -> None:
+    """`check_number(name, value, **bounds)`, its error followed by `hint` (what the
+    setting is, with an example)."""
     try:
-        check_number("heartbeat_timeout_s", heartbeat_timeout_s, lo=1, hi=hi, integer=True)
+        check_number(name, value, **bounds)
     except ConfigError as e:
-        raise ConfigError(
-            f"{e} `--heartbeat-timeout` is the seconds after which JAX declares a silent "
-            "peer dead: a whole number of at least 1, e.g. `--heartbeat-timeout 10`."
-        ) from None
-    try:
-        check_number("init_timeout_s", init_timeout_s, lo=1, hi=hi, integer=True)
-    except ConfigError as e:
-        raise ConfigError(
-            f"{e} It is the seconds `jax.distributed.initialize` waits for every peer: a "
-            "whole number of at least 1, e.g. 60."
-        ) from None
+        raise ConfigError(f"{e} {hint}") from None
 
 
 def _rank_env_base(

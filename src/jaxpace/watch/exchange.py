@@ -14,8 +14,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
+from jaxpace.records.safe_io import write_atomic
 from jaxpace.runtime.bounded_kv import KV_TIMEOUT_S, BoundedKV
-from jaxpace.watch.store import write_text_atomic
 
 __all__ = ["DirExchange", "Exchange", "KVExchange", "LocalExchange", "key"]
 
@@ -87,7 +87,7 @@ class DirExchange:
 
     def put(self, k: str, value: str) -> bool:
         try:
-            write_text_atomic(self._path(k), value)
+            write_atomic(self._path(k), value, what="watch summary", make_parents=True)
             self.last_error = None
             return True
         except OSError as e:

@@ -26,7 +26,6 @@ __all__ = [
     "KEEP_WINDOWS",
     "VERDICT_FILE",
     "store_windows",
-    "write_text_atomic",
     "write_verdict",
 ]
 
@@ -35,20 +34,13 @@ VERDICT_FILE = "verdict.json"
 HISTORY_FILE = "verdicts.ndjson"
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes `text` to `path` through the one atomic writer (see the module docstring).
-
-    Raises OSError (a symlink or special file at `path` is refused and left as it was).
-    """
-    write_atomic(path, text, what="watch verdict", make_parents=True)
-
-
 def write_verdict(out: str | os.PathLike, verdicts: Sequence[dict[str, Any]]) -> Path:
     """`out/verdict.json`: the newest verdict; `out/verdicts.ndjson`: the last ones, one a
     line, oldest first. Each replaced atomically. Returns the verdict's path."""
     path = Path(out) / VERDICT_FILE
     write_jsonl(Path(out) / HISTORY_FILE, verdicts)
-    write_text_atomic(path, json.dumps(verdicts[-1], indent=1, sort_keys=True) + "\n")
+    text = json.dumps(verdicts[-1], indent=1, sort_keys=True) + "\n"
+    write_atomic(path, text, what="watch verdict", make_parents=True)
     return path
 
 

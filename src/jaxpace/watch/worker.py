@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from jaxpace.records.safe_io import write_atomic
 from jaxpace.runtime import pauses
 from jaxpace.runtime.watchdog import STALL_EXIT_CODE
 from jaxpace.watch import decide as _decide
@@ -399,8 +400,11 @@ class Worker:
         how = self.w.on_stall
         if self.w.out is not None:
             try:
-                store.write_text_atomic(
-                    os.path.join(os.fspath(self.w.out), "stall.json"), json.dumps(record) + "\n"
+                write_atomic(
+                    os.path.join(os.fspath(self.w.out), "stall.json"),
+                    json.dumps(record) + "\n",
+                    what="watch stall record",
+                    make_parents=True,
                 )
             except OSError as e:
                 say(f"jaxpace watch: cannot write the stall record: {e}")
