@@ -178,6 +178,32 @@ def _summary(p, window=1, n_exec=5, late=False, devices=2):
     }  # fmt: skip
 
 
+def test_the_windows_know_their_platform_so_cpu_runs_get_no_gpu_advice():
+    """The trace's platform travels in each summary: a CPU job's windows read as CPU (no
+    `nvidia-smi` advice), pooled windows too; a platform the processes disagree on, or an
+    unknown word, reads as unknown."""
+    from jaxpace.report.analyze import analyze
+    from jaxpace.report.render.terminal import summary_lines
+    from jaxpace.watch.summary import combine, merge
+
+    def window(w, platforms):
+        got = {
+            p: {**_summary(p, window=w, late=p == 2), "platform": platforms[p]} for p in range(4)
+        }
+        return combine(got, process_count=4, window=w, first=10 * w, last=10 * w + 4, run_id="t")[0]
+
+    cpu = [window(w, ["cpu"] * 4) for w in (1, 2)]
+    assert {h["platform"] for h in cpu[0].headers} == {"cpu"}
+    pooled = merge(cpu, run_id="t")
+    assert {h["platform"] for h in pooled.headers} == {"cpu"}
+    text = "\n".join(summary_lines(analyze(pooled, warmup_steps=0), verbose=True))
+    assert "nvidia-smi" not in text, text
+    mixed = window(3, ["cpu", "gpu", "cpu", "cpu"])
+    assert {h["platform"] for h in mixed.headers} == {"unknown"}
+    odd = window(4, ["cpu", "cpu", "cpu", "<script>"])
+    assert {h["platform"] for h in odd.headers} == {"unknown"}
+
+
 def test_summaries_combine_into_one_window_of_every_process():
     from jaxpace.watch.summary import combine
 

@@ -116,7 +116,18 @@ def summarize(
         "rows": rows.astype(np.int64).tolist(),
         "notes": notes,
         "partial": bool(loaded.records.partial),
+        "platform": _platform_of(loaded.records.headers),
     }
+
+
+PLATFORMS = ("cpu", "gpu", "tpu")  # what the trace reader tells apart (`xprof.trace_platform`)
+
+
+def _platform_of(headers: Sequence[Mapping[str, Any]]) -> str:
+    """The platform the headers name, if it is one the trace reader tells apart, else
+    "unknown" (a summary from another process is untrusted input)."""
+    found = {str(h.get("platform", "")).lower() for h in headers}
+    return found.pop() if len(found) == 1 and found <= set(PLATFORMS) else "unknown"
 
 
 def compact(s: Any) -> Any:
@@ -266,6 +277,7 @@ def combine(
         source_label=label,
         timed=True,
         window=int(window),
+        platform=_platform_of([summaries[q] for q in per_proc]),
     )
     return recs, notes
 
@@ -304,4 +316,5 @@ def merge(parts: Sequence[Records], *, run_id: str) -> Records:
         source="watch",
         source_label=label,
         timed=True,
+        platform=_platform_of([h for r in parts for h in r.headers]),
     )
