@@ -585,3 +585,33 @@ def test_watch_says_the_reports_likely_in_its_words():
     assert "likely: process 1" in line and "10% of the step" in line
     v = verdict(r, run="t", process_count=4)
     assert v["confidence"] == "likely" and v["likely_text"] == r.likely_text
+
+
+def test_the_deciding_process_takes_its_own_summary_from_memory_when_a_stall_cuts(tmp_path):
+    """Process 0 is inside window 11 when a stall is named; its window 10 is closed but not
+    yet summarized (held while 11 is open). The cut decides window 10 with process 0's own
+    summary, made then and taken from memory, not left out as late: 10 is not partial."""
+    import json
+
+    from jaxpace.watch import exchange
+    from jaxpace.watch.worker import Worker
+
+    ex = exchange.LocalExchange()
+    w = Watched(lambda x: x, every=20, window=5, stall_after_s=5.0)
+    worker = Worker(w, ex, process=0, count=2, host="h0")
+    one = {**_summary(1, window=10), "first_step": 200, "last_step": 204}
+    ex.put(exchange.key(w.run, "summary", 1, 10 % 4), json.dumps(one))
+    # Process 0's own trace of window 10 (devices 0-1, the same 5 executions).
+    _trace(tmp_path / "p0" / "plugins" / "profile" / "r" / "h.trace.json.gz",
+           ["all-reduce.1"], runs=5, devices=(0, 1), dur=lambda s, r, d: 21_000)  # fmt: skip
+    assert worker.submit((10, 200, 204, str(tmp_path / "p0"), None, {}))
+    worker._held = worker.jobs.get_nowait()  # held: window 11 is open on this process
+    w._open = (11, None, None)
+    stall = {"process": 1, "host": "h1", "last_step": 219, "waiting_step": 220,
+             "stalled_s": 6.0, "ahead": [0], "overrun": ""}  # fmt: skip
+    worker._stall(stall)
+    by_window = {r.window: r for r in worker.history}
+    assert set(by_window) == {10, 11}, by_window
+    ten = by_window[10]
+    assert not ten.partial and ten.windows_pooled == 1 and ten.analyzed_steps == 5, ten
+    assert by_window[11].partial and by_window[11].notes[0].startswith("window cut")

@@ -88,6 +88,7 @@ class Worker:
         self._stalls_at = -math.inf
         self._cut_windows: set[int] = set()  # windows decided partial at a stall (see _cut)
         self._gather_at = -math.inf
+        self._held: tuple | None = None  # a finished window waiting for the open one to close
         self.thread = threading.Thread(target=self._loop, name="jaxpace-watch", daemon=True)
 
     # ----------------------------------------------------------------- lifecycle
@@ -123,24 +124,24 @@ class Worker:
         return self.w._open is None or s.window == s.every or self._stop.is_set()
 
     def _loop(self) -> None:
+        _lower_priority()
         if self.leader:  # the report's modules load now, not during the first decision
             try:
                 import jaxpace.report.analyze  # noqa: F401
             except Exception:  # noqa: BLE001 - the decision says so when it runs
                 pass
-        held = None  # a finished window waiting for the current one to close
         while True:
-            if held is None:
+            if self._held is None:
                 try:
-                    held = self.jobs.get(timeout=TICK_S)
+                    self._held = self.jobs.get(timeout=TICK_S)
                 except queue.Empty:
                     pass
             else:
                 self._stop.wait(TICK_S)
             try:
                 quiet = self._quiet()
-                if held is not None and quiet:
-                    job, held = held, None
+                if self._held is not None and quiet:
+                    job, self._held = self._held, None
                     self.busy = True
                     self._window(*job)
                 now = time.monotonic()
@@ -157,7 +158,7 @@ class Worker:
                 self.busy = False
             if self.gone is not None:
                 return
-            if self._stop.is_set() and held is None and self.jobs.empty():
+            if self._stop.is_set() and self._held is None and self.jobs.empty():
                 if not self.leader or not self._pending:
                     return
 
@@ -200,9 +201,25 @@ class Worker:
 
     # ----------------------------------------------------------------- windows
 
-    def _window(self, window, first, last, trace_dir, why, costs) -> None:
-        """Summarizes and publishes one window of this process (with its edge costs, seconds)."""
+    def _window(self, window, first, last, trace_dir, why, costs, export=None) -> None:
+        """Summarizes and publishes one window of this process (with its edge costs, seconds).
+
+        `export`: `(session, xspace, dir)` when the step's thread only collected the trace:
+        the files are written here first. The deciding process keeps its own summary in
+        memory (its decision never waits for it through the store)."""
         where = dict(process=self.process, host=self.host, window=window, first=first, last=last)
+        cpu0 = time.thread_time()
+        if trace_dir is not None and export is not None:
+            t0 = time.perf_counter()
+            try:
+                export[0].export(export[1], export[2])
+                costs = {**costs, "export_s": round(time.perf_counter() - t0, 6)}
+            except Exception as e:  # noqa: BLE001 - the window is then partial
+                why, trace_dir = (
+                    f"process {self.process}: writing the window trace failed ({e})",
+                    None,
+                )
+            export = None  # the XSpace's bytes are no longer held
         if trace_dir is None:
             s = summary.empty(**where, why=why or f"process {self.process}: no trace")
         else:
@@ -210,8 +227,15 @@ class Worker:
             s = summary.summarize(trace_dir, **where)
             s["summarize_s"] = round(time.perf_counter() - t0, 4)
             shutil.rmtree(trace_dir, ignore_errors=True)
-        s["costs"] = costs
+        s["costs"] = {**costs, "summary_cpu_s": round(time.thread_time() - cpu0, 6)}
         self._put(_ex.key(self.w.run, "summary", self.process, window % SLOTS), s)
+        if self.leader:
+            with self.lock:
+                pending = window in self._pending
+            if pending and window not in self._cut_windows:
+                own = summary.compact({**s, "rows": list(s["rows"])})
+                self._got.setdefault(window, {})[self.process] = own
+                self._lost.get(window, set()).discard(self.process)
 
     def _gather(self, now: float, final: bool, quiet: bool) -> None:
         """Reads the pending windows' summaries (keeping what it read: a later window may
@@ -430,6 +454,7 @@ class Worker:
         collective for the stalled process (or a dead one: JAX's heartbeat abort may end
         the job any moment). The windows before it are decided now with the summaries
         read so far, and the open window as partial, naming the stall; never waits."""
+        self._own_closed_windows()
         now = time.monotonic()
         with self.lock:
             for window, (_d, first, last) in list(self._pending.items()):
@@ -447,11 +472,32 @@ class Worker:
         )
         self._decide(window, first, last, {}, [], cut=why)
 
+    def _own_closed_windows(self) -> None:
+        """Summarizes this process's windows that are closed but not yet summarized (held
+        while a later window is open, or queued), so the decisions made now have them."""
+        while True:
+            job, self._held = self._held, None
+            if job is None:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    return
+            self._window(*job)
+
     def _call_sinks_bounded(self, fn: Any) -> None:
         """Runs `fn` on a helper thread and waits at most `SINK_TIMEOUT_S` for it."""
         t = threading.Thread(target=_quietly, args=(fn,), name="jaxpace-watch-sink", daemon=True)
         t.start()
         t.join(SINK_TIMEOUT_S)
+
+
+def _lower_priority() -> None:
+    """This thread at the lowest CPU priority (Linux: a thread's own nice value), so the
+    step's threads get the cores first; nothing elsewhere (no per-thread nice)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
 
 
 def _costs(summaries: dict[int, dict], analysis_s: float) -> dict[str, float | None]:
