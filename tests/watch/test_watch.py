@@ -109,6 +109,8 @@ def test_package_import_keeps_jaxpace_watch_callable():
     [
         ({"every": 1}, "every"),
         ({"every": 2.5}, "every"),
+        ({"every": "often"}, "every"),
+        ({"window": 100}, "window"),  # every="auto": the first window starts at call 100
         ({"window": 0}, "window"),
         ({"every": 4, "window": 5}, "window"),
         ({"stall_after_s": -1.0}, "stall_after_s"),
@@ -615,3 +617,62 @@ def test_the_deciding_process_takes_its_own_summary_from_memory_when_a_stall_cut
     ten = by_window[10]
     assert not ten.partial and ten.windows_pooled == 1 and ten.analyzed_steps == 5, ten
     assert by_window[11].partial and by_window[11].notes[0].startswith("window cut")
+
+
+def test_auto_cadence_spaces_windows_by_their_measured_cost_and_every_process_adopts_it():
+    """`every="auto"`: process 0 decides window 1 (calls 100-104) and announces window 2
+    where a window costing 50 ms (its slowest process: 25 ms of extra time on the step's
+    thread + 25 ms of trace CPU; process 0's decision adds its own) is 0.5% of the time
+    between windows at 5 ms per step; process 1 reads it with the result and its wrapper
+    blocks and profiles on the announced calls."""
+    from jaxpace.watch import exchange, schedule
+    from jaxpace.watch.worker import Worker
+
+    ex = exchange.LocalExchange()
+    ws, workers = [], []
+    for p in range(2):
+        events = []
+        w = _watched(events)
+        assert w.schedule.auto and w.schedule.every == schedule.FIRST_WINDOW_AT == 100
+        w._process, w.run = p, "w-auto"  # the same watched function on both processes
+        ws.append((w, events))
+        workers.append(Worker(w, ex, process=p, count=2, host=f"h{p}"))
+    costs = {"step_s": 0.005, "window_s": 5 * 0.005 + 0.020, "pre_block_s": 0.005,
+             "summary_cpu_s": 0.020}  # fmt: skip
+    mine = {p: {**_summary(p, window=1), "costs": dict(costs)} for p in range(2)}
+    mine[1]["costs"]["summary_cpu_s"] = 0.025  # process 1 is the costlier
+    ws[0][0]._calls = 130
+    workers[0]._decide(1, 100, 104, mine, [])
+    v = workers[0]._verdicts[-1]
+    cost = v["cost_s"]["window_cost_s"]
+    assert 0.050 <= cost < 0.050 + 1.0, v["cost_s"]  # + process 0's decision CPU
+    gap = math.ceil(cost / (0.005 * 0.005))
+    assert v["next_window"] == {"window": 2, "first_step": max(100 + gap, 130 + 2001)}, v
+    assert ws[0][0]._announced == (2, v["next_window"]["first_step"])
+    workers[1]._read_result(100.0)
+    w1, events = ws[1]
+    assert w1._announced == ws[0][0]._announced
+    start = v["next_window"]["first_step"]
+    w1._calls = start - 3
+    for k in range(start - 3, start + 6):
+        w1(k)
+    assert w1.schedule.bounds(2) == (start, start + 4)
+    seq = [e[0] if e[0] in ("start", "stop") else e for e in events]
+    assert seq[seq.index(("call", start - 1)) :][:4] == [
+        ("call", start - 1), ("block", start - 1), "start", ("call", start)]  # fmt: skip
+    assert ("block", start + 4) in events and "stop" in seq
+
+
+def test_an_announcement_after_its_window_began_is_skipped_and_said():
+    """A process that reads the announced window only after its blocking call passed does
+    not start it late: it skips it (its window is partial) and keeps the call untouched."""
+    events = []
+    w = _watched(events)
+    w(0)
+    w._calls = 500
+    w._announced = (2, 400)
+    got = [w(k) for k in range(500, 505)]
+    assert got == list(range(500, 505)) and events[-5:] == [("call", k) for k in range(500, 505)]
+    job = w._worker.jobs.get_nowait()
+    assert job[:3] == (2, 400, 404) and job[3] is None and "announced after its start" in job[4]
+    w.close()

@@ -27,7 +27,7 @@ from jaxpace.runtime import pauses
 from jaxpace.runtime.watchdog import STALL_EXIT_CODE
 from jaxpace.watch import decide as _decide
 from jaxpace.watch import exchange as _ex
-from jaxpace.watch import heartbeat, store, summary
+from jaxpace.watch import heartbeat, schedule, store, summary
 
 __all__ = ["BEAT_EVERY_S", "CLOSE_GATHER_S", "GATHER_S", "MAX_HISTORY", "TICK_S", "Worker"]
 
@@ -89,6 +89,8 @@ class Worker:
         self._cut_windows: set[int] = set()  # windows decided partial at a stall (see _cut)
         self._gather_at = -math.inf
         self._held: tuple | None = None  # a finished window waiting for the open one to close
+        self._window_costs: collections.deque = collections.deque(maxlen=5)  # every="auto"
+        self._step_s = math.nan
         self.thread = threading.Thread(target=self._loop, name="jaxpace-watch", daemon=True)
 
     # ----------------------------------------------------------------- lifecycle
@@ -286,7 +288,7 @@ class Worker:
     ) -> None:
         if window in self._cut_windows:  # decided partial at a stall already: that stands
             return
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         recs, notes = summary.combine(
             mine,
             lost=lost,
@@ -311,6 +313,12 @@ class Worker:
         say(_decide.log_line(result))
         v = _decide.verdict(result, run=self.w.run, process_count=self.count)
         v["cost_s"] = _costs(mine, analysis_s)
+        if self.w.schedule.auto and not cut:
+            nxt = self._announce(window, mine, time.thread_time() - cpu0)
+            if nxt is not None:
+                v["next_window"] = {"window": nxt[0], "first_step": nxt[1]}
+                v["cost_s"]["window_cost_s"] = round(self._window_costs[-1], 6)
+                self.w._announced = nxt
         self._verdicts.append(v)
         self._put(f"jaxpace/watch/{self.w.run}/result/p0", v)
         if self.w.out is not None:
@@ -324,6 +332,28 @@ class Worker:
         if recs is not None:
             self._deliver(recs, v)
 
+    def _announce(self, window: int, mine: dict[int, dict], decide_cpu_s: float):
+        """`every="auto"`: the next window, `(window, first call)`, from this window's cost
+        (`window_cost`, plus this decision's CPU time on this process) and the time per
+        step, as `schedule.spacing` and `schedule.next_start` place it; None when
+        `window` is not the newest one announced."""
+        s = self.w.schedule
+        first = s.bounds(window)[0]
+        if first < 0 or window < s._next[0]:
+            return None
+        costs = {p: (m.get("costs") or {}) for p, m in mine.items()}
+        cost = max([window_cost(c, s.window) for c in costs.values()] or [0.0])
+        cost = max(cost, window_cost(costs.get(self.process, {}), s.window) + decide_cpu_s)
+        self._window_costs.append(cost)
+        steps = [c.get("step_s") for c in costs.values()]
+        steps = [x for x in steps if _finite(x) and x > 0]
+        step_s = float(sorted(steps)[len(steps) // 2]) if steps else math.nan
+        if math.isfinite(step_s):
+            self._step_s = step_s
+        typical = sorted(self._window_costs)[len(self._window_costs) // 2]
+        gap = schedule.spacing(typical, self._step_s, window=s.window)
+        return window + 1, schedule.next_start(first, gap, self.w._calls, self._step_s)
+
     def _read_result(self, now: float) -> None:
         if now - self._result_at < RESULT_EVERY_S:
             return
@@ -334,6 +364,13 @@ class Worker:
             with self.lock:
                 if r is not None and (not self.history or self.history[-1].window < r.window):
                     self.history.append(r)
+            nxt = v.get("next_window") if self.w.schedule.auto else None
+            if isinstance(nxt, dict):
+                win, first = nxt.get("window"), nxt.get("first_step")
+                if all(isinstance(x, int) and not isinstance(x, bool) for x in (win, first)):
+                    if 0 < win and 0 <= first < schedule.MAX_CALLS:
+                        if self.w._announced is None or self.w._announced[0] < win:
+                            self.w._announced = (win, first)
 
     # ----------------------------------------------------------------- sinks
 
@@ -489,6 +526,25 @@ class Worker:
         t = threading.Thread(target=_quietly, args=(fn,), name="jaxpace-watch-sink", daemon=True)
         t.start()
         t.join(SINK_TIMEOUT_S)
+
+
+def window_cost(costs: dict, calls: int) -> float:
+    """What one process's window of `calls` calls cost, seconds, from its summary's `costs`: its extra
+    time on the step's thread (from the blocking call before the window to the end of
+    the collection, less the window's calls at the time per step outside windows; the
+    block before it) and its CPU time on watch's thread (writing and reading the trace)."""
+
+    def get(k: str) -> float:
+        v = costs.get(k)
+        return float(v) if _finite(v) and v >= 0 else 0.0
+
+    step_s = get("step_s")
+    extra = max(0.0, get("window_s") - calls * step_s) if step_s else 0.0
+    return extra + get("pre_block_s") + get("summary_cpu_s")
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _lower_priority() -> None:

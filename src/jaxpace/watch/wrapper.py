@@ -16,12 +16,12 @@ from typing import Any
 from jaxpace._validate import check_callables, check_number
 from jaxpace.errors import ConfigError
 from jaxpace.watch.decide import WindowResult
-from jaxpace.watch.schedule import Schedule
+from jaxpace.watch.schedule import AutoSchedule, Schedule
 from jaxpace.watch.worker import CLOSE_GATHER_S, Worker, say
 
 __all__ = ["DEFAULT_EVERY", "DEFAULT_WINDOW", "ON_STALL", "Watched", "register_exit"]
 
-DEFAULT_EVERY = 100
+DEFAULT_EVERY = "auto"
 DEFAULT_WINDOW = 5
 ON_STALL = ("log", "exit")
 _CLOSE_S = CLOSE_GATHER_S + 6.0  # the thread's final gather plus one bounded store call
@@ -32,16 +32,17 @@ class Watched:
     """A function under `jaxpace.watch`: same signature, same results, same program.
 
     Call `k` (0-based) of the wrapper runs `fn` untouched unless it is a
-    window's edge or inside a window (`jaxpace.watch.schedule.Schedule`): the
-    call before a window blocks on its outputs; a window's first call starts
-    `jax.profiler`; its last blocks on its outputs and stops the profiler.
+    window's edge or inside a window (`jaxpace.watch.schedule.Schedule`, or
+    `AutoSchedule` with `every="auto"`): the call before a window blocks on its
+    outputs; a window's first call starts `jax.profiler`; its last blocks on its
+    outputs and stops the profiler.
     """
 
     def __init__(
         self,
         fn: Callable,
         *,
-        every: int = DEFAULT_EVERY,
+        every: int | str = DEFAULT_EVERY,
         window: int = DEFAULT_WINDOW,
         stall_after_s: float | None = None,
         on_stall: str | Callable = "log",
@@ -56,7 +57,15 @@ class Watched:
             )
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self.schedule = Schedule(every=every, window=window)
+        if isinstance(every, str):
+            if every != "auto":
+                raise ConfigError(
+                    f'`every` must be "auto" or an integer >= 2 (calls between window starts), '
+                    f"got {every!r}."
+                )
+            self.schedule: Schedule | AutoSchedule = AutoSchedule(window=window)
+        else:
+            self.schedule = Schedule(every=every, window=window)
         if stall_after_s is not None:
             check_number("stall_after_s", stall_after_s, lo=0.0, hi=7 * 86400.0, lo_open=True)
         if not (callable(on_stall) or on_stall in ON_STALL):
@@ -79,6 +88,14 @@ class Watched:
         self._block = block
         self._calls = 0
         self._costs: dict[str, float] = {}  # this window's edge costs (seconds)
+        # Steps timed outside windows: (call, perf_counter) when call `k` began; the window's
+        # blocking call before it returned at `_t_pre`.
+        self._mark: tuple[int, float] | None = None
+        self._t_pre = 0.0
+        # The next window the deciding process announced, `(window, first call)`, set by the
+        # background thread (`every="auto"`); the step's thread adopts it before a call.
+        self._announced: tuple[int, int] | None = None
+        self._seen: tuple[int, int] | None = None
         self._stopped = False
         self._closed = False
         self._open: tuple[int, str | None, str | None] | None = None  # window, dir, why skipped
@@ -100,6 +117,10 @@ class Watched:
             if not self._closed:
                 self._setup()
             return self._first_call(args, kwargs)
+        announced = self._announced
+        if announced is not self._seen:
+            self._seen = announced
+            self._adopt(announced, k)
         edge = self.schedule.edge(k)
         if not (edge.window or edge.pre_block) or (self._stopped and self._open is None):
             with _pass_through(True):
@@ -118,13 +139,34 @@ class Watched:
         if edge.pre_block:
             t0 = time.perf_counter()
             self._block(out)
-            self._costs["pre_block_s"] = time.perf_counter() - t0
+            self._t_pre = now = time.perf_counter()
+            self._costs["pre_block_s"] = now - t0
+            if self._mark is not None and k + 1 > self._mark[0]:  # steps since the last window
+                self._costs["step_s"] = (now - self._mark[1]) / (k + 1 - self._mark[0])
         elif edge.end and self._open is not None:
             t0 = time.perf_counter()
             self._block(out)
             self._costs["end_block_s"] = time.perf_counter() - t0
             self._end(edge.window)
+            self._mark = (k + 1, time.perf_counter())
         return out
+
+    def _adopt(self, announced: tuple[int, int] | None, k: int) -> None:
+        """The next window the deciding process announced (`every="auto"`), at call `k`:
+        taken if its blocking call is still ahead; otherwise skipped here, and said so."""
+        if announced is None or not isinstance(self.schedule, AutoSchedule):
+            return
+        window, first = announced
+        if self.schedule.adopt(window, first, k=k):
+            return
+        last = first + self.schedule.window - 1
+        why = (
+            f"process {self._process}: window {window} (steps {first}-{last}) was announced "
+            f"after its start had passed here (call {k}); skipped here"
+        )
+        say(f"jaxpace watch: {why}")
+        if self._worker is not None:
+            self._worker.submit((window, first, last, None, why, {}, None))
 
     def _first_call(self, args: tuple, kwargs: dict) -> Any:
         """Call 0 (never in a window), in the plain form; notes whether `fn` has jaxpace
@@ -136,6 +178,7 @@ class Watched:
         with _pass_through(True):
             out = self._fn(*args, **kwargs)
         self._dropins = measure.passed_through_count() > before
+        self._mark = (1, time.perf_counter())
         w = self._worker
         if self._dropins and w is not None and w._stalls is not None:
             # The first window's first call compiles the measured form: not a stall.
@@ -182,6 +225,8 @@ class Watched:
         if why is not None and d is not None:  # the step raised: the trace is not the window's
             d = export = None
         first, last = self.schedule.bounds(window)
+        if "pre_block_s" in self._costs:  # from the blocking call before it to its end here
+            self._costs["window_s"] = time.perf_counter() - self._t_pre
         costs = {k: round(v, 6) for k, v in self._costs.items()}
         self._costs = {}
         job = (window, first, last, d, why, costs, export)
@@ -291,7 +336,8 @@ class Watched:
 
     def __repr__(self) -> str:
         s = self.schedule
-        return f"jaxpace.watch({getattr(self._fn, '__name__', self._fn)!r}, every={s.every}, window={s.window})"
+        every = "'auto'" if s.auto else s.every
+        return f"jaxpace.watch({getattr(self._fn, '__name__', self._fn)!r}, every={every}, window={s.window})"
 
     def __getattr__(self, name: str) -> Any:
         """`fn`'s other attributes (`lower`, `trace`, `eval_shape` of a `jax.jit` function)."""
