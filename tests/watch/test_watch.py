@@ -676,3 +676,35 @@ def test_an_announcement_after_its_window_began_is_skipped_and_said():
     job = w._worker.jobs.get_nowait()
     assert job[:3] == (2, 400, 404) and job[3] is None and "announced after its start" in job[4]
     w.close()
+
+
+def test_one_process_of_8_devices_names_its_late_device_from_a_shard_map_psum():
+    """A single-process jit step whose `shard_map` `lax.psum` jax 0.10.2 names
+    `psum_invariant.N` in the trace (the reader once took it for no collective): watch
+    reads it, and names device 3, which computes 40 matmuls where the others compute one,
+    as the late rank (not all 8 ranks of the only process) from the second window on."""
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("data",))
+    m = jnp.ones((256, 256)) / 256
+
+    def f(v):
+        def heavy(v):
+            for _ in range(40):
+                v = jnp.tanh(v @ m)
+            return v
+
+        late = jax.lax.axis_index("data") == 3
+        return jax.lax.psum(jax.lax.cond(late, heavy, lambda v: jnp.tanh(v @ m), v), "data")
+
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+    x = jax.device_put(jnp.ones((8 * 256, 256)), jax.NamedSharding(mesh, P("data")))
+    step = jaxpace.watch(lambda v: jax.block_until_ready(g(v)) / 8, every=10, window=5)
+    for _ in range(45):
+        x = step(x)
+    step.close()
+    hist = step.history()
+    assert [r.window for r in hist] == [1, 2, 3, 4], hist
+    assert all(r.analyzed_steps >= 5 for r in hist), hist
+    for r in hist[1:]:
+        assert r.culprit_process == 0 and r.culprit_ranks == (3,), r

@@ -43,8 +43,8 @@ def watch(
     of `window` calls runs under `jax.profiler` on every process on the same
     calls; the call before a window and the window's last call block on their
     outputs (`jax.block_until_ready`), so every process's window holds the same
-    executions. All other calls run `fn` untouched. A background thread (at the
-    lowest CPU priority) turns the window's trace into a compact summary and
+    executions. All other calls run `fn` untouched. A background thread (at a
+    lower CPU priority, nice 5) turns the window's trace into a compact summary and
     publishes it (the job's coordination service under `jax.distributed`, else
     `out=`); process 0 decides (the report's analysis, windows pooled until it
     names someone), logs one line per window, calls the `sinks` and writes

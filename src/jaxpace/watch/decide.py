@@ -82,8 +82,11 @@ class WindowResult:
 
 def _likely(recs: Records) -> tuple[int | None, float]:
     """The process whose devices had the least time inside every execution of `recs`
-    (last to arrive each time), and the share of executions it was last in."""
+    (last to arrive each time), and the share of executions it was last in; None with one
+    process (it is trivially last every time)."""
     c = recs.columns
+    if np.unique(c["process"]).size < 2:
+        return None, math.nan
     key = c["site"] * (1 << 40) + c["step"]
     order = np.lexsort((c["wait_ns"], key))
     k = key[order]
@@ -147,7 +150,10 @@ def decide(
     if named is None and rep.likely is not None:  # the report's finding below the line
         likely, frac = rep.likely.process, rep.likely.last_fraction
         likely_text = rep.likely.text
-    overlapped = sum(named in b for b in busy[-pooled:]) if named is not None else 0
+    # One process: its own watch work delays all its devices alike, and the ranks named
+    # are the report's late devices (not all of the process's).
+    single = np.unique(recs.columns["process"]).size < 2
+    overlapped = sum(named in b for b in busy[-pooled:]) if named is not None and not single else 0
     if overlapped:  # its own watch work may have made it late: not named from these windows
         notes = (
             *notes,
@@ -157,7 +163,7 @@ def decide(
         )
         named, likely = None, named
     who = named if named is not None else likely
-    ranks, host, late = _process_figures(rep, who)
+    ranks, host, late = _process_figures(rep, who, tuple(rep.culprits) if single else ())
     in_a_row, since = _streak(history, named, w)
     return dataclasses.replace(
         base,
@@ -178,12 +184,14 @@ def decide(
     )
 
 
-def _process_figures(rep: Any, who: int | None) -> tuple[tuple[int, ...], str | None, float]:
+def _process_figures(
+    rep: Any, who: int | None, only: tuple[int, ...] = ()
+) -> tuple[tuple[int, ...], str | None, float]:
     """`(ranks, host, how late)` of process `who` in the report (late: its latest rank's
-    lateness against the median rank)."""
+    lateness against the median rank); of its ranks `only` when given."""
     if who is None:
         return (), None, math.nan
-    stats = [r for r in rep.ranks if r.process == who]
+    stats = [r for r in rep.ranks if r.process == who and (not only or r.rank in only)]
     finite = [r.excess_lateness_s for r in stats if math.isfinite(r.excess_lateness_s)]
     host = stats[0].host if stats else None
     return tuple(sorted(r.rank for r in stats)), host, (max(finite) if finite else math.nan)
