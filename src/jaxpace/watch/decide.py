@@ -82,10 +82,10 @@ class WindowResult:
 
 def _likely(recs: Records) -> tuple[int | None, float]:
     """The process whose devices had the least time inside every execution of `recs`
-    (last to arrive each time), and the share of executions it was last in; None with one
-    process (it is trivially last every time)."""
+    (last to arrive each time), and the share of executions it was last in; None in a
+    one-process job (it is trivially last every time)."""
     c = recs.columns
-    if np.unique(c["process"]).size < 2:
+    if (recs.process_count or 0) <= 1:
         return None, math.nan
     key = c["site"] * (1 << 40) + c["step"]
     order = np.lexsort((c["wait_ns"], key))
@@ -152,7 +152,7 @@ def decide(
         likely_text = rep.likely.text
     # One process: its own watch work delays all its devices alike, and the ranks named
     # are the report's late devices (not all of the process's).
-    single = np.unique(recs.columns["process"]).size < 2
+    single = (recs.process_count or 0) <= 1
     overlapped = sum(named in b for b in busy[-pooled:]) if named is not None and not single else 0
     if overlapped:  # its own watch work may have made it late: not named from these windows
         notes = (
