@@ -258,9 +258,17 @@ def test_the_decision_names_the_late_process_and_the_sinks_get_every_step_and_ra
         recs, notes = combine(got, process_count=4, window=w, first=10 * w, last=10 * w + 4,
                               run_id="t")  # fmt: skip
         windows.append((w, 10 * w, 10 * w + 4, recs, tuple(notes)))
-    r = decide(windows, [])
+    # The first window's decision names process 2: a candidate, likely, not yet named
+    # (`CONFIRM_WINDOWS`); the second window's names it too: named, 2 in a row.
+    first = decide(windows[:1], [])
+    assert first.candidate == 2 and first.likely == 2 and first.culprit_process is None
+    assert first.in_a_row == 1 and "nobody named yet" in log_line(first), log_line(first)
+    assert verdict(first, run="w0", process_count=4)["confidence"] == "likely"
+    r = decide(windows, [first])
     assert r.culprit_process == 2 and r.culprit_ranks == (4, 5) and r.culprit_host == "h2"
     assert r.windows_pooled >= 1 and r.analyzed_steps >= 5 and 0.015 < r.late_by_s < 0.025
+    assert (r.in_a_row, r.since_window) == (2, 1)
+    assert decide(windows, []).culprit_process is None  # no window before it named 2
 
 
 def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):
@@ -404,9 +412,10 @@ def test_a_process_whose_own_watch_work_overlapped_the_windows_is_likely_not_nam
         for i, r in enumerate(s["rows"]):
             r[4] += (i * 37) % 300
     recs, _ = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
-    named = decide([(1, 10, 14, recs, (), frozenset())], [])
+    prev = decide([(0, 0, 4, recs, (), frozenset())], [])  # window 0's decision named 2
+    named = decide([(1, 10, 14, recs, (), frozenset())], [prev])
     assert named.culprit_process == 2
-    r = decide([(1, 10, 14, recs, (), frozenset({2}))], [])
+    r = decide([(1, 10, 14, recs, (), frozenset({2}))], [prev])
     assert r.culprit_process is None and r.likely == 2 and r.culprit_ranks == ()
     assert any("own watch work" in n for n in r.notes), r.notes
     assert "likely process 2" in log_line(r)
@@ -700,11 +709,11 @@ def test_one_process_of_8_devices_names_its_late_device_from_a_shard_map_psum():
     g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
     x = jax.device_put(jnp.ones((8 * 256, 256)), jax.NamedSharding(mesh, P("data")))
     step = jaxpace.watch(lambda v: jax.block_until_ready(g(v)) / 8, every=10, window=5)
-    for _ in range(45):
+    for _ in range(55):
         x = step(x)
     step.close()
     hist = step.history()
-    assert [r.window for r in hist] == [1, 2, 3, 4], hist
+    assert [r.window for r in hist] == [1, 2, 3, 4, 5], hist
     assert all(r.analyzed_steps >= 5 for r in hist), hist
-    for r in hist[1:]:
+    for r in hist[2:]:  # named once two windows in a row name it (`CONFIRM_WINDOWS`)
         assert r.culprit_process == 0 and r.culprit_ranks == (3,), r

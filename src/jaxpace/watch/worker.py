@@ -605,6 +605,7 @@ def _from_verdict(v: dict) -> _decide.WindowResult | None:
                 float(v["last_fraction"]) if v.get("last_fraction") is not None else math.nan
             ),
             notes=tuple(str(n) for n in v.get("notes", [])),
+            candidate=int(v["candidate"]) if v.get("candidate") is not None else None,
         )
     except (KeyError, TypeError, ValueError):
         return None
