@@ -36,7 +36,7 @@ __all__ = [
 MAX_POOLED = 8  # windows pooled at most for one decision
 # A process is named once the decisions of this many consecutive windows name it. On
 # healthy fleets (benchmarks/watch_alarms.py, 8 processes) one window's decision named
-# someone in 11 of 2,400 windows, each time alone, from a lone 5-step window.
+# someone in 11 of 2,400 windows; the two inspected each from a lone 5-step window.
 CONFIRM_WINDOWS = 2
 VERDICT_VERSION = 1
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
