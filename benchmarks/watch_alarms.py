@@ -93,6 +93,14 @@ def run_one(
     return {"seed": seed, "windows": windows, "named": named, "likely": likely, "names": names}
 
 
+def _onsets(names: list) -> int:
+    """Alarms as a scheduler sees them: windows naming a process the window before did
+    not name (a process named window after window is one alarm)."""
+    return sum(
+        1 for a, b in zip([None, *names[:-1]], names, strict=True) if b is not None and b != a
+    )
+
+
 def upper95(k: int, n: int) -> float:
     """The one-sided 95% upper bound (Clopper-Pearson) of a rate seen `k` times in `n`."""
     from scipy import stats
@@ -117,11 +125,16 @@ def run(sizes, runs: int, windows: int, seed0: int) -> dict:
         got = [run_one(P, windows, seed0 + i) for i in range(runs)]
         n = sum(g["windows"] for g in got)
         k = sum(g["named"] for g in got)
+        onsets = sum(_onsets(g["names"]) for g in got)
         out["sizes"][str(P)] = {
             "windows": n,
             "named": k,
             "rate": k / n,
             "upper95": upper95(k, n),
+            "onsets": onsets,
+            "onset_rate": onsets / n,
+            "onset_upper95": upper95(onsets, n),
+            "most_in_one_run": max(g["named"] for g in got),
             "likely": sum(g["likely"] for g in got),
             "runs_with_alarm": sum(g["named"] > 0 for g in got),
             "seconds": round(time.perf_counter() - t0, 1),
@@ -144,14 +157,17 @@ def markdown(res: dict, command: str) -> str:
         "confidence `named` (a false alarm); likely: `likely` (below the line, not an "
         "alarm). Upper bound: one-sided 95% (Clopper-Pearson).",
         "",
-        "| processes | windows | named (false alarms) | per window | 95% upper bound | runs "
-        "with one | likely |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| processes | windows | named | per window | 95% upper bound | onsets (a process "
+        "named that the window before did not name) | per window | 95% upper bound | runs "
+        "with one | most named in one run | likely |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for P, f in res["sizes"].items():
         lines.append(
             f"| {P} | {f['windows']:,} | {f['named']} | {f['rate']:.2e} | "
-            f"{f['upper95']:.2e} | {f['runs_with_alarm']} of {res['runs']} | {f['likely']} |"
+            f"{f['upper95']:.2e} | {f['onsets']} | {f['onset_rate']:.2e} | "
+            f"{f['onset_upper95']:.2e} | {f['runs_with_alarm']} of {res['runs']} | "
+            f"{f['most_in_one_run']} of {res['windows_per_run']} | {f['likely']} |"
         )
     lines += [
         "",

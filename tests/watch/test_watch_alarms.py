@@ -42,3 +42,8 @@ def test_the_path_names_a_late_process_and_the_block_is_written_between_its_mark
     assert text.startswith("# Diagnostics\n\n<!-- END accuracy -->\n")
     assert text.count(alarms.BEGIN) == 1 and "| 4 | 3 |" in text
     assert alarms.main(args) == 0 and doc.read_text() == text
+
+
+def test_onsets_count_a_process_named_window_after_window_once():
+    assert alarms._onsets([None, 3, 3, 3, None, 3, 2, 2]) == 3
+    assert alarms._onsets([None] * 5) == 0
