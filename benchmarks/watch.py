@@ -331,7 +331,7 @@ def markdown(res: dict, command: str) -> str:
         "(at least 10 s after the announcement). A call inside a window is the window's "
         "wall time over its calls; `stop_trace` is the collection on the step's thread "
         "(the conversion to files runs on watch's thread). Summary and decision are wall "
-        "times on watch's background thread (lowest CPU priority), which shares the cores "
+        "times on watch's background thread (nice 5), which shares the cores "
         "with the step. With the first window (call 100, which also pays the profiler's "
         "and the first decision's warm-up) and the untimed start included, the watched / "
         "unwatched ratio was: "
