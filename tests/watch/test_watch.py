@@ -269,6 +269,12 @@ def test_the_decision_names_the_late_process_and_the_sinks_get_every_step_and_ra
     assert r.windows_pooled >= 1 and r.analyzed_steps >= 5 and 0.015 < r.late_by_s < 0.025
     assert (r.in_a_row, r.since_window) == (2, 1)
     assert decide(windows, []).culprit_process is None  # no window before it named 2
+    # The window before pointed at process 2 (its `likely`) without naming it: named at once;
+    # pointing at another process does not confirm 2.
+    pointed = WindowResult(window=1, first_step=10, last_step=14, likely=2, windows_pooled=1)
+    assert decide(windows, [pointed]).culprit_process == 2
+    other = WindowResult(window=1, first_step=10, last_step=14, likely=3, windows_pooled=1)
+    assert decide(windows, [other]).culprit_process is None
 
 
 def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):

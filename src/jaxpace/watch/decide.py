@@ -34,9 +34,11 @@ __all__ = [
 ]
 
 MAX_POOLED = 8  # windows pooled at most for one decision
-# A process is named once the decisions of this many consecutive windows name it. On
-# healthy fleets (benchmarks/watch_alarms.py, 8 processes) one window's decision named
-# someone in 11 of 2,400 windows; the two inspected each from a lone 5-step window.
+# A process is named once the decisions of this many consecutive windows name it, or when
+# the window before already pointed at it (its `likely`: last in every step, or the
+# report's finding below the line). On healthy fleets (benchmarks/watch_alarms.py, 8
+# processes) one window's decision named someone in 11 of 2,400 windows; the two
+# inspected each from a lone 5-step window.
 CONFIRM_WINDOWS = 2
 VERDICT_VERSION = 1
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
@@ -67,7 +69,8 @@ class WindowResult:
         seconds (NaN when nobody).
       in_a_row: consecutive analyzed windows whose decision named the same process
         (`candidate`), this one included (0 when this one's named nobody); the
-        process is named (`culprit_process`) from `CONFIRM_WINDOWS` on.
+        process is named (`culprit_process`) from `CONFIRM_WINDOWS` on, or at once
+        when the window before had it as `likely`.
       since_window: the first of those windows (None when nobody is named).
       candidate: the process this window's decision named, confirmed or not (a
         candidate not yet confirmed is also `likely`).
@@ -180,7 +183,9 @@ def decide(
         named, likely = None, named
     candidate = named
     in_a_row, since = _streak(history, candidate, w)
-    if named is not None and in_a_row < CONFIRM_WINDOWS:  # not yet named: likely
+    prev = history[-1] if history else None
+    pointed = prev is not None and prev.window == w - 1 and prev.likely == candidate
+    if named is not None and in_a_row < CONFIRM_WINDOWS and not pointed:  # not yet: likely
         named, likely, likely_text = None, candidate, ""
     who = named if named is not None else likely
     ranks, host, late = _process_figures(rep, who, tuple(rep.culprits) if single else ())
