@@ -549,6 +549,10 @@ def main(argv=None) -> int:
         from benchmarks import watch_exchange
 
         return watch_exchange.main(argv[1:])
+    if argv[:1] == ["watch-alarms"]:  # watch's false alarms on healthy windows (watch_alarms.py)
+        from benchmarks import watch_alarms
+
+        return watch_alarms.main(argv[1:])
     if argv[:1] == ["diagnosis"]:  # labelled simulated runs vs the report (benchmarks/diagnosis.py)
         from benchmarks import diagnosis
 

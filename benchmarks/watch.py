@@ -5,12 +5,14 @@ devices: the FSDP example's step (`examples/fsdp.py`, `jax.lax` collectives, 2 x
 and the demo's model (`jaxpace.examples.train`'s MLP, `lax.pmean` of the gradients).
 Each arm runs in its own process (so watch's background thread, its summaries and its
 decision are charged to the watch arm only); a pair is one unwatched run and one watched
-run back to back, the order alternating from pair to pair. Per run: the average step over
-the timed calls (all of them, windows included). The figure is the 95% interval (t) of the
-mean over pairs of watched / unwatched, with the number of pairs. From the watched runs:
-the time per call inside windows, the two edge blocks, `start_trace` / `stop_trace`, and
-the analysis (summary + decision) per window. Writes `benchmarks/results/watch.json` and
-the "watch" section of docs/benchmarks.md.
+run back to back, the order alternating from pair to pair. A run calls the step for a fixed
+time (`--seconds`), so a watched run holds the windows `every="auto"` places in that time
+(the first at call 100). Per run: the average step over the timed calls (all of them,
+windows included). The figure is the 95% interval (t) of the mean over pairs of watched /
+unwatched, with the number of pairs. From the watched runs: the time per call inside
+windows, the two edge blocks, `start_trace` / `stop_trace`, the analysis (summary +
+decision) per window, and the cost watch measured per window and the spacing it chose.
+Writes `benchmarks/results/watch.json` and the "watch" section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- begin: watch, written by `python -m benchmarks watch` -->"
 END = "<!-- end: watch -->"
 WORKLOADS = ("fsdp", "demo", "demo-dropin")
+WARM_S = 15.0  # untimed at the start of each run: the first window (call 100) and its decision
 
 
 # ----------------------------------------------------------------- one run (a child process)
@@ -75,7 +78,7 @@ def _build(workload: str, arm: str = "plain"):
     return step, (m.params0, opt, x, y)
 
 
-def child(workload: str, arm: str, calls: int, out: str) -> None:
+def child(workload: str, arm: str, seconds: float, out: str) -> None:
     import jax
 
     jax.config.update("jax_platforms", "cpu")
@@ -96,7 +99,12 @@ def child(workload: str, arm: str, calls: int, out: str) -> None:
     sched = getattr(fn, "schedule", None)
     t_pre = None
     t0 = time.perf_counter()
-    for k in range(calls):
+    t_warm, calls, warm_calls = t0 + WARM_S, 0, None
+    while time.perf_counter() - t_warm < seconds:
+        k, calls = calls, calls + 1
+        if warm_calls is None and time.perf_counter() >= t_warm:
+            jax.block_until_ready(state)
+            t_warm, warm_calls = time.perf_counter(), k
         state = fn(*state)
         if sched is not None:  # timestamps only (the wrapper itself blocks at the edges)
             e = sched.edge(k)
@@ -105,15 +113,26 @@ def child(workload: str, arm: str, calls: int, out: str) -> None:
             elif e.end and t_pre is not None:
                 spans.append(time.perf_counter() - t_pre)
     jax.block_until_ready(state)
-    total = time.perf_counter() - t0
-    res: dict = {"workload": workload, "arm": arm, "calls": calls, "step_s": total / calls}
+    end = time.perf_counter()
+    res: dict = {
+        "workload": workload,
+        "arm": arm,
+        "calls": calls - warm_calls,
+        "step_s": (end - t_warm) / (calls - warm_calls),  # after the first WARM_S
+        "step_all_s": (end - t0) / calls,  # every call, the first window's included
+    }
     if arm == "watch":
         fn.close()
         w = fn._worker
         res["window"] = fn.schedule.window
         res["every"] = fn.schedule.every
         res["window_span_s"] = spans
-        res["costs"] = [v.get("cost_s", {}) for v in (w._verdicts if w is not None else [])]
+        verdicts = list(w._verdicts) if w is not None else []
+        res["costs"] = [v.get("cost_s", {}) for v in verdicts]
+        res["announced"] = [
+            [v["first_step"], (v.get("next_window") or {}).get("first_step")] for v in verdicts
+        ]
+        res["analyzed_steps"] = [v.get("analyzed_steps") for v in verdicts]
         res["windows_decided"] = len(fn.history())
         res["dropins"] = bool(fn._dropins)
     Path(out).write_text(json.dumps(res))
@@ -122,14 +141,14 @@ def child(workload: str, arm: str, calls: int, out: str) -> None:
 # ----------------------------------------------------------------- the pairs
 
 
-def _run_child(workload: str, arm: str, calls: int, tmp: str, i: int) -> dict:
+def _run_child(workload: str, arm: str, seconds: float, tmp: str, i: int) -> dict:
     out = os.path.join(tmp, f"{workload}-{arm}-{i}.json")
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])]
     )
-    cmd = [sys.executable, "-m", "benchmarks", "watch", "--child", workload, arm, str(calls), out]
+    cmd = [sys.executable, "-m", "benchmarks", "watch", "--child", workload, arm, str(seconds), out]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     if p.returncode != 0:
         raise RuntimeError(f"{workload}/{arm} run failed:\n{p.stderr[-3000:]}")
@@ -143,10 +162,10 @@ def t95(n: int) -> float:
     return float(stats.t.ppf(0.975, n - 1))
 
 
-def paired(plain: list[dict], watched: list[dict]) -> dict:
+def paired(plain: list[dict], watched: list[dict], key: str = "step_s") -> dict:
     import numpy as np
 
-    r = np.array([w["step_s"] / p["step_s"] for p, w in zip(plain, watched, strict=True)])
+    r = np.array([w[key] / p[key] for p, w in zip(plain, watched, strict=True)])
     n = int(r.size)
     mean = float(r.mean())
     half = t95(n) * float(r.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
@@ -172,8 +191,18 @@ def _window_figures(watched: list[dict], plain_step_ms: float) -> dict:
         v = [c[key] * 1e3 for c in costs if isinstance(c.get(key), int | float)]
         return [float(np.min(v)), float(np.median(v)), float(np.max(v))] if v else None
 
+    gaps = [  # (calls from a window's start to the next announced, that time in seconds)
+        (b - a, (b - a) * w["step_s"])
+        for w in watched
+        for a, b in w.get("announced", [])
+        if isinstance(b, int)
+    ]
     return {
         "windows": len(spans),
+        "window_cost_ms": rng("window_cost_s"),
+        "gap_calls": [min(g[0] for g in gaps), max(g[0] for g in gaps)] if gaps else None,
+        "gap_s": [min(g[1] for g in gaps), max(g[1] for g in gaps)] if gaps else None,
+        "analyzed_steps": sorted({a for w in watched for a in w.get("analyzed_steps", [])}),
         "decided": sum(w["windows_decided"] for w in watched),
         "in_window_call_ms": [
             float(np.min(per_call)),
@@ -197,18 +226,18 @@ def _window_figures(watched: list[dict], plain_step_ms: float) -> dict:
     }
 
 
-def run(pairs: int, calls: int, workloads=WORKLOADS, previous: dict | None = None) -> dict:
+def run(pairs: int, seconds: float, workloads=WORKLOADS, previous: dict | None = None) -> dict:
     from benchmarks.__main__ import machine
 
     out: dict = {k: v for k, v in (previous or {}).items() if k in WORKLOADS}
-    out.update(pairs=pairs, calls=calls, date=time.strftime("%Y-%m-%d"))
+    out.update(pairs=pairs, seconds=seconds, date=time.strftime("%Y-%m-%d"))
     with tempfile.TemporaryDirectory() as tmp:
         for wl in workloads:
             plain, watched = [], []
             for i in range(pairs):
                 order = ("plain", "watch") if i % 2 == 0 else ("watch", "plain")
                 for arm in order:
-                    r = _run_child(wl, arm, calls, tmp, i)
+                    r = _run_child(wl, arm, seconds, tmp, i)
                     (plain if arm == "plain" else watched).append(r)
                 print(
                     f"  {wl} pair {i}: plain {plain[-1]['step_s'] * 1e3:.2f} ms, "
@@ -216,9 +245,12 @@ def run(pairs: int, calls: int, workloads=WORKLOADS, previous: dict | None = Non
                     flush=True,
                 )
             fig = paired(plain, watched)
+            whole = paired(plain, watched, "step_all_s")
+            fig["whole_run"] = {k: whole[k] for k in ("mean_pct", "ci95_pct")}
             fig.update(_window_figures(watched, fig["plain_step_ms"]))
             fig["every"], fig["window"] = watched[0]["every"], watched[0]["window"]
-            fig["pairs"], fig["calls"] = pairs, calls
+            fig["pairs"], fig["seconds"] = pairs, seconds
+            fig["load"] = [round(x, 2) for x in os.getloadavg()]
             out[wl] = fig
     import jax
 
@@ -243,47 +275,76 @@ def _r(v) -> str:
     return "n/a" if not v else f"{v[1]:.1f} ms ({v[0]:.1f}-{v[2]:.1f})"
 
 
+def _verdict(lo: float, hi: float) -> str:
+    """Whether the 95% interval puts the average step within 1% of unwatched."""
+    if hi <= 1.0:
+        return "met"
+    if lo > 1.0:
+        return "not met"
+    return "undecided at this n"
+
+
 def markdown(res: dict, command: str) -> str:
     lines = [
         BEGIN,
         "## watch (`python -m benchmarks watch`)",
         "",
-        f"`{command}`: one process, 8 CPU devices; each run a fresh process of {res['calls']} "
-        "timed calls after 3 warm-up calls, unwatched or under `jaxpace.watch` at its "
-        "defaults; a pair is one run of each, back to back, the order alternating. The "
-        "average step is every timed call's share of the run's wall time, windows "
-        "included; the figure is the mean over pairs of watched / unwatched with its 95% "
-        "t interval. Window figures are median (min-max) over the watched runs' windows.",
+        f"`{command}`: one process, 8 CPU devices; each run a fresh process calling the "
+        f"step for {WARM_S:g} s untimed (the first window, at call 100, and its decision) "
+        f"then {res['seconds']:g} s timed, after 3 warm-up calls, unwatched or under "
+        '`jaxpace.watch` at its defaults (`every="auto"`, `window=5`); a pair is one run '
+        "of each, back to back, the order alternating. The average step is every timed "
+        "call's share of the run's wall time, windows included; the figure is the mean over "
+        "pairs of watched / unwatched with its 95% t interval (target: within 1%). Window "
+        "figures are median (min-max) over the watched runs' windows.",
         "",
         "| step | pairs | unwatched step (median) | watched step (median) | watched / unwatched, "
-        "mean [95% interval] | windows | call inside a window | `stop_trace` | edge blocks "
-        "(before / last call) | summary | decision |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "mean [95% interval] | within 1% | windows | window cost (watch's measure) | "
+        "next window after (calls; s) | call inside a window | `stop_trace` (collection) | "
+        "edge blocks (before / last call) | summary | decision | load average |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for wl in WORKLOADS:
         if wl not in res:
             continue
         f = res[wl]
         lo, hi = f["ci95_pct"]
+        gc, gs = f.get("gap_calls"), f.get("gap_s")
+        gap = f"{gc[0]:,}-{gc[1]:,}; {gs[0]:.0f}-{gs[1]:.0f} s" if gc and gs else "n/a"
+        load = " / ".join(f"{x:.1f}" for x in f.get("load", [])) or "n/a"
         lines.append(
             f"| {NAMES[wl]} | {f['n']} | {f['plain_step_ms']:.2f} ms | {f['watch_step_ms']:.2f} ms"
-            f" | {f['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}] | {f['windows']} | "
+            f" | {f['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}] | {_verdict(lo, hi)} | "
+            f"{f['windows']} | {_r(f.get('window_cost_ms'))} | {gap} | "
             f"{_r(f['in_window_call_ms'])} | {_r(f['max_stop_trace_s'])} | "
             f"{_r(f['max_pre_block_s'])} / {_r(f['max_end_block_s'])} | "
-            f"{_r(f['max_summarize_s'])} | {_r(f['analysis_s'])} |"
+            f"{_r(f['max_summarize_s'])} | {_r(f['analysis_s'])} | {load} |"
         )
-    f0 = next(res[w] for w in WORKLOADS if w in res)
     lines += [
         "",
-        f"Defaults: `every={f0['every']}`, `window={f0['window']}`. A call inside a window is "
-        "the window's wall time (from the return of the blocking call before it to the "
-        "return of its blocking last call) over its calls; it holds `start_trace`, the "
-        "profiled executions and `stop_trace`. The edge blocks are the host's wait for the "
-        "device at the two blocking calls (the device work itself, not an added cost, in a "
-        "step that already blocks, as the FSDP step does). Summary and decision run on "
-        "watch's background thread of the same process.",
+        "Window cost is what watch measured and spaced the next window by: the extra time "
+        "on the step's thread (from the return of the blocking call before the window to "
+        "the end of the trace's collection, less the window's calls at the step time "
+        "outside windows, plus that block) and the background thread's CPU time for the "
+        "window (writing and reading the trace; the decision's added on process 0). The "
+        "next window is placed where that cost is 0.5% of the time between window starts "
+        "(at least 10 s after the announcement). A call inside a window is the window's "
+        "wall time over its calls; `stop_trace` is the collection on the step's thread "
+        "(the conversion to files runs on watch's thread). Summary and decision are wall "
+        "times on watch's background thread (nice 5), which shares the cores "
+        "with the step. With the first window (call 100, which also pays the profiler's "
+        "and the first decision's warm-up) and the untimed start included, the watched / "
+        "unwatched ratio was: "
+        + "; ".join(
+            f"{w} {res[w]['whole_run']['mean_pct']:+.2f}% "
+            f"[{res[w]['whole_run']['ci95_pct'][0]:+.2f}, {res[w]['whole_run']['ci95_pct'][1]:+.2f}]"
+            for w in WORKLOADS
+            if w in res and "whole_run" in res[w]
+        )
+        + ".",
         "",
-        f"Machine: {res['machine']} (2 cores shared with other jobs). Date: {res['date']}.",
+        f"Machine: {res['machine']} (2 cores shared with other jobs; load average 1 / 5 / "
+        f"15 min at the end of each row's runs in the table). Date: {res['date']}.",
         END,
     ]
     return "\n".join(lines)
@@ -292,14 +353,14 @@ def markdown(res: dict, command: str) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--child"]:
-        child(argv[1], argv[2], int(argv[3]), argv[4])
+        child(argv[1], argv[2], float(argv[3]), argv[4])
         return 0
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks watch", description=__doc__.splitlines()[0]
     )
-    ap.add_argument("--quick", action="store_true", help="6 pairs of 300 calls (a few minutes)")
-    ap.add_argument("--pairs", type=int, default=None, help="pairs per step (default 12)")
-    ap.add_argument("--calls", type=int, default=None, help="timed calls per run (default 600)")
+    ap.add_argument("--quick", action="store_true", help="4 pairs of 40 s timed runs per step")
+    ap.add_argument("--pairs", type=int, default=None, help="pairs per step (default 8)")
+    ap.add_argument("--seconds", type=float, default=None, help="seconds per run (default 90)")
     ap.add_argument(
         "--workloads",
         nargs="+",
@@ -312,16 +373,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     prev_path = Path(args.out) / "watch.json"
     previous = json.loads(prev_path.read_text()) if prev_path.exists() else None
-    pairs = args.pairs or (6 if args.quick else 12)
-    calls = args.calls or (300 if args.quick else 600)
-    if pairs < 2 or calls < 100:
-        ap.error("--pairs must be >= 2 (an interval) and --calls >= 100 (one default window)")
-    res = run(pairs, calls, args.workloads, previous)
+    pairs = args.pairs or (4 if args.quick else 8)
+    seconds = args.seconds or (40.0 if args.quick else 75.0)
+    if pairs < 2 or seconds < 5:
+        ap.error("--pairs must be >= 2 (an interval) and --seconds >= 5")
+    res = run(pairs, seconds, args.workloads, previous)
     from benchmarks.fsdp import publish
 
     cmd = "python -m benchmarks watch" + (" --quick" if args.quick else "")
-    if args.pairs or args.calls:
-        cmd += f" --pairs {pairs} --calls {calls}"
+    if args.pairs or args.seconds:
+        cmd += f" --pairs {pairs} --seconds {seconds:g}"
     if list(args.workloads) != list(WORKLOADS):
         cmd += " --workloads " + " ".join(args.workloads) + " (the other rows: an earlier run)"
     publish(res, markdown(res, cmd), args.out, "watch", args.markdown, BEGIN, END)

@@ -149,3 +149,30 @@ def test_jit_keyed_flag_gives_a_jit_function_one_program_per_value():
     with measure.pass_through(True):
         assert int(f(x)) == 1  # cached, not retraced
     assert traced == [True, False]
+
+
+def test_profiler_stop_collect_ends_the_session_and_exports_on_another_thread(tmp_path_factory):
+    """watch's split stop: the step's thread collects, another thread writes the files
+    `stop_trace` would have; a new session can start right after the collection."""
+    import threading
+
+    from jaxpace.records.sources import xprof
+
+    tmp_path, other = tmp_path_factory.mktemp("window"), tmp_path_factory.mktemp("other")
+    x = jax.device_put(jnp.ones(8), jax.NamedSharding(MESH, P("data")))
+    g = jax.jit(lambda v: v.sum())  # an all-reduce the partitioner inserts
+    jax.block_until_ready(g(x))
+    jax.profiler.start_trace(str(tmp_path))
+    jax.block_until_ready(g(x))
+    got = compat.profiler_stop_collect()
+    assert got is not None, "jax.profiler's session state moved: fix _jax_compat"
+    session, xspace, log_dir = got
+    assert isinstance(xspace, bytes) and xspace and log_dir == str(tmp_path)
+    jax.profiler.start_trace(str(other))  # the state was reset
+    jax.profiler.stop_trace()
+    t = threading.Thread(target=session.export, args=(xspace, log_dir))
+    t.start()
+    t.join(60)
+    assert list(tmp_path.glob("plugins/profile/*/*.trace.json.gz"))
+    loaded = xprof.load(tmp_path)
+    assert loaded.records.columns["site"].size > 0

@@ -109,6 +109,8 @@ def test_package_import_keeps_jaxpace_watch_callable():
     [
         ({"every": 1}, "every"),
         ({"every": 2.5}, "every"),
+        ({"every": "often"}, "every"),
+        ({"window": 100}, "window"),  # every="auto": the first window starts at call 100
         ({"window": 0}, "window"),
         ({"every": 4, "window": 5}, "window"),
         ({"stall_after_s": -1.0}, "stall_after_s"),
@@ -256,9 +258,23 @@ def test_the_decision_names_the_late_process_and_the_sinks_get_every_step_and_ra
         recs, notes = combine(got, process_count=4, window=w, first=10 * w, last=10 * w + 4,
                               run_id="t")  # fmt: skip
         windows.append((w, 10 * w, 10 * w + 4, recs, tuple(notes)))
-    r = decide(windows, [])
+    # The first window's decision names process 2: a candidate, likely, not yet named
+    # (`CONFIRM_WINDOWS`); the second window's names it too: named, 2 in a row.
+    first = decide(windows[:1], [])
+    assert first.candidate == 2 and first.likely == 2 and first.culprit_process is None
+    assert first.in_a_row == 1 and "nobody named yet" in log_line(first), log_line(first)
+    assert verdict(first, run="w0", process_count=4)["confidence"] == "likely"
+    r = decide(windows, [first])
     assert r.culprit_process == 2 and r.culprit_ranks == (4, 5) and r.culprit_host == "h2"
     assert r.windows_pooled >= 1 and r.analyzed_steps >= 5 and 0.015 < r.late_by_s < 0.025
+    assert (r.in_a_row, r.since_window) == (2, 1)
+    assert decide(windows, []).culprit_process is None  # no window before it named 2
+    # The window before pointed at process 2 (its `likely`) without naming it: named at once;
+    # pointing at another process does not confirm 2.
+    pointed = WindowResult(window=1, first_step=10, last_step=14, likely=2, windows_pooled=1)
+    assert decide(windows, [pointed]).culprit_process == 2
+    other = WindowResult(window=1, first_step=10, last_step=14, likely=3, windows_pooled=1)
+    assert decide(windows, [other]).culprit_process is None
 
 
 def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):
@@ -402,9 +418,10 @@ def test_a_process_whose_own_watch_work_overlapped_the_windows_is_likely_not_nam
         for i, r in enumerate(s["rows"]):
             r[4] += (i * 37) % 300
     recs, _ = combine(got, process_count=4, window=1, first=10, last=14, run_id="t")
-    named = decide([(1, 10, 14, recs, (), frozenset())], [])
+    prev = decide([(0, 0, 4, recs, (), frozenset())], [])  # window 0's decision named 2
+    named = decide([(1, 10, 14, recs, (), frozenset())], [prev])
     assert named.culprit_process == 2
-    r = decide([(1, 10, 14, recs, (), frozenset({2}))], [])
+    r = decide([(1, 10, 14, recs, (), frozenset({2}))], [prev])
     assert r.culprit_process is None and r.likely == 2 and r.culprit_ranks == ()
     assert any("own watch work" in n for n in r.notes), r.notes
     assert "likely process 2" in log_line(r)
@@ -585,3 +602,124 @@ def test_watch_says_the_reports_likely_in_its_words():
     assert "likely: process 1" in line and "10% of the step" in line
     v = verdict(r, run="t", process_count=4)
     assert v["confidence"] == "likely" and v["likely_text"] == r.likely_text
+
+
+def test_the_deciding_process_takes_its_own_summary_from_memory_when_a_stall_cuts(tmp_path):
+    """Process 0 is inside window 11 when a stall is named; its window 10 is closed but not
+    yet summarized (held while 11 is open). The cut decides window 10 with process 0's own
+    summary, made then and taken from memory, not left out as late: 10 is not partial."""
+    import json
+
+    from jaxpace.watch import exchange
+    from jaxpace.watch.worker import Worker
+
+    ex = exchange.LocalExchange()
+    w = Watched(lambda x: x, every=20, window=5, stall_after_s=5.0)
+    worker = Worker(w, ex, process=0, count=2, host="h0")
+    one = {**_summary(1, window=10), "first_step": 200, "last_step": 204}
+    ex.put(exchange.key(w.run, "summary", 1, 10 % 4), json.dumps(one))
+    # Process 0's own trace of window 10 (devices 0-1, the same 5 executions).
+    _trace(tmp_path / "p0" / "plugins" / "profile" / "r" / "h.trace.json.gz",
+           ["all-reduce.1"], runs=5, devices=(0, 1), dur=lambda s, r, d: 21_000)  # fmt: skip
+    assert worker.submit((10, 200, 204, str(tmp_path / "p0"), None, {}))
+    worker._held = worker.jobs.get_nowait()  # held: window 11 is open on this process
+    w._open = (11, None, None)
+    stall = {"process": 1, "host": "h1", "last_step": 219, "waiting_step": 220,
+             "stalled_s": 6.0, "ahead": [0], "overrun": ""}  # fmt: skip
+    worker._stall(stall)
+    by_window = {r.window: r for r in worker.history}
+    assert set(by_window) == {10, 11}, by_window
+    ten = by_window[10]
+    assert not ten.partial and ten.windows_pooled == 1 and ten.analyzed_steps == 5, ten
+    assert by_window[11].partial and by_window[11].notes[0].startswith("window cut")
+
+
+def test_auto_cadence_spaces_windows_by_their_measured_cost_and_every_process_adopts_it():
+    """`every="auto"`: process 0 decides window 1 (calls 100-104) and announces window 2
+    where a window costing 50 ms (its slowest process: 25 ms of extra time on the step's
+    thread + 25 ms of trace CPU; process 0's decision adds its own) is 0.5% of the time
+    between windows at 5 ms per step; process 1 reads it with the result and its wrapper
+    blocks and profiles on the announced calls."""
+    from jaxpace.watch import exchange, schedule
+    from jaxpace.watch.worker import Worker
+
+    ex = exchange.LocalExchange()
+    ws, workers = [], []
+    for p in range(2):
+        events = []
+        w = _watched(events)
+        assert w.schedule.auto and w.schedule.every == schedule.FIRST_WINDOW_AT == 100
+        w._process, w.run = p, "w-auto"  # the same watched function on both processes
+        ws.append((w, events))
+        workers.append(Worker(w, ex, process=p, count=2, host=f"h{p}"))
+    costs = {"step_s": 0.005, "window_s": 5 * 0.005 + 0.020, "pre_block_s": 0.005,
+             "summary_cpu_s": 0.020}  # fmt: skip
+    mine = {p: {**_summary(p, window=1), "costs": dict(costs)} for p in range(2)}
+    mine[1]["costs"]["summary_cpu_s"] = 0.025  # process 1 is the costlier
+    ws[0][0]._calls = 130
+    workers[0]._decide(1, 100, 104, mine, [])
+    v = workers[0]._verdicts[-1]
+    cost = v["cost_s"]["window_cost_s"]
+    assert 0.050 <= cost < 0.050 + 1.0, v["cost_s"]  # + process 0's decision CPU
+    gap = math.ceil(cost / (0.005 * 0.005))
+    assert v["next_window"] == {"window": 2, "first_step": max(100 + gap, 130 + 2001)}, v
+    assert ws[0][0]._announced == (2, v["next_window"]["first_step"])
+    workers[1]._read_result(100.0)
+    w1, events = ws[1]
+    assert w1._announced == ws[0][0]._announced
+    start = v["next_window"]["first_step"]
+    w1._calls = start - 3
+    for k in range(start - 3, start + 6):
+        w1(k)
+    assert w1.schedule.bounds(2) == (start, start + 4)
+    seq = [e[0] if e[0] in ("start", "stop") else e for e in events]
+    assert seq[seq.index(("call", start - 1)) :][:4] == [
+        ("call", start - 1), ("block", start - 1), "start", ("call", start)]  # fmt: skip
+    assert ("block", start + 4) in events and "stop" in seq
+
+
+def test_an_announcement_after_its_window_began_is_skipped_and_said():
+    """A process that reads the announced window only after its blocking call passed does
+    not start it late: it skips it (its window is partial) and keeps the call untouched."""
+    events = []
+    w = _watched(events)
+    w(0)
+    w._calls = 500
+    w._announced = (2, 400)
+    got = [w(k) for k in range(500, 505)]
+    assert got == list(range(500, 505)) and events[-5:] == [("call", k) for k in range(500, 505)]
+    job = w._worker.jobs.get_nowait()
+    assert job[:3] == (2, 400, 404) and job[3] is None and "announced after its start" in job[4]
+    w.close()
+
+
+def test_one_process_of_8_devices_names_its_late_device_from_a_shard_map_psum():
+    """A single-process jit step whose `shard_map` `lax.psum` jax 0.10.2 names
+    `psum_invariant.N` in the trace (the reader once took it for no collective): watch
+    reads it, and names device 3, which computes 40 matmuls where the others compute one,
+    as the late rank (not all 8 ranks of the only process) from the second window on."""
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("data",))
+    m = jnp.ones((256, 256)) / 256
+
+    def f(v):
+        def heavy(v):
+            for _ in range(40):
+                v = jnp.tanh(v @ m)
+            return v
+
+        late = jax.lax.axis_index("data") == 3
+        return jax.lax.psum(jax.lax.cond(late, heavy, lambda v: jnp.tanh(v @ m), v), "data")
+
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+    x = jax.device_put(jnp.ones((8 * 256, 256)), jax.NamedSharding(mesh, P("data")))
+    step = jaxpace.watch(lambda v: jax.block_until_ready(g(v)) / 8, every=10, window=5)
+    for _ in range(55):
+        x = step(x)
+    step.close()
+    hist = step.history()
+    assert [r.window for r in hist] == [1, 2, 3, 4, 5], hist
+    assert all(r.analyzed_steps >= 5 for r in hist), hist
+    for r in hist[2:]:  # named once two windows in a row name it (`CONFIRM_WINDOWS`)
+        assert r.culprit_process == 0 and r.culprit_ranks == (3,), r

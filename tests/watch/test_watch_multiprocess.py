@@ -118,8 +118,7 @@ def test_a_process_killed_mid_window_leaves_that_window_partial_and_jax_ends_the
     assert last["partial"] and last["mode"] == "unanalyzed", last
     assert last["notes"][0].startswith("window cut: process 0 was inside it when stall: "), last
     assert "process 2 (host" in last["notes"][0], last
-    # The windows before it were decided as usual, none of them cut. (One may be partial
-    # for another reason: with a window every 10 calls of ~30 ms, process 0's own summary
-    # can be late while it is still deciding the window before: seen in 3 of 5 runs here.)
+    # The windows before it were decided as usual: none cut, none partial (process 0's own
+    # summary of a closed window is made and taken from memory when the stall cuts).
     assert [v["window"] for v in verdicts[:-1]][-1] == 9, [v["window"] for v in verdicts]
-    assert not any(n.startswith("window cut") for v in verdicts[:-1] for n in v["notes"])
+    assert not any(v["partial"] for v in verdicts[:-1]), verdicts

@@ -23,9 +23,23 @@ import numpy as np
 from jaxpace.records.reader import Records
 from jaxpace.watch.summary import merge
 
-__all__ = ["MAX_POOLED", "VERDICT_VERSION", "WindowResult", "decide", "log_line", "verdict"]
+__all__ = [
+    "CONFIRM_WINDOWS",
+    "MAX_POOLED",
+    "VERDICT_VERSION",
+    "WindowResult",
+    "decide",
+    "log_line",
+    "verdict",
+]
 
 MAX_POOLED = 8  # windows pooled at most for one decision
+# A process is named once the decisions of this many consecutive windows name it, or when
+# the window before already pointed at it (its `likely`: last in every step, or the
+# report's finding below the line). On healthy fleets (benchmarks/watch_alarms.py, 8
+# processes) one window's decision named someone in 11 of 2,400 windows; the two
+# inspected each from a lone 5-step window.
+CONFIRM_WINDOWS = 2
 VERDICT_VERSION = 1
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 
@@ -53,9 +67,13 @@ class WindowResult:
         cut, or its window skipped (`notes` says which).
       late_by_s: the culprit's (or the likely process's) excess lateness,
         seconds (NaN when nobody).
-      in_a_row: consecutive analyzed windows naming the same culprit, this one
-        included (0 when nobody is named).
+      in_a_row: consecutive analyzed windows whose decision named the same process
+        (`candidate`), this one included (0 when this one's named nobody); the
+        process is named (`culprit_process`) from `CONFIRM_WINDOWS` on, or at once
+        when the window before had it as `likely`.
       since_window: the first of those windows (None when nobody is named).
+      candidate: the process this window's decision named, confirmed or not (a
+        candidate not yet confirmed is also `likely`).
       last_fraction: the share in [0, 1] of analyzed steps in which the named
         (or likely) process's devices arrived last; NaN when nobody.
       notes: what was missing or left out.
@@ -78,12 +96,16 @@ class WindowResult:
     since_window: int | None = None
     last_fraction: float = math.nan
     notes: tuple[str, ...] = ()
+    candidate: int | None = None
 
 
 def _likely(recs: Records) -> tuple[int | None, float]:
     """The process whose devices had the least time inside every execution of `recs`
-    (last to arrive each time), and the share of executions it was last in."""
+    (last to arrive each time), and the share of executions it was last in; None in a
+    one-process job (it is trivially last every time)."""
     c = recs.columns
+    if (recs.process_count or 0) <= 1:
+        return None, math.nan
     key = c["site"] * (1 << 40) + c["step"]
     order = np.lexsort((c["wait_ns"], key))
     k = key[order]
@@ -147,7 +169,10 @@ def decide(
     if named is None and rep.likely is not None:  # the report's finding below the line
         likely, frac = rep.likely.process, rep.likely.last_fraction
         likely_text = rep.likely.text
-    overlapped = sum(named in b for b in busy[-pooled:]) if named is not None else 0
+    # One process: its own watch work delays all its devices alike, and the ranks named
+    # are the report's late devices (not all of the process's).
+    single = (recs.process_count or 0) <= 1
+    overlapped = sum(named in b for b in busy[-pooled:]) if named is not None and not single else 0
     if overlapped:  # its own watch work may have made it late: not named from these windows
         notes = (
             *notes,
@@ -156,9 +181,14 @@ def decide(
             "them (a larger `every` leaves that work room between windows).",
         )
         named, likely = None, named
+    candidate = named
+    in_a_row, since = _streak(history, candidate, w)
+    prev = history[-1] if history else None
+    pointed = prev is not None and prev.window == w - 1 and prev.likely == candidate
+    if named is not None and in_a_row < CONFIRM_WINDOWS and not pointed:  # not yet: likely
+        named, likely, likely_text = None, candidate, ""
     who = named if named is not None else likely
-    ranks, host, late = _process_figures(rep, who)
-    in_a_row, since = _streak(history, named, w)
+    ranks, host, late = _process_figures(rep, who, tuple(rep.culprits) if single else ())
     return dataclasses.replace(
         base,
         culprit_process=named,
@@ -175,26 +205,29 @@ def decide(
         since_window=since,
         last_fraction=frac if who is not None else math.nan,
         notes=notes,
+        candidate=candidate,
     )
 
 
-def _process_figures(rep: Any, who: int | None) -> tuple[tuple[int, ...], str | None, float]:
+def _process_figures(
+    rep: Any, who: int | None, only: tuple[int, ...] = ()
+) -> tuple[tuple[int, ...], str | None, float]:
     """`(ranks, host, how late)` of process `who` in the report (late: its latest rank's
-    lateness against the median rank)."""
+    lateness against the median rank); of its ranks `only` when given."""
     if who is None:
         return (), None, math.nan
-    stats = [r for r in rep.ranks if r.process == who]
+    stats = [r for r in rep.ranks if r.process == who and (not only or r.rank in only)]
     finite = [r.excess_lateness_s for r in stats if math.isfinite(r.excess_lateness_s)]
     host = stats[0].host if stats else None
     return tuple(sorted(r.rank for r in stats)), host, (max(finite) if finite else math.nan)
 
 
 def _streak(history: Sequence[WindowResult], named: int | None, w: int) -> tuple[int, int | None]:
-    """`(windows in a row, since which window)` the same process has been named."""
+    """`(windows in a row, since which window)` the decisions have named the same process."""
     if named is None:
         return 0, None
     prev = history[-1] if history else None
-    if prev is not None and prev.culprit_process == named and prev.window == w - 1:
+    if prev is not None and prev.candidate == named and prev.window == w - 1:
         return prev.in_a_row + 1, prev.since_window
     return 1, w
 
@@ -234,6 +267,12 @@ def log_line(r: WindowResult) -> str:
         )
     if r.windows_pooled == 0:
         return f"{head}not analyzed{partial}"
+    if r.candidate is not None and r.likely == r.candidate:
+        return (
+            f"{head}nobody named yet{pooled}; process {r.candidate} late by {late} in this "
+            f"window's decision ({r.in_a_row} of the {CONFIRM_WINDOWS} windows in a row it "
+            f"takes){partial}"
+        )
     if r.likely is not None and r.likely_text:  # the report's own words
         return f"{head}nobody named{pooled}; {r.likely_text}{partial}"
     if r.likely is not None:
@@ -247,9 +286,10 @@ def log_line(r: WindowResult) -> str:
 def verdict(r: WindowResult, *, run: str, process_count: int) -> dict[str, Any]:
     """The machine-readable verdict (version `VERDICT_VERSION`) for a scheduler or a script.
 
-    `confidence`: `"named"` (the report's decision names the process),
-    `"likely"` (last in every step of the newest window, not significant yet)
-    or `"none"`.
+    `confidence`: `"named"` (the report's decisions on `CONFIRM_WINDOWS`
+    consecutive windows name the process), `"likely"` (named by this window's
+    decision only, `candidate`; or the report's finding below the line; or last
+    in every step of the newest window, not significant yet) or `"none"`.
     """
     who = r.culprit_process if r.culprit_process is not None else r.likely
     return {
@@ -275,5 +315,6 @@ def verdict(r: WindowResult, *, run: str, process_count: int) -> dict[str, Any]:
         "analyzed_steps": r.analyzed_steps,
         "partial": r.partial,
         "likely_text": r.likely_text,
+        "candidate": r.candidate,
         "notes": list(r.notes[:8]),
     }

@@ -27,7 +27,7 @@ from jaxpace.runtime import pauses
 from jaxpace.runtime.watchdog import STALL_EXIT_CODE
 from jaxpace.watch import decide as _decide
 from jaxpace.watch import exchange as _ex
-from jaxpace.watch import heartbeat, store, summary
+from jaxpace.watch import heartbeat, schedule, store, summary
 
 __all__ = ["BEAT_EVERY_S", "CLOSE_GATHER_S", "GATHER_S", "MAX_HISTORY", "TICK_S", "Worker"]
 
@@ -42,6 +42,11 @@ MAX_HISTORY = 1024
 SINK_TIMEOUT_S = 5.0
 QUEUE_WINDOWS = 4
 SLOTS = 4  # summary keys per process (window % SLOTS): the deciding process may lag this many
+# The thread's nice value (Linux, this thread only): the step's threads (nice 0) get about
+# three times its CPU share when they compete. Not 19: on 2 cores loaded by other jobs a
+# thread at 19 got so little CPU that 3 windows of a 60-call run were still unsummarized at
+# close (decided partial); at 0 none were.
+WORKER_NICE = 5
 
 
 def say(message: str) -> None:
@@ -88,6 +93,9 @@ class Worker:
         self._stalls_at = -math.inf
         self._cut_windows: set[int] = set()  # windows decided partial at a stall (see _cut)
         self._gather_at = -math.inf
+        self._held: tuple | None = None  # a finished window waiting for the open one to close
+        self._window_costs: collections.deque = collections.deque(maxlen=5)  # every="auto"
+        self._step_s = math.nan
         self.thread = threading.Thread(target=self._loop, name="jaxpace-watch", daemon=True)
 
     # ----------------------------------------------------------------- lifecycle
@@ -123,24 +131,24 @@ class Worker:
         return self.w._open is None or s.window == s.every or self._stop.is_set()
 
     def _loop(self) -> None:
+        _lower_priority()
         if self.leader:  # the report's modules load now, not during the first decision
             try:
                 import jaxpace.report.analyze  # noqa: F401
             except Exception:  # noqa: BLE001 - the decision says so when it runs
                 pass
-        held = None  # a finished window waiting for the current one to close
         while True:
-            if held is None:
+            if self._held is None:
                 try:
-                    held = self.jobs.get(timeout=TICK_S)
+                    self._held = self.jobs.get(timeout=TICK_S)
                 except queue.Empty:
                     pass
             else:
                 self._stop.wait(TICK_S)
             try:
                 quiet = self._quiet()
-                if held is not None and quiet:
-                    job, held = held, None
+                if self._held is not None and quiet:
+                    job, self._held = self._held, None
                     self.busy = True
                     self._window(*job)
                 now = time.monotonic()
@@ -157,7 +165,7 @@ class Worker:
                 self.busy = False
             if self.gone is not None:
                 return
-            if self._stop.is_set() and held is None and self.jobs.empty():
+            if self._stop.is_set() and self._held is None and self.jobs.empty():
                 if not self.leader or not self._pending:
                     return
 
@@ -200,9 +208,25 @@ class Worker:
 
     # ----------------------------------------------------------------- windows
 
-    def _window(self, window, first, last, trace_dir, why, costs) -> None:
-        """Summarizes and publishes one window of this process (with its edge costs, seconds)."""
+    def _window(self, window, first, last, trace_dir, why, costs, export=None) -> None:
+        """Summarizes and publishes one window of this process (with its edge costs, seconds).
+
+        `export`: `(session, xspace, dir)` when the step's thread only collected the trace:
+        the files are written here first. The deciding process keeps its own summary in
+        memory (its decision never waits for it through the store)."""
         where = dict(process=self.process, host=self.host, window=window, first=first, last=last)
+        cpu0 = time.thread_time()
+        if trace_dir is not None and export is not None:
+            t0 = time.perf_counter()
+            try:
+                export[0].export(export[1], export[2])
+                costs = {**costs, "export_s": round(time.perf_counter() - t0, 6)}
+            except Exception as e:  # noqa: BLE001 - the window is then partial
+                why, trace_dir = (
+                    f"process {self.process}: writing the window trace failed ({e})",
+                    None,
+                )
+            export = None  # the XSpace's bytes are no longer held
         if trace_dir is None:
             s = summary.empty(**where, why=why or f"process {self.process}: no trace")
         else:
@@ -210,8 +234,15 @@ class Worker:
             s = summary.summarize(trace_dir, **where)
             s["summarize_s"] = round(time.perf_counter() - t0, 4)
             shutil.rmtree(trace_dir, ignore_errors=True)
-        s["costs"] = costs
+        s["costs"] = {**costs, "summary_cpu_s": round(time.thread_time() - cpu0, 6)}
         self._put(_ex.key(self.w.run, "summary", self.process, window % SLOTS), s)
+        if self.leader:
+            with self.lock:
+                pending = window in self._pending
+            if pending and window not in self._cut_windows:
+                own = summary.compact({**s, "rows": list(s["rows"])})
+                self._got.setdefault(window, {})[self.process] = own
+                self._lost.get(window, set()).discard(self.process)
 
     def _gather(self, now: float, final: bool, quiet: bool) -> None:
         """Reads the pending windows' summaries (keeping what it read: a later window may
@@ -262,7 +293,7 @@ class Worker:
     ) -> None:
         if window in self._cut_windows:  # decided partial at a stall already: that stands
             return
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         recs, notes = summary.combine(
             mine,
             lost=lost,
@@ -287,6 +318,12 @@ class Worker:
         say(_decide.log_line(result))
         v = _decide.verdict(result, run=self.w.run, process_count=self.count)
         v["cost_s"] = _costs(mine, analysis_s)
+        if self.w.schedule.auto and not cut:
+            nxt = self._announce(window, mine, time.thread_time() - cpu0)
+            if nxt is not None:
+                v["next_window"] = {"window": nxt[0], "first_step": nxt[1]}
+                v["cost_s"]["window_cost_s"] = round(self._window_costs[-1], 6)
+                self.w._announced = nxt
         self._verdicts.append(v)
         self._put(f"jaxpace/watch/{self.w.run}/result/p0", v)
         if self.w.out is not None:
@@ -300,6 +337,28 @@ class Worker:
         if recs is not None:
             self._deliver(recs, v)
 
+    def _announce(self, window: int, mine: dict[int, dict], decide_cpu_s: float):
+        """`every="auto"`: the next window, `(window, first call)`, from this window's cost
+        (`window_cost`, plus this decision's CPU time on this process) and the time per
+        step, as `schedule.spacing` and `schedule.next_start` place it; None when
+        `window` is not the newest one announced."""
+        s = self.w.schedule
+        first = s.bounds(window)[0]
+        if first < 0 or window < s._next[0]:
+            return None
+        costs = {p: (m.get("costs") or {}) for p, m in mine.items()}
+        cost = max([window_cost(c, s.window) for c in costs.values()] or [0.0])
+        cost = max(cost, window_cost(costs.get(self.process, {}), s.window) + decide_cpu_s)
+        self._window_costs.append(cost)
+        steps = [c.get("step_s") for c in costs.values()]
+        steps = [x for x in steps if _finite(x) and x > 0]
+        step_s = float(sorted(steps)[len(steps) // 2]) if steps else math.nan
+        if math.isfinite(step_s):
+            self._step_s = step_s
+        typical = sorted(self._window_costs)[len(self._window_costs) // 2]
+        gap = schedule.spacing(typical, self._step_s, window=s.window)
+        return window + 1, schedule.next_start(first, gap, self.w._calls, self._step_s)
+
     def _read_result(self, now: float) -> None:
         if now - self._result_at < RESULT_EVERY_S:
             return
@@ -310,6 +369,13 @@ class Worker:
             with self.lock:
                 if r is not None and (not self.history or self.history[-1].window < r.window):
                     self.history.append(r)
+            nxt = v.get("next_window") if self.w.schedule.auto else None
+            if isinstance(nxt, dict):
+                win, first = nxt.get("window"), nxt.get("first_step")
+                if all(isinstance(x, int) and not isinstance(x, bool) for x in (win, first)):
+                    if 0 < win and 0 <= first < schedule.MAX_CALLS:
+                        if self.w._announced is None or self.w._announced[0] < win:
+                            self.w._announced = (win, first)
 
     # ----------------------------------------------------------------- sinks
 
@@ -430,6 +496,7 @@ class Worker:
         collective for the stalled process (or a dead one: JAX's heartbeat abort may end
         the job any moment). The windows before it are decided now with the summaries
         read so far, and the open window as partial, naming the stall; never waits."""
+        self._own_closed_windows()
         now = time.monotonic()
         with self.lock:
             for window, (_d, first, last) in list(self._pending.items()):
@@ -447,11 +514,52 @@ class Worker:
         )
         self._decide(window, first, last, {}, [], cut=why)
 
+    def _own_closed_windows(self) -> None:
+        """Summarizes this process's windows that are closed but not yet summarized (held
+        while a later window is open, or queued), so the decisions made now have them."""
+        while True:
+            job, self._held = self._held, None
+            if job is None:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    return
+            self._window(*job)
+
     def _call_sinks_bounded(self, fn: Any) -> None:
         """Runs `fn` on a helper thread and waits at most `SINK_TIMEOUT_S` for it."""
         t = threading.Thread(target=_quietly, args=(fn,), name="jaxpace-watch-sink", daemon=True)
         t.start()
         t.join(SINK_TIMEOUT_S)
+
+
+def window_cost(costs: dict, calls: int) -> float:
+    """What one process's window of `calls` calls cost, seconds, from its summary's `costs`: its extra
+    time on the step's thread (from the blocking call before the window to the end of
+    the collection, less the window's calls at the time per step outside windows; the
+    block before it) and its CPU time on watch's thread (writing and reading the trace)."""
+
+    def get(k: str) -> float:
+        v = costs.get(k)
+        return float(v) if _finite(v) and v >= 0 else 0.0
+
+    step_s = get("step_s")
+    extra = max(0.0, get("window_s") - calls * step_s) if step_s else 0.0
+    return extra + get("pre_block_s") + get("summary_cpu_s")
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _lower_priority() -> None:
+    """This thread at a lower CPU priority (`WORKER_NICE`; Linux: a thread's own nice
+    value), so the step's threads get the cores first; nothing elsewhere (no per-thread
+    nice)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+    except (AttributeError, OSError):
+        pass
 
 
 def _costs(summaries: dict[int, dict], analysis_s: float) -> dict[str, float | None]:
@@ -497,6 +605,7 @@ def _from_verdict(v: dict) -> _decide.WindowResult | None:
                 float(v["last_fraction"]) if v.get("last_fraction") is not None else math.nan
             ),
             notes=tuple(str(n) for n in v.get("notes", [])),
+            candidate=int(v["candidate"]) if v.get("candidate") is not None else None,
         )
     except (KeyError, TypeError, ValueError):
         return None

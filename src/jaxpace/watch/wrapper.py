@@ -16,12 +16,12 @@ from typing import Any
 from jaxpace._validate import check_callables, check_number
 from jaxpace.errors import ConfigError
 from jaxpace.watch.decide import WindowResult
-from jaxpace.watch.schedule import Schedule
+from jaxpace.watch.schedule import AutoSchedule, Schedule
 from jaxpace.watch.worker import CLOSE_GATHER_S, Worker, say
 
 __all__ = ["DEFAULT_EVERY", "DEFAULT_WINDOW", "ON_STALL", "Watched", "register_exit"]
 
-DEFAULT_EVERY = 100
+DEFAULT_EVERY = "auto"
 DEFAULT_WINDOW = 5
 ON_STALL = ("log", "exit")
 _CLOSE_S = CLOSE_GATHER_S + 6.0  # the thread's final gather plus one bounded store call
@@ -32,16 +32,17 @@ class Watched:
     """A function under `jaxpace.watch`: same signature, same results, same program.
 
     Call `k` (0-based) of the wrapper runs `fn` untouched unless it is a
-    window's edge or inside a window (`jaxpace.watch.schedule.Schedule`): the
-    call before a window blocks on its outputs; a window's first call starts
-    `jax.profiler`; its last blocks on its outputs and stops the profiler.
+    window's edge or inside a window (`jaxpace.watch.schedule.Schedule`, or
+    `AutoSchedule` with `every="auto"`): the call before a window blocks on its
+    outputs; a window's first call starts `jax.profiler`; its last blocks on its
+    outputs and stops the profiler.
     """
 
     def __init__(
         self,
         fn: Callable,
         *,
-        every: int = DEFAULT_EVERY,
+        every: int | str = DEFAULT_EVERY,
         window: int = DEFAULT_WINDOW,
         stall_after_s: float | None = None,
         on_stall: str | Callable = "log",
@@ -56,7 +57,15 @@ class Watched:
             )
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self.schedule = Schedule(every=every, window=window)
+        if isinstance(every, str):
+            if every != "auto":
+                raise ConfigError(
+                    f'`every` must be "auto" or an integer >= 2 (calls between window starts), '
+                    f"got {every!r}."
+                )
+            self.schedule: Schedule | AutoSchedule = AutoSchedule(window=window)
+        else:
+            self.schedule = Schedule(every=every, window=window)
         if stall_after_s is not None:
             check_number("stall_after_s", stall_after_s, lo=0.0, hi=7 * 86400.0, lo_open=True)
         if not (callable(on_stall) or on_stall in ON_STALL):
@@ -79,6 +88,14 @@ class Watched:
         self._block = block
         self._calls = 0
         self._costs: dict[str, float] = {}  # this window's edge costs (seconds)
+        # Steps timed outside windows: (call, perf_counter) when call `k` began; the window's
+        # blocking call before it returned at `_t_pre`.
+        self._mark: tuple[int, float] | None = None
+        self._t_pre = 0.0
+        # The next window the deciding process announced, `(window, first call)`, set by the
+        # background thread (`every="auto"`); the step's thread adopts it before a call.
+        self._announced: tuple[int, int] | None = None
+        self._seen: tuple[int, int] | None = None
         self._stopped = False
         self._closed = False
         self._open: tuple[int, str | None, str | None] | None = None  # window, dir, why skipped
@@ -100,6 +117,10 @@ class Watched:
             if not self._closed:
                 self._setup()
             return self._first_call(args, kwargs)
+        announced = self._announced
+        if announced is not self._seen:
+            self._seen = announced
+            self._adopt(announced, k)
         edge = self.schedule.edge(k)
         if not (edge.window or edge.pre_block) or (self._stopped and self._open is None):
             with _pass_through(True):
@@ -118,13 +139,34 @@ class Watched:
         if edge.pre_block:
             t0 = time.perf_counter()
             self._block(out)
-            self._costs["pre_block_s"] = time.perf_counter() - t0
+            self._t_pre = now = time.perf_counter()
+            self._costs["pre_block_s"] = now - t0
+            if self._mark is not None and k + 1 > self._mark[0]:  # steps since the last window
+                self._costs["step_s"] = (now - self._mark[1]) / (k + 1 - self._mark[0])
         elif edge.end and self._open is not None:
             t0 = time.perf_counter()
             self._block(out)
             self._costs["end_block_s"] = time.perf_counter() - t0
             self._end(edge.window)
+            self._mark = (k + 1, time.perf_counter())
         return out
+
+    def _adopt(self, announced: tuple[int, int] | None, k: int) -> None:
+        """The next window the deciding process announced (`every="auto"`), at call `k`:
+        taken if its blocking call is still ahead; otherwise skipped here, and said so."""
+        if announced is None or not isinstance(self.schedule, AutoSchedule):
+            return
+        window, first = announced
+        if self.schedule.adopt(window, first, k=k):
+            return
+        last = first + self.schedule.window - 1
+        why = (
+            f"process {self._process}: window {window} (steps {first}-{last}) was announced "
+            f"after its start had passed here (call {k}); skipped here"
+        )
+        say(f"jaxpace watch: {why}")
+        if self._worker is not None:
+            self._worker.submit((window, first, last, None, why, {}, None))
 
     def _first_call(self, args: tuple, kwargs: dict) -> Any:
         """Call 0 (never in a window), in the plain form; notes whether `fn` has jaxpace
@@ -136,6 +178,7 @@ class Watched:
         with _pass_through(True):
             out = self._fn(*args, **kwargs)
         self._dropins = measure.passed_through_count() > before
+        self._mark = (1, time.perf_counter())
         w = self._worker
         if self._dropins and w is not None and w._stalls is not None:
             # The first window's first call compiles the measured form: not a stall.
@@ -170,22 +213,41 @@ class Watched:
         _w, d, skipped = self._open or (window, None, "no window open")
         self._open = None
         why = skipped or why
+        export = None
         if d is not None:
             t0 = time.perf_counter()
             try:
-                self._profiler.stop_trace()
+                export = self._stop_profiler()
                 self._costs["stop_trace_s"] = time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - the window is then partial
                 why = f"process {self._process}: jax.profiler.stop_trace failed ({e})"
-                d = None
+                d = export = None
         if why is not None and d is not None:  # the step raised: the trace is not the window's
-            d = None
+            d = export = None
         first, last = self.schedule.bounds(window)
+        if "pre_block_s" in self._costs:  # from the blocking call before it to its end here
+            self._costs["window_s"] = time.perf_counter() - self._t_pre
         costs = {k: round(v, 6) for k, v in self._costs.items()}
         self._costs = {}
-        job = (window, first, last, d, why, costs)
+        job = (window, first, last, d, why, costs, export)
         if self._worker is not None and not self._worker.submit(job):
             say(f"jaxpace watch: steps {first}-{last}: analysis behind; window dropped here")
+
+    def _stop_profiler(self) -> tuple[Any, bytes, str] | None:
+        """Stops the window's profiler session on this (the step's) thread. With
+        `jax.profiler`: only the collection; `(session, xspace, dir)` for the background
+        thread to write the trace files (`session.export`), the conversion off the step.
+        Otherwise (another profiler, or a JAX whose profiler state moved) `stop_trace()`."""
+        import jax
+
+        if self._profiler is jax.profiler:
+            from jaxpace._jax_compat import profiler_stop_collect
+
+            got = profiler_stop_collect()
+            if got is not None:
+                return got
+        self._profiler.stop_trace()
+        return None
 
     # ----------------------------------------------------------------- set-up and end
 
@@ -274,7 +336,8 @@ class Watched:
 
     def __repr__(self) -> str:
         s = self.schedule
-        return f"jaxpace.watch({getattr(self._fn, '__name__', self._fn)!r}, every={s.every}, window={s.window})"
+        every = "'auto'" if s.auto else s.every
+        return f"jaxpace.watch({getattr(self._fn, '__name__', self._fn)!r}, every={every}, window={s.window})"
 
     def __getattr__(self, name: str) -> Any:
         """`fn`'s other attributes (`lower`, `trace`, `eval_shape` of a `jax.jit` function)."""
@@ -297,14 +360,16 @@ def _pass_through(on: bool) -> Any:
 def lean_profile_options() -> Any:
     """`jax.profiler.ProfileOptions` without the Python tracer and with host events at level 1:
     the collectives' events stay (CPU thunks; device activity on GPU) and a 5-step CPU window's
-    trace was 19 KB instead of 213 KB (read in 14 ms instead of 84 ms). None if this JAX has no
-    such options (the defaults are used then)."""
+    trace was 19 KB instead of 213 KB (read in 14 ms instead of 84 ms). Without the HLO
+    protos (the reader never reads them), which the session otherwise copies at its stop.
+    None if this JAX has no such options (the defaults are used then)."""
     try:
         import jax
 
         o = jax.profiler.ProfileOptions()
         o.python_tracer_level = 0
         o.host_tracer_level = 1
+        o.enable_hlo_proto = False  # the reader uses the events' own args (stop: 17 -> 12 ms)
         return o
     except Exception:  # noqa: BLE001 - an older or newer JAX: its defaults
         return None

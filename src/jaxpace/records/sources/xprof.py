@@ -5,7 +5,9 @@ A trace is Chrome trace JSON. On CPU, every device's thunks are complete
 id), `args.hlo_module`, `args.hlo_op` and `args.run_id` (the same in every
 process for one execution); the collectives are the ops named `all-reduce`,
 `all-gather`, `reduce-scatter`, `collective-permute`, `all-to-all` (with
-`-start`, `.N` and fusion variants; `_` for `-` in `shard_map` programs).
+`-start`, `.N` and fusion variants; `_` for `-` in `shard_map` programs), and the
+`shard_map` collectives jax 0.10.2 names after their JAX primitive (`psum_invariant.N`,
+`pmax.N`, `ppermute.N`: `collective_kind`).
 On GPU (built from the format's documentation, not yet checked on a real GPU
 trace), the NCCL kernels (`nccl...` events) on the stream lines of the
 `/device:GPU:N` processes are the collectives.
@@ -93,6 +95,18 @@ _NCCL_KINDS = {
     "broadcast": "collective-broadcast",
     "allreduce": "all-reduce",
 }
+# jax 0.10.2 names the HLO instruction of a `shard_map` collective after its JAX primitive
+# (`psum_invariant.14` for `lax.psum`/`pmean`, `pmax.7`, `ppermute.3`; `all_gather` and
+# `psum_scatter` become `all_gather.N` and `reduce_scatter.N`): the whole name, a primitive
+# and an optional `.N`, so no other op that merely contains the word is taken.
+_PRIMITIVES = re.compile(r"(psum|pmax|pmin|ppermute|pbroadcast)(_invariant)?(\.\d{1,9})?")
+_PRIMITIVE_KINDS = {
+    "psum": "all-reduce",
+    "pmax": "all-reduce",
+    "pmin": "all-reduce",
+    "ppermute": "collective-permute",
+    "pbroadcast": "collective-broadcast",
+}
 _GPU = re.compile(r"/device:GPU:(\d{1,7})(?!\d)")
 _SKIP = re.compile(r"[ \t\r\n,]*")  # between events: skipped at C speed
 _CHUNK_BYTES = 1 << 20
@@ -128,6 +142,9 @@ def collective_kind(op: str) -> str | None:
     (None, None)
     >>> collective_kind("ncclDevKernel_AllGather_RING_LL")
     'all-gather'
+    >>> collective_kind("psum_invariant.14"), collective_kind("ppermute.3")  # shard_map's
+    ('all-reduce', 'collective-permute')
+    >>> collective_kind("psum_fusion.2")
     """
     name = op.replace("_", "-").lower()
     if name.startswith("nccl"):
@@ -135,6 +152,9 @@ def collective_kind(op: str) -> str | None:
         return next((k for n, k in _NCCL_KINDS.items() if n in flat), None)
     if "-done" in name:
         return None
+    m = _PRIMITIVES.fullmatch(op.lower())
+    if m is not None:
+        return _PRIMITIVE_KINDS[m.group(1)]
     return next((k for k in _KINDS if k in name), None)
 
 

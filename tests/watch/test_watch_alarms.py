@@ -1,0 +1,49 @@
+"""`python -m benchmarks watch-alarms`: healthy windows through watch's live decision path."""
+
+import numpy as np
+import pytest
+
+alarms = pytest.importorskip("benchmarks.watch_alarms")
+
+
+def test_window_summaries_combine_into_the_runs_own_window():
+    """Each process's summary of window 2 (steps 10-14 of the run) combines, as live, into
+    records holding exactly those executions: every process, its waits to the microsecond,
+    the steps at the window's call indices, nothing partial."""
+    from benchmarks.accuracy import fleet_run
+    from jaxpace.watch.summary import combine
+
+    rec = fleet_run(8, 20, seed=5)
+    got = alarms.summaries_of(rec, 2)
+    recs, notes = combine(got, process_count=8, window=3, first=300, last=304, run_id="t")
+    assert notes == [] and not recs.partial
+    c, r = recs.columns, rec.columns
+    assert sorted(set(c["step"].tolist())) == [300, 301, 302, 303, 304]
+    sel = (r["step"] >= 10) & (r["step"] < 15)
+    want = sorted(
+        zip(r["step"][sel] - 10, r["process"][sel], r["wait_ns"][sel] // 1000, strict=True)
+    )
+    have = sorted(zip(c["step"] - 300, c["process"], c["wait_ns"] // 1000, strict=True))
+    assert np.array_equal(np.array(want), np.array(have))
+
+
+def test_the_path_names_a_late_process_and_the_block_is_written_between_its_markers(tmp_path):
+    """A process 20% of a step late is named in most windows through the same path that
+    counts false alarms (so zero alarms on healthy runs is not a path that never names);
+    the script writes its block after the text it finds and replaces only that block."""
+    late = alarms.run_one(8, 6, seed=11, late=3)
+    assert late["named"] >= 4 and set(late["names"]) <= {3, None}, late
+    doc = tmp_path / "diagnostics.md"
+    doc.write_text("# Diagnostics\n\n<!-- END accuracy -->\n")
+    args = ["--sizes", "4", "--runs", "1", "--windows", "3", "--out", str(tmp_path),
+            "--markdown", str(doc)]  # fmt: skip
+    assert alarms.main(args) == 0
+    text = doc.read_text()
+    assert text.startswith("# Diagnostics\n\n<!-- END accuracy -->\n")
+    assert text.count(alarms.BEGIN) == 1 and "| 4 | 3 |" in text
+    assert alarms.main(args) == 0 and doc.read_text() == text
+
+
+def test_onsets_count_a_process_named_window_after_window_once():
+    assert alarms._onsets([None, 3, 3, 3, None, 3, 2, 2]) == 3
+    assert alarms._onsets([None] * 5) == 0
