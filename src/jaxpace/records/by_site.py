@@ -90,6 +90,17 @@ class SiteRecords:
         """The distinct (rank, process, device) triples, (3, K) int64 (`device` -1: none)."""
         raise NotImplementedError
 
+    def step_ranks(self) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+        """Per site index: its distinct steps (sorted), the distinct ranks present at each,
+        and its distinct ranks in all."""
+        raise NotImplementedError
+
+    def first_arrivals(self, kept: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """`(keys, first)`: over the `kept` steps of each site (site index -> steps), the
+        least `arrive_ns` (as float) of each (step, process), keyed `step * 2**32 +
+        process` (sorted)."""
+        raise NotImplementedError
+
     def counts(self) -> np.ndarray:
         """Rows per site, in `sites` order."""
         raise NotImplementedError
@@ -143,6 +154,26 @@ class _InMemory(SiteRecords):
     def counts(self) -> np.ndarray:
         return np.bincount(self.records.columns["site"], minlength=len(self.sites))
 
+    def step_ranks(self) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+        c = self.records.columns
+        out = {}
+        for i in range(len(self.sites)):
+            sel = c["site"] == i
+            pairs = np.unique(np.stack([c["step"][sel], c["rank"][sel]]), axis=1)
+            steps, n = np.unique(pairs[0], return_counts=True)
+            out[i] = (steps, n, int(np.unique(pairs[1]).size))
+        return out
+
+    def first_arrivals(self, kept: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        c = self.records.columns
+        keys, first = [], []
+        for i, steps in kept.items():
+            sel = (c["site"] == i) & np.isin(c["step"], steps)
+            keys.append(c["step"][sel].astype(np.int64) * (1 << 32) + c["process"][sel])
+            first.append(c["arrive_ns"][sel])
+        return _least(np.concatenate(keys or [np.zeros(0, np.int64)]),
+                      np.concatenate(first or [np.zeros(0, np.int64)]))  # fmt: skip
+
     def executions(self) -> np.ndarray:
         return int_unique(self.records.columns["execution"])
 
@@ -160,21 +191,36 @@ class _OnDisk(SiteRecords):
         super().__init__(meta, sites, rows)
         self.engine = engine
         self._close = weakref.finalize(self, engine.close)
+        self._memo: dict[str, Any] = {}  # the summaries, asked once
+
+    def _once(self, what: str) -> Any:
+        if what not in self._memo:
+            self._memo[what] = getattr(self.engine, what)()
+        return self._memo[what]
 
     def _columns(self, name: str) -> dict[str, np.ndarray]:
         return self.engine.site_columns(name)
 
     def site_steps(self) -> dict[int, np.ndarray]:
-        got = self.engine.site_steps()
+        got = {s: v[0] for s, v in self._once("step_ranks").items()}
         empty = np.zeros(0, np.int64)
         return {i: got.get(s, empty) for i, s in enumerate(self.sites)}
 
     def rank_keys(self) -> np.ndarray:
-        return self.engine.rank_keys()
+        return self._once("rank_keys")
 
     def counts(self) -> np.ndarray:
-        got = self.engine.site_counts()
+        got = self._once("site_counts")
         return np.array([got.get(s, 0) for s in self.sites], np.int64)
+
+    def step_ranks(self) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+        got = self._once("step_ranks")
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), 0)
+        return {i: got.get(s, empty) for i, s in enumerate(self.sites)}
+
+    def first_arrivals(self, kept: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        keys, first = self.engine.first_arrivals({self.sites[i]: s for i, s in kept.items()})
+        return keys, first.astype(float)
 
     def without_foreign_ranks(self) -> SiteRecords:
         bound = rank_bound(self.headers, self.granularity)
@@ -183,6 +229,7 @@ class _OnDisk(SiteRecords):
         n, ex = self.engine.drop_ranks_outside(bound)
         if not n:
             return self
+        self._memo.clear()
         proc, step, r = ex
         files = [f for f in self.sources if Path(f).name.startswith(f"records-p{proc}.")]
         where = files[0] if files else f"the records of process {proc}"
@@ -199,6 +246,14 @@ class _OnDisk(SiteRecords):
 
     def close(self) -> None:
         self._close()
+
+
+def _least(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct `keys` and the least of `values` (as float) at each."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    least = np.full(uniq.size, np.inf)
+    np.minimum.at(least, inv.reshape(-1), values.astype(float))
+    return uniq, least
 
 
 def open_run(path: str | os.PathLike, **engine_kw: Any) -> SiteRecords:

@@ -52,7 +52,7 @@ STEP_COLUMNS = (*INT_STEP_FIELDS, "engaged", "device")
 _TABLE_SQL = (
     "CREATE OR REPLACE TABLE steps (site VARCHAR, "
     + ", ".join(f"{k} BIGINT" for k in INT_STEP_FIELDS)
-    + ", engaged BOOLEAN, device BIGINT, file VARCHAR, kind TINYINT)"
+    + ", engaged BOOLEAN, device BIGINT, file UBIGINT, kind TINYINT)"
 )
 # `kind` of a row while loading: a step kept, a header line, or why it is dropped.
 STEP, HEADER, BAD, NULLS, HUGE, NEGATIVE = 0, 1, 2, 3, 4, 5
@@ -221,6 +221,7 @@ class Engine:
             },
         )
         self.con.execute("SET enable_progress_bar = false")
+        self._path_of: dict[int, str] = {}  # `hash(path)` (the table's `file`) -> path
         self.largest_fetch = 0  # the most rows one `site_columns` call returned
 
     def close(self) -> None:
@@ -258,6 +259,7 @@ class Engine:
     def _load(self, p: Path) -> Loaded:
         files = records_files(p) if p.is_dir() else [p]
         self.con.execute(_TABLE_SQL)
+        self._hash_paths([str(f) for f in files])
         from jaxpace.records.parquet_reader import is_parquet
 
         parquet = [f for f in files if is_parquet(f)]
@@ -291,7 +293,7 @@ class Engine:
         huge = " OR ".join(f"{k} = {_INT64_MIN}" for k in ints)
         dev = "coalesce(CAST(device AS BIGINT), -1)" if device else "-1"
         sql = (
-            f"INSERT INTO steps SELECT site, {', '.join(ints)}, engaged, {dev}, filename, "
+            f"INSERT INTO steps SELECT site, {', '.join(ints)}, engaged, {dev}, hash(filename), "
             f"CASE WHEN {nulls} THEN {NULLS} WHEN {huge} THEN {HUGE} "
             f"WHEN wait_ns < 0 OR delay_ns < 0 THEN {NEGATIVE} ELSE {STEP} END "
             f"FROM read_parquet({_sql_list(good)}, union_by_name = true, filename = true)"
@@ -312,7 +314,8 @@ class Engine:
         found = self.con.execute(
             f"SELECT kind, count(*), min(file) FROM steps WHERE kind > {HEADER} GROUP BY kind"
         ).fetchall()
-        for kind, n, file in found:
+        for kind, n, file_h in found:
+            file = self._path_of[int(file_h)]
             if kind == NULLS:
                 raise RecordsError(
                     f"{file}: Parquet records with null values in a step column; expected "
@@ -372,9 +375,7 @@ class Engine:
                 self.con.execute(_jsonl_insert_sql([str(f) for f in rest]))
                 break
             except duckdb.Error as e:
-                self.con.execute(
-                    f"DELETE FROM steps WHERE file IN (SELECT unnest({_sql_list(map(str, rest))}))"
-                )
+                self._delete_files(rest)
                 bad = _file_in_error(str(e), rest)
                 tries += 1
                 if bad is None or tries > 8:  # find them one file at a time
@@ -386,16 +387,14 @@ class Engine:
                     refused.append(bad)
                     rest.remove(bad)
         flagged = {
-            r[0]
+            self._path_of[int(r[0])]
             for r in self.con.execute(
                 f"SELECT file FROM steps GROUP BY file HAVING count(*) FILTER (WHERE kind = {HEADER}) <> 1 "
                 f"OR count(*) FILTER (WHERE kind <> {STEP} AND kind <> {HEADER}) > 0"
             ).fetchall()
         }
         if flagged:
-            self.con.execute(
-                f"DELETE FROM steps WHERE file IN (SELECT unnest({_sql_list(sorted(flagged))}))"
-            )
+            self._delete_files(sorted(flagged))
         self.con.execute(f"DELETE FROM steps WHERE kind = {HEADER}")
         return refused + [f for f in files if str(f) in flagged]
 
@@ -407,6 +406,21 @@ class Engine:
             return True
         except duckdb.Error:
             return False
+
+    def _hash_paths(self, paths: list[str]) -> None:
+        """Remembers `hash(path)` of each path (the table's `file`: 8 bytes, not a string)."""
+        for f, h in self.con.execute(
+            "SELECT f, hash(f) FROM (SELECT unnest($1::VARCHAR[]) AS f)", [paths]
+        ).fetchall():
+            self._path_of[int(h)] = f
+
+    def _hash_of(self, path: str) -> int:
+        return next(h for h, f in self._path_of.items() if f == path)
+
+    def _delete_files(self, files) -> None:
+        paths = {str(f) for f in files}
+        hashes = [h for h, f in self._path_of.items() if f in paths]
+        self.con.execute("DELETE FROM steps WHERE file IN (SELECT unnest($1::UBIGINT[]))", [hashes])
 
     def _insert_columns(self, cols: dict[str, np.ndarray], file: str) -> None:
         import pyarrow as pa
@@ -420,7 +434,7 @@ class Engine:
                 **{k: pa.array(cols[k], pa.int64()) for k in INT_STEP_FIELDS},
                 "engaged": pa.array(cols["engaged"], pa.bool_()),
                 "device": pa.array(cols["device"], pa.int64()),
-                "file": pa.array([file] * n, pa.string()),
+                "file": pa.array(np.full(n, self._hash_of(file), np.uint64), pa.uint64()),
                 "kind": pa.array(np.zeros(n, np.int8), pa.int8()),
             }
         )
@@ -442,21 +456,10 @@ class Engine:
         """Every row (`STEP_COLUMNS` and `site`, as strings), in the order of `files` and
         each file's own order; and the sites' strings."""
         cols = self._arrays(f"SELECT site, {', '.join(STEP_COLUMNS)}, file FROM steps")
-        rank = {f: i for i, f in enumerate(files)}
-        fidx = np.array([rank.get(str(f), len(files)) for f in cols.pop("file").tolist()], np.int64)
+        rank = {h: files.index(f) if f in files else len(files) for h, f in self._path_of.items()}
+        fidx = np.array([rank.get(int(h), len(files)) for h in cols.pop("file").tolist()], np.int64)
         order = np.argsort(fidx, kind="stable")
         return {k: v[order] for k, v in cols.items()}, order
-
-    def site_steps(self) -> dict[str, np.ndarray]:
-        """Each site's distinct steps, sorted."""
-        got = self._arrays("SELECT DISTINCT site, step FROM steps ORDER BY site, step")
-        site, step = got["site"], got["step"]
-        out: dict[str, np.ndarray] = {}
-        if site.size:
-            cut = np.flatnonzero(site[1:] != site[:-1]) + 1
-            for part_s, part in zip(np.split(site, cut), np.split(step, cut), strict=True):
-                out[str(part_s[0])] = part.astype(np.int64)
-        return out
 
     def rank_keys(self) -> np.ndarray:
         """The distinct (rank, process, device) triples, (3, K) int64."""
@@ -464,6 +467,53 @@ class Engine:
         return (
             np.stack([got["rank"], got["process"], got["device"]]).astype(np.int64).reshape(3, -1)
         )
+
+    def step_ranks(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+        """Per site: its distinct steps (sorted), the distinct ranks at each, its distinct
+        ranks in all."""
+        # (Rows, not distinct ranks, at each step: a duplicate record, which the report's
+        # per-site analysis refuses, counts twice here; count(DISTINCT) is 10x slower.)
+        got = self._arrays(
+            "SELECT site, step, count(*) AS n FROM steps GROUP BY site, step ORDER BY site, step"
+        )
+        ranks = dict(
+            self.con.execute(
+                "SELECT site, count(*) FROM (SELECT site, rank FROM steps GROUP BY site, rank) "
+                "GROUP BY site"
+            ).fetchall()
+        )
+        out = {}
+        site = got["site"]
+        if site.size:
+            cut = np.flatnonzero(site[1:] != site[:-1]) + 1
+            for s, step, n in zip(
+                np.split(site, cut), np.split(got["step"], cut), np.split(got["n"], cut),
+                strict=True,
+            ):  # fmt: skip
+                name = str(s[0])
+                out[name] = (step.astype(np.int64), n.astype(np.int64), int(ranks[name]))
+        return out
+
+    def first_arrivals(self, kept: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """`(keys, first)`: over the `kept` steps of each site, the least `arrive_ns` of each
+        (step, process), keyed `step * 2**32 + process` (sorted)."""
+        import pyarrow as pa
+
+        sites = [s for s, st in kept.items() for _ in range(len(st))]
+        steps = np.concatenate([np.asarray(st, np.int64) for st in kept.values()] or [[]])
+        self.con.register(
+            "kept_steps",
+            pa.table({"site": pa.array(sites, pa.string()), "step": pa.array(steps, pa.int64())}),
+        )
+        try:
+            got = self._arrays(
+                "SELECT s.step * 4294967296 + s.process AS key, min(s.arrive_ns) AS first "
+                "FROM steps s JOIN kept_steps k ON s.site = k.site AND s.step = k.step "
+                "GROUP BY key ORDER BY key"
+            )
+        finally:
+            self.con.unregister("kept_steps")
+        return got["key"].astype(np.int64), got["first"].astype(np.int64)
 
     def site_counts(self) -> dict[str, int]:
         return dict(self.con.execute("SELECT site, count(*) FROM steps GROUP BY site").fetchall())
@@ -478,11 +528,12 @@ class Engine:
         n = self.con.execute(f"SELECT count(*) FROM steps WHERE {cond}").fetchone()[0]
         if not n:
             return 0, None
-        ex = self.con.execute(
-            f"SELECT process, step, rank FROM steps WHERE {cond} ORDER BY file, step, rank LIMIT 1"
-        ).fetchone()
+        some = self.con.execute(
+            f"SELECT file, process, step, rank FROM steps WHERE {cond} LIMIT 10000"
+        ).fetchall()
+        ex = min(some, key=lambda r: (self._path_of.get(int(r[0]), ""), r[2], r[3]))
         self.con.execute(f"DELETE FROM steps WHERE {cond}")
-        return int(n), (int(ex[0]), int(ex[1]), int(ex[2]))
+        return int(n), (int(ex[1]), int(ex[2]), int(ex[3]))
 
     # ------------------------------------------------------------------ the reduction
 
@@ -513,7 +564,7 @@ class Engine:
                 **{k: pa.array(c[k], pa.int64()) for k in INT_STEP_FIELDS},
                 "engaged": pa.array(c["engaged"], pa.bool_()),
                 "device": pa.array(c["device"] if "device" in c else np.full(n, -1), pa.int64()),
-                "file": pa.array(["<memory>"] * n, pa.string()),
+                "file": pa.array(np.zeros(n, np.uint64), pa.uint64()),
                 "kind": pa.array(np.zeros(n, np.int8), pa.int8()),
             }
         )
@@ -549,38 +600,44 @@ _JSON_COLUMNS = {
 }
 
 
-def _int_text_ok(k: str) -> str:
-    """SQL: JSON value `k` is an integer literal within (-2^63, 2^63)."""
-    return (
-        f"(translate({k}::VARCHAR, '-0123456789', '') = '' "
-        f"AND TRY_CAST({k}::VARCHAR AS BIGINT) > {_INT64_MIN})"
-    )
-
-
 def _jsonl_select_sql(files: list[str]) -> str:
+    """The rows of `read_json` over `files`, each with its `kind`: a step whose every value
+    is as docs/records.md says (an integer field an integer literal within (-2^63, 2^63):
+    its JSON text only digits and "-"; `1.5`, `1e3`, `"3"` and `true` are not, though
+    DuckDB would cast them), the header, or bad."""
+    ints = [f"TRY_CAST({k} AS BIGINT) AS {k}" for k in INT_STEP_FIELDS]
+    text = "concat_ws(',', " + ", ".join(f"{k}::VARCHAR" for k in INT_STEP_FIELDS) + ")"
     site = (
         "CASE WHEN contains(site::VARCHAR, '\\') THEN json_extract_string(site, '$') "
         "ELSE substr(site::VARCHAR, 2, length(site::VARCHAR) - 2) END"
     )
+    inner = (
+        f"SELECT type, {site} AS name, starts_with(site::VARCHAR, '\"') AS site_ok, "
+        f"{', '.join(ints)}, translate({text}, '-0123456789,', '') = '' AS ints_ok, "
+        "engaged::VARCHAR AS eng, device::VARCHAR AS dev, TRY_CAST(device AS BIGINT) AS dev_i, "
+        "filename "
+        f"FROM read_json({_sql_list(files)}, format = 'newline_delimited', columns = "
+        + "{"
+        + ", ".join(f"'{k}': '{v}'" for k, v in _JSON_COLUMNS.items())
+        + "}"
+        + f", filename = true, maximum_object_size = {jsonl_checked.MAX_LINE_BYTES - 1})"
+    )
     good = " AND ".join(
         [
             "type = 'step'",
-            "starts_with(site::VARCHAR, '\"')",
-            *(_int_text_ok(k) for k in INT_STEP_FIELDS),
-            f"(device IS NULL OR device::VARCHAR = 'null' OR {_int_text_ok('device')})",
-            "engaged::VARCHAR IN ('true', 'false')",
-            "NOT starts_with(wait_ns::VARCHAR, '-') AND NOT starts_with(delay_ns::VARCHAR, '-')",
+            "site_ok",
+            "ints_ok",
+            *(f"{k} > {_INT64_MIN}" for k in INT_STEP_FIELDS),  # (NULL: missing or huge)
+            "wait_ns >= 0 AND delay_ns >= 0",
+            "eng IN ('true', 'false')",
+            "(dev IS NULL OR dev = 'null' OR (translate(dev, '-0123456789', '') = '' "
+            f"AND dev_i > {_INT64_MIN}))",
         ]
     )
-    ints = ", ".join(f"TRY_CAST({k}::VARCHAR AS BIGINT)" for k in INT_STEP_FIELDS)
-    cols = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _JSON_COLUMNS.items()) + "}"
     return (
-        f"SELECT {site}, {ints}, engaged::VARCHAR = 'true', "
-        "coalesce(TRY_CAST(device::VARCHAR AS BIGINT), -1), filename, "
-        f"CASE WHEN type = 'header' THEN {HEADER} WHEN coalesce({good}, false) THEN {STEP} "
-        f"ELSE {BAD} END "
-        f"FROM read_json({_sql_list(files)}, format = 'newline_delimited', columns = {cols}, "
-        f"filename = true, maximum_object_size = {jsonl_checked.MAX_LINE_BYTES - 1})"
+        f"SELECT name, {', '.join(INT_STEP_FIELDS)}, eng = 'true', coalesce(dev_i, -1), "
+        f"hash(filename), CASE WHEN type = 'header' THEN {HEADER} "
+        f"WHEN coalesce({good}, false) THEN {STEP} ELSE {BAD} END FROM ({inner})"
     )
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
-from jaxpace.records.site_data import group_columns, rank_columns, site_info
+from jaxpace.records.site_data import group_columns, index_in, int_unique, rank_columns, site_info
 from jaxpace.report.model import GroupLate, LinkWait, SiteRow
 from jaxpace.report.render.text import format_ms
 
@@ -64,14 +64,19 @@ def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
     its arrival is NaN and its process -1 (left out of the step order)."""
     c = recs.columns
     sel = c["site"] == k
-    steps, ranks = np.unique(c["step"][sel]), np.unique(c["rank"][sel])
+    c = (
+        c
+        if sel.all()
+        else {x: c[x][sel] for x in ("step", "rank", "wait_ns", "arrive_ns", "process")}
+    )
+    steps, ranks = int_unique(c["step"]), int_unique(c["rank"])
     wait = np.full((steps.size, ranks.size), np.nan)
     arrive = np.full((steps.size, ranks.size), np.nan)
     proc = np.full((steps.size, ranks.size), -1, np.int64)
-    si, ri = np.searchsorted(steps, c["step"][sel]), np.searchsorted(ranks, c["rank"][sel])
-    wait[si, ri] = c["wait_ns"][sel] / 1e9
-    arrive[si, ri] = c["arrive_ns"][sel]
-    proc[si, ri] = c["process"][sel]
+    si, ri = index_in(steps, c["step"]), index_in(ranks, c["rank"])
+    wait[si, ri] = c["wait_ns"] / 1e9
+    arrive[si, ri] = c["arrive_ns"]
+    proc[si, ri] = c["process"]
     missing = np.isnan(wait)
     keep = (~missing).sum(axis=1) >= min(2, ranks.size)
     keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
@@ -178,31 +183,25 @@ def _links(wait: np.ndarray, ranks: np.ndarray, pairs) -> tuple[list[LinkWait], 
 class _StepOrder:
     """Per site, the median (seconds) over its ranks and steps of its arrival after its
     process's first arrival of that step at any site (keyed by process: one clock; ranks of
-    different sites may be different devices). Two passes over the sites: `add` each
-    site's grid (the first arrival of each (step, process) so far), then `order` of each."""
+    different sites may be different devices). The first arrivals are asked of the records
+    first (`SiteRecords.first_arrivals` over each site's analyzed steps, as `_grid` picks
+    them), so each site is read once."""
 
-    def __init__(self) -> None:
-        self.keys = np.zeros(0, np.int64)
-        self.first = np.zeros(0)
+    def __init__(self, run: SiteRecords, warmup_steps: int) -> None:
+        kept = {}
+        for i, (steps, n, ranks) in run.step_ranks().items():
+            keep = n >= min(2, ranks)
+            keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
+            kept[i] = steps[keep]
+        self.keys, self.first = run.first_arrivals(kept)
 
-    @staticmethod
-    def _cells(g: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    def order(self, g: tuple[np.ndarray, ...]) -> float:
         ok = (g[4] >= 0).ravel()  # (a rank missing from a step: left out)
         steps = np.broadcast_to(g[0][:, None], g[4].shape).ravel()[ok]
         key = steps.astype(np.int64) * (1 << 32) + g[4].ravel()[ok]
-        return key, g[3].ravel()[ok]
-
-    def add(self, g: tuple[np.ndarray, ...]) -> None:
-        key, arrive = self._cells(g)
-        keys, inv = np.unique(np.concatenate([self.keys, key]), return_inverse=True)
-        first = np.full(keys.size, np.inf)
-        np.minimum.at(first, inv.reshape(-1), np.concatenate([self.first, arrive]))
-        self.keys, self.first = keys, first
-
-    def order(self, g: tuple[np.ndarray, ...]) -> float:
-        key, arrive = self._cells(g)
         if not key.size:
             return math.nan
+        arrive = g[3].ravel()[ok]
         return float(np.median(arrive - self.first[np.searchsorted(self.keys, key)])) / 1e9
 
 
@@ -217,7 +216,7 @@ def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteR
 
     Vectorized over steps, ranks and groups (a few array passes per site), so it scales
     with the records, not with a Python loop over them; the sites are read one at a time
-    (`records.by_site`), twice (the step order needs every site's first arrivals).
+    (`records.by_site`), once each.
 
     Args:
       recs: the run's records (`jaxpace.report.load_records`), or `SiteRecords`.
@@ -229,10 +228,9 @@ def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteR
     run = by_site(recs)
     info = site_info(run)
     rows = []
-    step_order = _StepOrder()
+    step_order = _StepOrder(run, warmup_steps)
     for name in run.sites:
         steps, ranks, wait, arrive, proc = _grid(run.site(name), 0, warmup_steps)
-        step_order.add((steps, ranks, wait, arrive, proc))
         mean = float(np.median(wait.mean(axis=1))) if wait.size else math.nan
         meta = info.get(name, {})
         groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])
@@ -245,21 +243,14 @@ def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteR
                 steps=int(steps.size),
                 wait_s=mean,
                 share=math.nan,
-                order_s=math.nan,
+                order_s=step_order.order((steps, ranks, wait, arrive, proc)),
                 late=_late_in_groups(wait, ranks, groups, _min_lead(steps, arrive)),
                 links=tuple(links),
                 slow_link=slow,
             )
         )
     total = float(np.nansum([r.wait_s for r in rows]))
-    rows = [
-        dataclasses.replace(
-            r,
-            share=r.wait_s / total if total > 0 else math.nan,
-            order_s=step_order.order(_grid(run.site(r.site), 0, warmup_steps)),
-        )
-        for r in rows
-    ]
+    rows = [dataclasses.replace(r, share=r.wait_s / total if total > 0 else math.nan) for r in rows]
     return sorted(rows, key=lambda r: (math.isnan(r.order_s), r.order_s))
 
 
