@@ -157,10 +157,13 @@ def export_cost(reps: int = 3) -> dict:
 
 def _child(what: str, src: Path, out: Path, timeout: float) -> dict:
     load = os.getloadavg()[0]
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, what, str(src), str(out)],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
-    )  # fmt: skip
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, what, str(src), str(out)],
+            capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish in {timeout:.0f} s", "load": load}
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1][:200], "load": load}
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "load": load}

@@ -271,6 +271,7 @@ def open_run(path: str | os.PathLike, **engine_kw: Any) -> SiteRecords:
     engine = Engine(**engine_kw)
     try:
         loaded = engine.load(p)
+        engine.cluster_by_site()
         meta = run_meta(
             loaded.headers,
             loaded.scan.notes(),

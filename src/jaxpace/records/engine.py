@@ -446,6 +446,25 @@ class Engine:
 
     # ------------------------------------------------------------------ one site at a time
 
+    def cluster_by_site(self) -> None:
+        """Rewrites `steps` sorted by site, so each site's rows sit together and `WHERE
+        site = ?` reads only theirs (DuckDB skips the other row groups by their min/max):
+        a run larger than the memory limit is spilled, and scanning all of it for every
+        site cost 10x the sort (33M rows: 5 s a site against 0.5 s; the sort 18 s). Rows
+        within a site lose their file order (the per-site analysis does not depend on it)."""
+        import duckdb
+
+        try:
+            self.con.execute("CREATE TABLE steps_by_site AS SELECT * FROM steps ORDER BY site")
+            self.con.execute("DROP TABLE steps")
+            self.con.execute("ALTER TABLE steps_by_site RENAME TO steps")
+        except duckdb.Error as e:
+            raise RecordsError(
+                f"the records engine (DuckDB) could not sort the run by site: "
+                f"{str(e).splitlines()[0][:300]}. Check the free space in its temporary "
+                f"directory ({self.temp_directory})."
+            ) from None
+
     def site_columns(self, site: str) -> dict[str, np.ndarray]:
         """The rows of one site as NumPy columns (`STEP_COLUMNS`), in file order."""
         cols = self._arrays(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE site = $1", [site])
