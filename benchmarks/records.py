@@ -165,7 +165,8 @@ def _child(what: str, src: Path, out: Path, timeout: float) -> dict:
     except subprocess.TimeoutExpired:
         return {"error": f"did not finish in {timeout:.0f} s", "load": load}
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1][:200], "load": load}
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return {"error": last[:200], "load": load}
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "load": load}
 
 
