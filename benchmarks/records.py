@@ -14,6 +14,11 @@ reports its own wall time and peak resident memory:
 - `lost`: 1% (or `--loss`) of the step lines dropped at random: the culprit named
   and the share of steps analyzed.
 
+A size ending in `p` (`8192x32x1000p`) is written only as Parquet, natively, and only
+`report-parquet` runs on it (its JSONL would not fit the disk). Each child's line
+carries the machine's 1-minute load average when it started (other jobs share the
+cores). Peak memory is the child's own `ru_maxrss`.
+
 `--write-doc` puts the table in its section of docs/benchmarks.md.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -150,13 +156,30 @@ def export_cost(reps: int = 3) -> dict:
 
 
 def _child(what: str, src: Path, out: Path, timeout: float) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, what, str(src), str(out)],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
-    )  # fmt: skip
+    load = os.getloadavg()[0]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, what, str(src), str(out)],
+            capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish in {timeout:.0f} s", "load": load}
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1][:200]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return {"error": last[:200], "load": load}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "load": load}
+
+
+def native_size(base: Path, ranks: int, sites: int, steps: int, timeout: float) -> dict:
+    """A size written only as Parquet (the synthetic writer, natively): the report on it."""
+    res: dict = {"ranks": ranks, "sites": sites, "steps": steps, "native": True}
+    pq = base / "parquet"
+    res["write_parquet"] = write_run(pq, ranks, sites, steps, "parquet")
+    out = base / "out"
+    out.mkdir(exist_ok=True)
+    res["report-parquet"] = _child("report", pq, out, timeout)
+    shutil.rmtree(base)
+    return res
 
 
 def one_size(base: Path, ranks: int, sites: int, steps: int, loss: float, timeout: float) -> dict:
@@ -183,7 +206,7 @@ def one_size(base: Path, ranks: int, sites: int, steps: int, loss: float, timeou
 def _fmt(r: dict) -> str:
     if "error" in r:
         return f"error: {r['error']}"
-    return f"{r['wall_s']:.1f} s, {r['peak_gib']:.2f} GiB"
+    return f"{r['wall_s']:.1f} s, {r['peak_gib']:.2f} GiB (load {r.get('load', float('nan')):.1f})"
 
 
 def markdown(results: list[dict], export: dict) -> str:
@@ -199,6 +222,15 @@ def markdown(results: list[dict], export: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        if r.get("native"):
+            wp = r["write_parquet"]
+            lines.append(
+                f"| {r['ranks']} x {r['sites']} x {r['steps']} (Parquet only) "
+                f"| {wp['rows'] / 1e6:.2f}M | - | {wp['write_s'] / wp['rows'] * 1e6:.2f} s/M rows "
+                f"| - / {wp['bytes'] / wp['rows']:.1f} | - | - | {_fmt(r['report-parquet'])} "
+                "| - | - | - |"
+            )
+            continue
         wj, wp = r["write_jsonl"], r["write_parquet"]
         lost = r["lost"]
         lost_s = (
@@ -229,16 +261,26 @@ def main(argv=None) -> int:
     ap.add_argument("--loss", default="0.01,0.001", help="share of lines lost, per size")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--write-doc", action="store_true")
+    ap.add_argument("--dir", default=None, help="where the runs are written (default: /tmp)")
+    ap.add_argument("--no-export", action="store_true", help="skip the export cost")
     args = ap.parse_args(argv)
-    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    sizes = [
+        (*(int(x) for x in s.rstrip("p").split("x")), s.endswith("p"))
+        for s in args.sizes.split(",")
+    ]
     losses = [float(x) for x in args.loss.split(",")]
     losses += [losses[-1]] * (len(sizes) - len(losses))
-    export = export_cost()
+    export = {"rows": 0, "s_per_m_rows": float("nan"), "bytes_per_row": float("nan")}
+    if not args.no_export:
+        export = export_cost()
     print(json.dumps({"export": export}), flush=True)
     results = []
-    for (ranks, sites, steps), loss in zip(sizes, losses, strict=False):
-        base = Path(tempfile.mkdtemp(prefix="jaxpace-bench-records-"))
-        r = one_size(base, ranks, sites, steps, loss, args.timeout)
+    for (ranks, sites, steps, native), loss in zip(sizes, losses, strict=False):
+        base = Path(tempfile.mkdtemp(prefix="jaxpace-bench-records-", dir=args.dir))
+        if native:
+            r = native_size(base, ranks, sites, steps, args.timeout)
+        else:
+            r = one_size(base, ranks, sites, steps, loss, args.timeout)
         print(json.dumps(r), flush=True)
         results.append(r)
     text = markdown(results, export)

@@ -27,8 +27,10 @@ def run():
 
 
 def _reduce(path):
-    with Engine() as e:
-        scan = e.open_steps(path)
+    from jaxpace.records.sources import detect, load
+
+    with Engine() as e:  # (other sources through their readers)
+        scan = e.open_steps(path if detect(path) == "records" else load(path).records)
         return scan, e.reduce()
 
 
@@ -66,7 +68,8 @@ def test_the_reduction_is_the_same_from_jsonl_and_parquet_and_agrees_with_the_re
 
 def test_jsonl_bad_values_are_counted_and_located_never_a_failed_query(tmp_path, run):
     """DuckDB's strict reader fails the query at `Infinity` or a cut line, and with
-    `ignore_errors` makes NULLs silently; the engine reads text and checks each value."""
+    `ignore_errors` makes NULLs silently; the engine reads such files the careful way,
+    each value checked (an integer beyond int64 counted on its own)."""
     run.write_jsonl(tmp_path)
     f = tmp_path / "records-p3.jsonl"
     lines = f.read_text().splitlines(keepends=True)
@@ -76,11 +79,13 @@ def test_jsonl_bad_values_are_counted_and_located_never_a_failed_query(tmp_path,
     lines[7] = "not json\n"
     f.write_text("".join(lines) + '{"type":"step","site":"tr')  # cut short
     scan, red = _reduce(tmp_path)
-    assert scan.bad == 4 and scan.rows == len(run) - 4
-    assert [e.split(": ")[0] for e in scan.bad_examples] == [f"{f}:{i}" for i in (5, 6, 7)]
+    assert scan.bad == 3 and scan.huge == 1 and scan.rows == len(run) - 4
+    assert [e.split(": ")[0] for e in scan.bad_examples] == [f"{f}:{i}" for i in (5, 6, 8)]
+    assert scan.drops.huge_first == f"{f}:7"
     assert scan.cut == (f"{f}:{len(lines) + 1}",)
     notes = " ".join(scan.notes())
-    assert "4 step line(s) with a bad value dropped" in notes and "cut short" in notes
+    assert "3 step line(s) with a bad value dropped" in notes and "cut short" in notes
+    assert "skipped 1 step record(s) with an integer beyond the int64 range" in notes
     # Steps that lost a rank compare the ranks present (how many, stated per step).
     assert int((64 - red.steps["ranks"]).sum()) == 4 and red.steps["ranks"].max() == 64
 

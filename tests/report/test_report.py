@@ -415,8 +415,10 @@ def test_garbage_line_names_file_and_line(tmp_path):
     lines = paths[1].read_text().splitlines()
     lines[5] = "this is not json"
     paths[1].write_text("\n".join(lines) + "\n")
-    with pytest.raises(RecordsError, match=r"records-p1\.jsonl:6: not valid JSON"):
-        report.load_records(tmp_path)
+    recs = report.load_records(tmp_path)  # dropped, counted, located; the rest read
+    assert recs.partial and len(recs) == sum(len(p.read_text().splitlines()) - 1 for p in paths) - 1
+    assert any("1 step line(s) with a bad value" in n and "records-p1.jsonl:6: not JSON" in n
+               for n in recs.notes), recs.notes  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -440,15 +442,15 @@ def test_no_header_and_bad_fields(tmp_path):
     with pytest.raises(RecordsError, match=r"x\.jsonl:1: first line is not a header"):
         report.load_records(f)
     f.write_text(json.dumps(HEADER) + "\n" + json.dumps({"type": "bogus"}) + "\n")
-    with pytest.raises(RecordsError, match=r"x\.jsonl:2: unknown record `type` 'bogus'"):
-        report.load_records(f)
+    notes = " ".join(report.load_records(f).notes)  # a bad line: dropped, located
+    assert "x.jsonl:2: unknown record `type` 'bogus'" in notes, notes
     step = {
         k: 1 for k in ("step", "rank", "process", "arrive_ns", "done_ns", "wait_ns", "delay_ns")
     }
     step.update(type="step", site="s", engaged=False, wait_ns="12")
     f.write_text(json.dumps(HEADER) + "\n" + json.dumps(step) + "\n")
-    with pytest.raises(RecordsError, match=r"x\.jsonl:2: `wait_ns` must be an integer"):
-        report.load_records(f)
+    notes = " ".join(report.load_records(f).notes)
+    assert "x.jsonl:2: `wait_ns` must be an integer" in notes, notes
 
 
 def test_mixed_runs_are_refused(tmp_path):

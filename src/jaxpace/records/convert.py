@@ -1,7 +1,7 @@
 """`jaxpace convert IN OUT`: any source the report reads, to the native records format (Parquet).
 
 jaxpace's JSONL records become one Parquet file per input file (per process), each
-through the records reader (so a bad line is refused with its file and line, as
+through the records reader (so a bad line is dropped, counted and located, as
 the report would); `jax.profiler` traces and NCCL Inspector logs go through their
 readers and become one Parquet file per process, whose headers keep the source's
 label and whether it has arrival times (`source`, `source_label`, `timed`), so the

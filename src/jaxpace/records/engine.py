@@ -1,15 +1,28 @@
-"""The records' heavy reduction as SQL, run by DuckDB out of core over Parquet, JSONL and Inspector logs.
+"""The records' heavy work on DuckDB, out of core: a run's files read into one table, then one site at a time.
 
-One module holds the SQL: a `steps` view over a run's files (Parquet read as is;
-JSONL read as text and every value checked explicitly, because DuckDB's strict
-JSON reader fails a whole query at the first `Infinity` or cut line and its
-`ignore_errors` turns bad values into NULLs silently; NCCL Inspector logs
-through their reader), then the reduction over ranks per (site, step) and the
-per-rank statistics. Each step compares the ranks present in it. DuckDB runs
-with its threads capped, a memory limit and a temporary directory to spill
-to, and never downloads an extension (`autoinstall_known_extensions` and
-`autoload_known_extensions` off: object storage needs `httpfs` installed
-explicitly, docs/records.md). duckdb and pyarrow are imported here only.
+One module holds the SQL. `Engine.load` reads a run's files into the table
+`steps` (held in memory up to the engine's limit, spilled to its temporary
+directory beyond it): Parquet as is (each file's footer, header
+and column types checked first; a file without its footer skipped and noted); JSONL
+through `read_json` over all files at once, its values typed as JSON and checked in
+SQL (an integer field must be an integer literal: DuckDB's own integer columns take
+`1.5`, `1e3` and `"3"` silently), and every file it cannot read cleanly (a cut last
+line, `Infinity`, a float or a string where an integer belongs, a negative duration,
+a second header) read again by `jsonl_checked`, which drops, counts and locates
+each bad line; NCCL Inspector logs and `jax.profiler` traces through their readers
+(`open_records`). The report then reads one site at a time (`site_columns`, the
+`WHERE site = ?` of `records.by_site`), plus small queries over all rows: each
+site's steps, the (rank, process, device) triples, the rows per site.
+
+The per-(site, step) reduction over ranks and the per-rank statistics are also here
+as SQL (`reduce`, for `python -m benchmarks records` and for tools): the report's
+stages keep their NumPy code (`records.site_data`), fed one site at a time, because
+its results must stay bit for bit what they were (medians of filled-in missing ranks,
+float sums in a fixed order). DuckDB runs with its threads capped, a memory limit, a
+temporary directory to spill to, and never downloads an extension
+(`autoinstall_known_extensions` and `autoload_known_extensions` off: object storage
+needs `httpfs` installed explicitly, docs/records.md). duckdb and pyarrow are
+imported here only.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -26,20 +40,23 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.records.format import INT_STEP_FIELDS, records_files
+from jaxpace.records import jsonl_checked
+from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS, records_files
+from jaxpace.records.jsonl_checked import Drops, first_line, read_checked
+from jaxpace.records.safe_io import open_regular
 
-__all__ = ["Engine", "Reduction", "Scan", "connect"]
+__all__ = ["Engine", "Loaded", "Reduction", "Scan", "connect"]
 
-# An integer value of a JSONL step line: what JSON writes, at most 18 digits (so it fits
-# in int64 whatever the digits); anything else (1e3, 1.5, Infinity, 2^63) is a bad value.
-_INT_RE = r"-?(0|[1-9][0-9]{0,17})"
-_STEP_SELECT = ", ".join(
-    [
-        "CAST(site AS VARCHAR) AS site",
-        *(f"CAST({k} AS BIGINT) AS {k}" for k in INT_STEP_FIELDS),
-        "CAST(engaged AS BOOLEAN) AS engaged",
-    ]
+# The columns of the table `steps`, in the order of `records.reader.Records`' columns.
+STEP_COLUMNS = (*INT_STEP_FIELDS, "engaged", "device")
+_TABLE_SQL = (
+    "CREATE OR REPLACE TABLE steps (site VARCHAR, "
+    + ", ".join(f"{k} BIGINT" for k in INT_STEP_FIELDS)
+    + ", engaged BOOLEAN, device BIGINT, file UBIGINT, kind TINYINT)"
 )
+# `kind` of a row while loading: a step kept, a header line, or why it is dropped.
+STEP, HEADER, BAD, NULLS, HUGE, NEGATIVE = 0, 1, 2, 3, 4, 5
+_INT64_MIN = "-9223372036854775808"
 
 
 def _sql_str(s: str) -> str:
@@ -57,43 +74,56 @@ class Scan:
     Attributes:
       files: the files read.
       rows: step rows kept.
-      bad: step lines dropped for a bad value (not JSON, a missing field, a number that is
-        not an integer of at most 18 digits, `Infinity`, ...); `bad_examples` the first
-        few as `file:line: why`.
-      negative: step rows dropped for a negative `wait_ns` or `delay_ns`.
-      cut: files whose last line was cut short (no newline, not JSON).
+      drops: the step lines dropped, counted and located (`jsonl_checked.Drops`).
+      skipped: notes on files skipped whole (a Parquet file without its footer).
     """
 
     files: tuple[str, ...]
     rows: int
-    bad: int = 0
-    bad_examples: tuple[str, ...] = ()
-    negative: int = 0
-    cut: tuple[str, ...] = ()
+    drops: Drops = dataclasses.field(default_factory=Drops)
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def bad(self) -> int:
+        """Step lines dropped for a bad value (not JSON, a missing field, a value of the
+        wrong kind: `Infinity`, `1.5`, `"3"`, ...)."""
+        return self.drops.bad
+
+    @property
+    def bad_examples(self) -> tuple[str, ...]:
+        return tuple(self.drops.bad_examples)
+
+    @property
+    def negative(self) -> int:
+        return self.drops.negative
+
+    @property
+    def huge(self) -> int:
+        return self.drops.huge
+
+    @property
+    def cut(self) -> tuple[str, ...]:
+        """`file:line` of each last line cut short."""
+        return tuple(self.drops.cut)
 
     def notes(self) -> list[str]:
-        """`PARTIAL:` notes for what was dropped (none when nothing was)."""
-        out = []
-        if self.bad:
-            more = "; ..." if self.bad > len(self.bad_examples) else ""
-            out.append(
-                f"PARTIAL: {self.bad} step line(s) with a bad value dropped ("
-                + "; ".join(self.bad_examples)
-                + more
-                + ")."
-            )
-        if self.negative:
-            out.append(
-                f"PARTIAL: {self.negative} step record(s) with a negative `wait_ns` or "
-                "`delay_ns` dropped (a clock that went backwards or an edited file)."
-            )
-        if self.cut:
-            out.append(
-                f"PARTIAL: last line cut short in {len(self.cut)} file(s) (a process killed "
-                f"while writing), skipped: {', '.join(self.cut[:3])}"
-                + (" ..." if len(self.cut) > 3 else "")
-            )
-        return out
+        """`PARTIAL:` notes for what was dropped or skipped (none when nothing was)."""
+        return [*self.skipped, *self.drops.notes()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A run's files read into the table `steps` (`Engine.load`).
+
+    Attributes:
+      headers: `(header, where)` of each file that has one, in file order.
+      sites: the distinct sites, sorted.
+      scan: what was dropped or skipped, and the rows kept.
+    """
+
+    headers: tuple[tuple[dict[str, Any], str], ...]
+    sites: tuple[str, ...]
+    scan: Scan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +183,10 @@ FROM per_step p JOIN medians m USING (site, step) ORDER BY p.site, p.step
 class Engine:
     """A DuckDB connection with bounded threads, memory and a spill directory.
 
+    Its database is in memory up to `memory_limit`; beyond that DuckDB spills the
+    table's blocks to the temporary directory (removed on `close`), so a run larger
+    than memory is read from disk a site at a time.
+
     >>> with Engine() as e:
     ...     e.con.execute("SELECT 1").fetchone()
     (1,)
@@ -179,13 +213,16 @@ class Engine:
                 "threads": int(threads or min(2, os.cpu_count() or 1)),
                 "memory_limit": memory_limit,
                 "temp_directory": self.temp_directory,
-                "preserve_insertion_order": False,
+                "preserve_insertion_order": True,  # (a file's rows stay in its order)
                 # Never a download at run time (an offline cluster): extensions are
                 # installed explicitly and loaded by name (docs/records.md).
                 "autoinstall_known_extensions": False,
                 "autoload_known_extensions": False,
             },
         )
+        self.con.execute("SET enable_progress_bar = false")
+        self._path_of: dict[int, str] = {}  # `hash(path)` (the table's `file`) -> path
+        self.largest_fetch = 0  # the most rows one `site_columns` call returned
 
     def close(self) -> None:
         self.con.close()
@@ -200,122 +237,365 @@ class Engine:
 
     # ------------------------------------------------------------------ reading
 
-    def open_steps(self, path: str | os.PathLike) -> Scan:
-        """Creates the view `steps` over the records of `path` (a run directory or one
-        file: Parquet, JSONL, NCCL Inspector logs or `jax.profiler` traces); returns what
-        the scan found."""
-        p = Path(path)
-        files = records_files(p) if p.is_dir() else [p]
-        if not files or (not p.is_dir() and p.suffix not in (".parquet", ".jsonl")):
-            from jaxpace.records.sources import detect, load
+    def load(self, path: str | os.PathLike) -> Loaded:
+        """Reads the records files of `path` (a run directory or one file, Parquet or
+        JSONL) into the table `steps`; returns their headers, sites and what was dropped.
 
-            if detect(p) in ("nccl_inspector", "xprof"):  # through their readers
-                return self.open_records(load(p).records)
-            if not files:
-                raise RecordsError(f"no records files (`*.parquet`, `*.jsonl`) in {p}.")
-        parquet = [str(f) for f in files if _is_parquet(f)]
-        jsonl = [str(f) for f in files if str(f) not in set(parquet)]
-        parts, scan = [], Scan(files=tuple(map(str, files)), rows=0)
+        Raises:
+          RecordsError: a file that is not records (no header, a Parquet file without a
+            jaxpace header or with a column of the wrong type, not a regular file).
+        """
+        import duckdb
+
+        try:
+            return self._load(Path(path))
+        except duckdb.Error as e:
+            raise RecordsError(
+                f"the records engine (DuckDB) could not read {path}: "
+                f"{str(e).splitlines()[0][:300]}. Check the free space in its temporary "
+                f"directory ({self.temp_directory})."
+            ) from None
+
+    def _load(self, p: Path) -> Loaded:
+        files = records_files(p) if p.is_dir() else [p]
+        self.con.execute(_TABLE_SQL)
+        self._hash_paths([str(f) for f in files])
+        from jaxpace.records.parquet_reader import is_parquet
+
+        parquet = [f for f in files if is_parquet(f)]
+        jsonl = [f for f in files if f not in set(parquet)]
+        headers: list[tuple[dict[str, Any], str]] = []
+        drops = Drops()
+        skipped: list[str] = []
         if parquet:
-            parts.append(f"SELECT {_STEP_SELECT} FROM read_parquet({_sql_list(parquet)})")
+            self._load_parquet(parquet, headers, skipped, drops)
         if jsonl:
-            scan = self._open_jsonl(jsonl, scan)
-            parts.append(f"SELECT {_STEP_SELECT} FROM jsonl_steps")
-        self.con.execute("CREATE OR REPLACE TEMP VIEW all_steps AS " + " UNION ALL ".join(parts))
-        negative = self.con.execute(
-            "SELECT count(*) FROM all_steps WHERE wait_ns < 0 OR delay_ns < 0"
-        ).fetchone()[0]
-        self.con.execute(
-            "CREATE OR REPLACE TEMP VIEW steps AS SELECT * FROM all_steps "
-            "WHERE wait_ns >= 0 AND delay_ns >= 0"
-        )
+            self._load_jsonl(jsonl, headers, drops)
         rows = self.con.execute("SELECT count(*) FROM steps").fetchone()[0]
-        return dataclasses.replace(scan, rows=int(rows), negative=int(negative))
+        sites = tuple(
+            sorted(r[0] for r in self.con.execute("SELECT DISTINCT site FROM steps").fetchall())
+        )
+        scan = Scan(tuple(map(str, files)), int(rows), drops, tuple(skipped))
+        return Loaded(tuple(headers), sites, scan)
+
+    def _load_parquet(self, files, headers, skipped: list[str], drops: Drops) -> None:
+        good, device = [], False
+        for f in files:
+            head = _parquet_header(f, skipped)
+            if head is not None:
+                headers.append((head[0], f"{f}:header"))
+                good.append(str(f))
+                device |= head[1]
+        if not good:
+            return
+        ints = [f"CAST({k} AS BIGINT)" for k in INT_STEP_FIELDS]
+        nulls = " OR ".join(f"{k} IS NULL" for k in ("site", *INT_STEP_FIELDS, "engaged"))
+        huge = " OR ".join(f"{k} = {_INT64_MIN}" for k in ints)
+        dev = "coalesce(CAST(device AS BIGINT), -1)" if device else "-1"
+        sql = (
+            f"INSERT INTO steps SELECT site, {', '.join(ints)}, engaged, {dev}, hash(filename), "
+            f"CASE WHEN {nulls} THEN {NULLS} WHEN {huge} THEN {HUGE} "
+            f"WHEN wait_ns < 0 OR delay_ns < 0 THEN {NEGATIVE} ELSE {STEP} END "
+            f"FROM read_parquet({_sql_list(good)}, union_by_name = true, filename = true)"
+        )
+        import duckdb
+
+        try:
+            self.con.execute(sql)
+        except duckdb.Error as e:
+            raise RecordsError(
+                f"cannot read the Parquet records ({str(e).splitlines()[0][:200]}); expected "
+                "the columns of docs/records.md, integers within int64."
+            ) from None
+        self._drop_parquet_rows(drops)
+
+    def _drop_parquet_rows(self, drops: Drops) -> None:
+        """Refuses null values; drops, counts and locates the rows out of range."""
+        found = self.con.execute(
+            f"SELECT kind, count(*), min(file) FROM steps WHERE kind > {HEADER} GROUP BY kind"
+        ).fetchall()
+        for kind, n, file_h in found:
+            file = self._path_of[int(file_h)]
+            if kind == NULLS:
+                raise RecordsError(
+                    f"{file}: Parquet records with null values in a step column; expected "
+                    "every row to have every field of docs/records.md."
+                )
+            where = f"{file}: row {self._first_row(file, kind)}"
+            if kind == HUGE:
+                drops.huge += int(n)
+                drops.huge_first = drops.huge_first or where
+            elif kind == NEGATIVE:
+                drops.negative += int(n)
+                drops.negative_first = drops.negative_first or where
+        if found:
+            self.con.execute(f"DELETE FROM steps WHERE kind <> {STEP}")
+
+    def _first_row(self, file: str, kind: int) -> int:
+        """The first row of a Parquet `file` of the dropped `kind` (huge or negative)."""
+        cond = (
+            " OR ".join(f"CAST({k} AS BIGINT) = {_INT64_MIN}" for k in INT_STEP_FIELDS)
+            if kind == HUGE
+            else "wait_ns < 0 OR delay_ns < 0"
+        )
+        row = self.con.execute(
+            f"SELECT min(file_row_number) FROM read_parquet(?, file_row_number = true) "
+            f"WHERE {cond}",
+            [file],
+        ).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def _load_jsonl(self, files: list[Path], headers, drops: Drops) -> None:
+        """JSONL files into `steps`: `read_json` over every file at once (`_jsonl_fast`),
+        then each file it could not read cleanly through `jsonl_checked`."""
+        careful: list[Path] = []
+        fast: list[Path] = []
+        for f in files:
+            header, where, _ = first_line(f)  # (a special file is refused here)
+            if header is None:
+                drops.empty.append(str(f))
+                continue
+            headers.append((header, where))
+            (fast if _ends_with_newline(f) else careful).append(f)
+        careful += self._jsonl_fast(fast)
+        for f in sorted(careful, key=files.index):
+            checked = read_checked(f)
+            drops.merge(checked.drops)
+            self._insert_columns(checked.columns, str(f))
+
+    def _jsonl_fast(self, files: list[Path]) -> list[Path]:
+        """Inserts the files `read_json` reads cleanly; returns the others."""
+        import duckdb
+
+        rest = list(files)
+        refused: list[Path] = []
+        tries = 0
+        while rest:
+            try:
+                self.con.execute(_jsonl_insert_sql([str(f) for f in rest]))
+                break
+            except duckdb.Error as e:
+                self._delete_files(rest)
+                bad = _file_in_error(str(e), rest)
+                tries += 1
+                if bad is None or tries > 8:  # find them one file at a time
+                    bad = [f for f in rest if not self._reads_cleanly(f)]
+                    refused += bad
+                    rest = [f for f in rest if f not in set(bad)]
+                    tries = -(1 << 30)
+                else:
+                    refused.append(bad)
+                    rest.remove(bad)
+        flagged = {
+            self._path_of[int(r[0])]
+            for r in self.con.execute(
+                f"SELECT file FROM steps GROUP BY file HAVING count(*) FILTER (WHERE kind = {HEADER}) <> 1 "
+                f"OR count(*) FILTER (WHERE kind <> {STEP} AND kind <> {HEADER}) > 0"
+            ).fetchall()
+        }
+        if flagged:
+            self._delete_files(sorted(flagged))
+        self.con.execute(f"DELETE FROM steps WHERE kind = {HEADER}")
+        return refused + [f for f in files if str(f) in flagged]
+
+    def _reads_cleanly(self, f: Path) -> bool:
+        import duckdb
+
+        try:
+            self.con.execute(f"SELECT count(*) FROM ({_jsonl_select_sql([str(f)])})").fetchone()
+            return True
+        except duckdb.Error:
+            return False
+
+    def _hash_paths(self, paths: list[str]) -> None:
+        """Remembers `hash(path)` of each path (the table's `file`: 8 bytes, not a string)."""
+        for f, h in self.con.execute(
+            "SELECT f, hash(f) FROM (SELECT unnest($1::VARCHAR[]) AS f)", [paths]
+        ).fetchall():
+            self._path_of[int(h)] = f
+
+    def _hash_of(self, path: str) -> int:
+        return next(h for h, f in self._path_of.items() if f == path)
+
+    def _delete_files(self, files) -> None:
+        paths = {str(f) for f in files}
+        hashes = [h for h, f in self._path_of.items() if f in paths]
+        self.con.execute("DELETE FROM steps WHERE file IN (SELECT unnest($1::UBIGINT[]))", [hashes])
+
+    def _insert_columns(self, cols: dict[str, np.ndarray], file: str) -> None:
+        import pyarrow as pa
+
+        n = int(cols["step"].shape[0])
+        if not n:
+            return
+        table = pa.table(
+            {
+                "site": pa.array(cols["site"].tolist(), pa.string()),
+                **{k: pa.array(cols[k], pa.int64()) for k in INT_STEP_FIELDS},
+                "engaged": pa.array(cols["engaged"], pa.bool_()),
+                "device": pa.array(cols["device"], pa.int64()),
+                "file": pa.array(np.full(n, self._hash_of(file), np.uint64), pa.uint64()),
+                "kind": pa.array(np.zeros(n, np.int8), pa.int8()),
+            }
+        )
+        self.con.register("checked_rows", table)
+        try:
+            self.con.execute("INSERT INTO steps SELECT * FROM checked_rows")
+        finally:
+            self.con.unregister("checked_rows")
+
+    # ------------------------------------------------------------------ one site at a time
+
+    def cluster_by_site(self) -> None:
+        """Rewrites `steps` sorted by site, so each site's rows sit together and `WHERE
+        site = ?` reads only theirs (DuckDB skips the other row groups by their min/max):
+        a run larger than the memory limit is spilled, and scanning all of it for every
+        site cost 10x the sort (33M rows: 5 s a site against 0.5 s; the sort 18 s). Rows
+        within a site lose their file order (the per-site analysis does not depend on it)."""
+        import duckdb
+
+        try:
+            self.con.execute("CREATE TABLE steps_by_site AS SELECT * FROM steps ORDER BY site")
+            self.con.execute("DROP TABLE steps")
+            self.con.execute("ALTER TABLE steps_by_site RENAME TO steps")
+        except duckdb.Error as e:
+            raise RecordsError(
+                f"the records engine (DuckDB) could not sort the run by site: "
+                f"{str(e).splitlines()[0][:300]}. Check the free space in its temporary "
+                f"directory ({self.temp_directory})."
+            ) from None
+
+    def site_columns(self, site: str) -> dict[str, np.ndarray]:
+        """The rows of one site as NumPy columns (`STEP_COLUMNS`), in file order."""
+        cols = self._arrays(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE site = $1", [site])
+        self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
+        return cols
+
+    def all_columns(self, files: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Every row (`STEP_COLUMNS` and `site`, as strings), in the order of `files` and
+        each file's own order; and the sites' strings."""
+        cols = self._arrays(f"SELECT site, {', '.join(STEP_COLUMNS)}, file FROM steps")
+        rank = {h: files.index(f) if f in files else len(files) for h, f in self._path_of.items()}
+        fidx = np.array([rank.get(int(h), len(files)) for h in cols.pop("file").tolist()], np.int64)
+        order = np.argsort(fidx, kind="stable")
+        return {k: v[order] for k, v in cols.items()}, order
+
+    def rank_keys(self) -> np.ndarray:
+        """The distinct (rank, process, device) triples, (3, K) int64."""
+        got = self._arrays("SELECT DISTINCT rank, process, device FROM steps")
+        return (
+            np.stack([got["rank"], got["process"], got["device"]]).astype(np.int64).reshape(3, -1)
+        )
+
+    def step_ranks(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+        """Per site: its distinct steps (sorted), the distinct ranks at each, its distinct
+        ranks in all."""
+        # (Rows, not distinct ranks, at each step: a duplicate record, which the report's
+        # per-site analysis refuses, counts twice here; count(DISTINCT) is 10x slower.)
+        got = self._arrays(
+            "SELECT site, step, count(*) AS n FROM steps GROUP BY site, step ORDER BY site, step"
+        )
+        ranks = dict(
+            self.con.execute(
+                "SELECT site, count(*) FROM (SELECT site, rank FROM steps GROUP BY site, rank) "
+                "GROUP BY site"
+            ).fetchall()
+        )
+        out = {}
+        site = got["site"]
+        if site.size:
+            cut = np.flatnonzero(site[1:] != site[:-1]) + 1
+            for s, step, n in zip(
+                np.split(site, cut), np.split(got["step"], cut), np.split(got["n"], cut),
+                strict=True,
+            ):  # fmt: skip
+                name = str(s[0])
+                out[name] = (step.astype(np.int64), n.astype(np.int64), int(ranks[name]))
+        return out
+
+    def first_arrivals(self, kept: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """`(keys, first)`: over the `kept` steps of each site, the least `arrive_ns` of each
+        (step, process), keyed `step * 2**32 + process` (sorted)."""
+        import pyarrow as pa
+
+        sites = [s for s, st in kept.items() for _ in range(len(st))]
+        steps = np.concatenate([np.asarray(st, np.int64) for st in kept.values()] or [[]])
+        self.con.register(
+            "kept_steps",
+            pa.table({"site": pa.array(sites, pa.string()), "step": pa.array(steps, pa.int64())}),
+        )
+        try:
+            got = self._arrays(
+                "SELECT s.step * 4294967296 + s.process AS key, min(s.arrive_ns) AS first "
+                "FROM steps s JOIN kept_steps k ON s.site = k.site AND s.step = k.step "
+                "GROUP BY key ORDER BY key"
+            )
+        finally:
+            self.con.unregister("kept_steps")
+        return got["key"].astype(np.int64), got["first"].astype(np.int64)
+
+    def site_counts(self) -> dict[str, int]:
+        return dict(self.con.execute("SELECT site, count(*) FROM steps GROUP BY site").fetchall())
+
+    def processes(self) -> np.ndarray:
+        return self._arrays("SELECT DISTINCT process FROM steps ORDER BY process")["process"]
+
+    def drop_ranks_outside(self, bound: int) -> tuple[int, tuple[int, int, int] | None]:
+        """Deletes the rows whose rank is outside [0, bound); returns how many and one
+        (process, step, rank) of them (the first file's first such row)."""
+        cond = f"rank < 0 OR rank >= {int(bound)}"
+        n = self.con.execute(f"SELECT count(*) FROM steps WHERE {cond}").fetchone()[0]
+        if not n:
+            return 0, None
+        some = self.con.execute(
+            f"SELECT file, process, step, rank FROM steps WHERE {cond} LIMIT 10000"
+        ).fetchall()
+        ex = min(some, key=lambda r: (self._path_of.get(int(r[0]), ""), r[2], r[3]))
+        self.con.execute(f"DELETE FROM steps WHERE {cond}")
+        return int(n), (int(ex[1]), int(ex[2]), int(ex[3]))
+
+    # ------------------------------------------------------------------ the reduction
+
+    def open_steps(self, source: str | os.PathLike | Any) -> Scan:
+        """Reads `source` into `steps`: the records files of a path (a run directory or
+        one file, Parquet or JSONL), or `Records` in memory (what the NCCL Inspector and
+        `jax.profiler` readers give, `records.sources.load`); returns what was found."""
+        if not isinstance(source, str | os.PathLike):
+            return self.open_records(source)
+        p = Path(source)
+        if p.is_dir() and not records_files(p):
+            raise RecordsError(
+                f"no records files (`*.parquet`, `*.jsonl`) in {p}; read other sources "
+                "with `jaxpace.records.sources.load` and pass their `Records`."
+            )
+        return self.load(p).scan
 
     def open_records(self, records: Any) -> Scan:
-        """Creates the view `steps` over in-memory `Records` (any source's reader)."""
+        """Creates the table `steps` from in-memory `Records` (any source's reader)."""
         import pyarrow as pa
 
         c = records.columns
         sites = np.asarray(records.sites, dtype=object)
+        n = len(records)
         table = pa.table(
             {
-                "site": pa.array(sites[c["site"]].tolist() if len(records) else [], pa.string()),
+                "site": pa.array(sites[c["site"]].tolist() if n else [], pa.string()),
                 **{k: pa.array(c[k], pa.int64()) for k in INT_STEP_FIELDS},
                 "engaged": pa.array(c["engaged"], pa.bool_()),
+                "device": pa.array(c["device"] if "device" in c else np.full(n, -1), pa.int64()),
+                "file": pa.array(np.zeros(n, np.uint64), pa.uint64()),
+                "kind": pa.array(np.zeros(n, np.int8), pa.int8()),
             }
         )
+        self.con.execute(_TABLE_SQL)
         self.con.register("records_table", table)
-        self.con.execute("CREATE OR REPLACE TEMP VIEW steps AS SELECT * FROM records_table")
-        return Scan(files=tuple(records.sources), rows=len(records))
-
-    def _open_jsonl(self, files: list[str], scan: Scan) -> Scan:
-        """The view `jsonl_steps` over the JSONL files' step lines, every value checked;
-        counts and locates the lines dropped."""
-        fields = ["type", "site", *INT_STEP_FIELDS, "engaged"]
-        paths = ", ".join(_sql_str("$." + f) for f in fields)
-        self.con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE jsonl_lines AS
-            WITH raw AS (
-              SELECT filename, string_split(content, chr(10)) AS ls FROM read_text({_sql_list(files)})
-            ), lines AS (
-              SELECT filename, generate_subscripts(ls, 1) AS line, unnest(ls) AS text,
-                     len(ls) AS n FROM raw
-            )
-            SELECT filename, line, line = n AND text <> '' AS last_unended,
-                   json_valid(text) AS ok,
-                   CASE WHEN json_valid(text) THEN json_extract_string(text, [{paths}]) END AS v,
-                   CASE WHEN json_valid(text) THEN json_type(text, '$.site') END AS site_type
-            FROM lines WHERE trim(text) <> ''
-            """
-        )
-        checks = [f"regexp_full_match(coalesce(v[{i + 3}], ''), '{_INT_RE}')" for i in range(7)]
-        valid = " AND ".join(["site_type = 'VARCHAR'", *checks, "v[10] IN ('true', 'false')"])
-        self.con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE jsonl_checked AS
-            SELECT filename, line, last_unended, ok, v[1] AS type, ({valid}) AS good, v
-            FROM jsonl_lines
-            """
-        )
-        cols = ", ".join(
-            ["v[2] AS site"]
-            + [f"CAST(v[{i + 3}] AS BIGINT) AS {k}" for i, k in enumerate(INT_STEP_FIELDS)]
-            + ["v[10] = 'true' AS engaged"]
-        )
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP VIEW jsonl_steps AS SELECT {cols} FROM jsonl_checked "
-            "WHERE ok AND type = 'step' AND good"
-        )
-        cut = [
-            r[0]
-            for r in self.con.execute(
-                "SELECT filename || ':' || line FROM jsonl_checked WHERE NOT ok AND last_unended "
-                "ORDER BY filename"
-            ).fetchall()
-        ]
-        bad_where = (
-            "(NOT ok AND NOT last_unended) OR (ok AND type = 'step' AND NOT good) "
-            "OR (ok AND coalesce(type, '') NOT IN ('step', 'header'))"
-        )
-        bad = self.con.execute(f"SELECT count(*) FROM jsonl_checked WHERE {bad_where}").fetchone()[
-            0
-        ]
-        examples = [
-            f"{f}:{line}: {'not JSON' if not ok else 'a field is missing or not as docs/records.md says'}"
-            for f, line, ok in self.con.execute(
-                f"SELECT filename, line, ok FROM jsonl_checked WHERE {bad_where} "
-                "ORDER BY filename, line LIMIT 3"
-            ).fetchall()
-        ]
-        return dataclasses.replace(scan, bad=int(bad), bad_examples=tuple(examples), cut=tuple(cut))
-
-    # ------------------------------------------------------------------ reducing
+        self.con.execute("INSERT INTO steps SELECT * FROM records_table")
+        self.con.unregister("records_table")
+        return Scan(files=tuple(records.sources), rows=n)
 
     def reduce(self) -> Reduction:
-        """The reduction over the `steps` view: per (site, step), per (step, rank), per
-        (site, rank); out of core (DuckDB spills to the temporary directory)."""
+        """The reduction over `steps`: per (site, step), per (step, rank), per (site,
+        rank); out of core (DuckDB spills to the temporary directory)."""
         for sql in (REDUCE_STEPS_SQL, LATENESS_SQL, MEDIANS_SQL):
             self.con.execute(sql)
         return Reduction(
@@ -324,24 +604,115 @@ class Engine:
             ranks=self._arrays(PER_RANK_SQL),
         )
 
-    def _arrays(self, sql: str) -> dict[str, np.ndarray]:
-        cols = self.con.execute(sql).fetchnumpy()
+    def _arrays(self, sql: str, params: list | None = None) -> dict[str, np.ndarray]:
+        cols = self.con.execute(sql, params or []).fetchnumpy()
         return {k: np.asarray(v) for k, v in cols.items()}
 
-    def headers(self, path: str | os.PathLike) -> list[dict[str, Any]]:
-        """The headers of a run's Parquet (metadata) and JSONL (first line) files."""
-        out = []
-        p = Path(path)
-        for f in records_files(p) if p.is_dir() else [p]:
-            out.extend(read_headers(f))
-        return out
+
+# The JSONL step fields typed as JSON (their text as written), checked below.
+_JSON_COLUMNS = {
+    "type": "VARCHAR",
+    "site": "JSON",
+    **{k: "JSON" for k in INT_STEP_FIELDS},
+    "device": "JSON",
+    "engaged": "JSON",
+}
+
+
+def _jsonl_select_sql(files: list[str]) -> str:
+    """The rows of `read_json` over `files`, each with its `kind`: a step whose every value
+    is as docs/records.md says (an integer field an integer literal within (-2^63, 2^63):
+    its JSON text only digits and "-"; `1.5`, `1e3`, `"3"` and `true` are not, though
+    DuckDB would cast them), the header, or bad."""
+    ints = [f"TRY_CAST({k} AS BIGINT) AS {k}" for k in INT_STEP_FIELDS]
+    text = "concat_ws(',', " + ", ".join(f"{k}::VARCHAR" for k in INT_STEP_FIELDS) + ")"
+    site = (
+        "CASE WHEN contains(site::VARCHAR, '\\') THEN json_extract_string(site, '$') "
+        "ELSE substr(site::VARCHAR, 2, length(site::VARCHAR) - 2) END"
+    )
+    inner = (
+        f"SELECT type, {site} AS name, starts_with(site::VARCHAR, '\"') AS site_ok, "
+        f"{', '.join(ints)}, translate({text}, '-0123456789,', '') = '' AS ints_ok, "
+        "engaged::VARCHAR AS eng, device::VARCHAR AS dev, TRY_CAST(device AS BIGINT) AS dev_i, "
+        "filename "
+        f"FROM read_json({_sql_list(files)}, format = 'newline_delimited', columns = "
+        + "{"
+        + ", ".join(f"'{k}': '{v}'" for k, v in _JSON_COLUMNS.items())
+        + "}"
+        + f", filename = true, maximum_object_size = {jsonl_checked.MAX_LINE_BYTES - 1})"
+    )
+    good = " AND ".join(
+        [
+            "type = 'step'",
+            "site_ok",
+            "ints_ok",
+            *(f"{k} > {_INT64_MIN}" for k in INT_STEP_FIELDS),  # (NULL: missing or huge)
+            "wait_ns >= 0 AND delay_ns >= 0",
+            "eng IN ('true', 'false')",
+            "(dev IS NULL OR dev = 'null' OR (translate(dev, '-0123456789', '') = '' "
+            f"AND dev_i > {_INT64_MIN}))",
+        ]
+    )
+    return (
+        f"SELECT name, {', '.join(INT_STEP_FIELDS)}, eng = 'true', coalesce(dev_i, -1), "
+        f"hash(filename), CASE WHEN type = 'header' THEN {HEADER} "
+        f"WHEN coalesce({good}, false) THEN {STEP} ELSE {BAD} END FROM ({inner})"
+    )
+
+
+def _jsonl_insert_sql(files: list[str]) -> str:
+    return "INSERT INTO steps " + _jsonl_select_sql(files)
+
+
+def _file_in_error(message: str, files: list[Path]) -> Path | None:
+    """The file a DuckDB JSON error names, if it is one of `files`."""
+    m = re.search(r'in file "([^"]+)"', message)
+    if not m:
+        return None
+    for f in files:
+        if str(f) == m.group(1):
+            return f
+    return None
+
+
+def _ends_with_newline(path: Path) -> bool:
+    """Whether the file's last byte is a newline (a file cut short mid-line is not)."""
+    with open_regular(path, "records file") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], bool] | None:
+    """`(header, has a device column)` of a Parquet records file, its columns' types
+    checked; None (and a note in `skipped`) for a file without its footer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jaxpace.records.parquet_reader import check_schema, header_of
+
+    with open_regular(path, "records file") as f:
+        try:
+            schema = pq.ParquetFile(f).schema_arrow
+        except (pa.ArrowException, OSError, ValueError) as e:
+            skipped.append(
+                f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
+                "a process killed while writing it leaves no footer. The other files are "
+                "read."
+            )
+            return None
+    header = header_of(schema, str(path))
+    check_schema(schema, str(path))
+    return header, "device" in schema.names
 
 
 def read_headers(path: Path) -> list[dict[str, Any]]:
     """The header of one records file ([] when it has none or cannot be read)."""
-    from jaxpace.records.format import HEADER_KEY
+    from jaxpace.records.parquet_reader import is_parquet
 
-    if _is_parquet(path):
+    if is_parquet(path):
         import pyarrow.parquet as pq
 
         try:
@@ -350,19 +721,11 @@ def read_headers(path: Path) -> list[dict[str, Any]]:
             return []
         raw = meta.get(HEADER_KEY)
         return [json.loads(raw)] if raw else []
-    with open(path, "rb") as f:
-        first = f.readline(8 << 20)
     try:
-        h = json.loads(first)
-    except ValueError:
+        header, _, _ = first_line(path)
+    except RecordsError:
         return []
-    return [h] if isinstance(h, dict) and h.get("type") == "header" else []
-
-
-def _is_parquet(path: str | os.PathLike) -> bool:
-    from jaxpace.records.parquet_reader import is_parquet
-
-    return is_parquet(Path(path))
+    return [header] if header is not None else []
 
 
 def connect(**kw: Any) -> Engine:

@@ -1,9 +1,8 @@
-"""Reading one Parquet records file (docs/records.md, "Parquet") into the records reader.
+"""What a Parquet records file is (docs/records.md, "Parquet"): known by its first bytes, its
+header in the file's key-value metadata, its columns' types.
 
-The header comes from the file's key-value metadata, the step columns are
-checked (types, nulls, the int64 range, negative durations) and appended as
-arrays; a file without its footer (a process killed while writing) is skipped
-and noted. pyarrow is imported here only, when a Parquet file is read.
+The engine (`jaxpace.records.engine`) reads the rows; these checks run on each file's
+footer first. pyarrow is imported only when a Parquet file is read.
 """
 
 from __future__ import annotations
@@ -15,13 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS
-from jaxpace.records.safe_io import open_regular
 
-__all__ = ["is_parquet", "read_parquet"]
+__all__ = ["check_schema", "header_of", "is_parquet"]
 
 
 def is_parquet(path: Path) -> bool:
@@ -37,72 +33,9 @@ def is_parquet(path: Path) -> bool:
         return path.suffix == ".parquet"
 
 
-def read_parquet(builder: Any, path: Path) -> None:
-    """One Parquet records file into `builder`: its header from the metadata, its
-    columns checked (types, nulls, negative durations) and appended at once."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    builder.sources.append(str(path))
-    where = f"{path}"
-    with open_regular(path, "records file") as f:
-        try:
-            pf = pq.ParquetFile(f)
-            table = pf.read()
-        except (pa.ArrowException, OSError, ValueError) as e:
-            builder.partial = True
-            builder.notes.append(
-                f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
-                "a process killed while writing it leaves no footer. The other files are "
-                "read."
-            )
-            return
-    builder.expected_rows = max(builder.expected_rows, builder.rows + table.num_rows)
-    builder.add_header(_header(table, where), f"{where}:header")
-    names = set(table.column_names)
-    missing = [k for k in ("site", *INT_STEP_FIELDS, "engaged") if k not in names]
-    if missing:
-        raise RecordsError(
-            f"{where}: Parquet records lack the column(s) "
-            f"{', '.join(f'`{k}`' for k in missing)}; expected the columns of docs/records.md."
-        )
-    n = table.num_rows
-    cols = _int_columns(table, names, where)
-    site = table.column("site").combine_chunks()
-    if pa.types.is_dictionary(site.type):
-        names_arr = site.dictionary.to_pylist()
-        idx = site.indices.to_numpy(zero_copy_only=False)
-    elif pa.types.is_string(site.type) or pa.types.is_large_string(site.type):
-        enc = site.dictionary_encode()
-        names_arr, idx = enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False)
-    else:
-        raise RecordsError(f"{where}: column `site` has type {site.type}, expected strings.")
-    if site.null_count:
-        raise RecordsError(f"{where}: column `site` has {site.null_count} null values.")
-    remap = np.array(
-        [builder.site_index.setdefault(s, len(builder.site_index)) for s in names_arr], np.int64
-    )
-    cols["site"] = remap[idx] if remap.size else np.zeros(0, np.int64)
-    huge = np.zeros(n, bool)
-    for k in INT_STEP_FIELDS:
-        huge |= cols[k] == np.iinfo(np.int64).min  # (the rest of int64 is inside the bound)
-    if huge.any():
-        builder.huge += int(huge.sum())
-        if builder.huge_first is None:
-            builder.huge_first = f"{where}: row {int(np.flatnonzero(huge)[0])}"
-        cols = {k: v[~huge] for k, v in cols.items()}
-    bad = (cols["wait_ns"] < 0) | (cols["delay_ns"] < 0)
-    if bad.any():
-        builder.negative += int(bad.sum())
-        if builder.negative_first is None:
-            builder.negative_first = f"{where}: row {int(np.flatnonzero(bad)[0])}"
-        cols = {k: v[~bad] for k, v in cols.items()}
-    builder.add_columns(cols)
-
-
-def _header(table: Any, where: str) -> dict[str, Any]:
+def header_of(schema: Any, where: str) -> dict[str, Any]:
     """The header in a Parquet file's key-value metadata (`HEADER_KEY`), checked."""
-    meta = table.schema.metadata or {}
+    meta = schema.metadata or {}
     if HEADER_KEY not in meta:
         raise RecordsError(
             f"{where}: Parquet file without a jaxpace header (metadata key "
@@ -118,32 +51,29 @@ def _header(table: Any, where: str) -> dict[str, Any]:
     return header
 
 
-def _int_columns(table: Any, names: set[str], where: str) -> dict[str, np.ndarray]:
-    """The integer columns and `engaged` as NumPy, checked (types, nulls, int64 range)."""
+def check_schema(schema: Any, where: str) -> None:
+    """Refuses a Parquet records file whose columns are missing or of the wrong type
+    (the integers any integer type, `engaged` bool, `site` strings; `device` optional)."""
     import pyarrow as pa
 
-    n = table.num_rows
-    cols: dict[str, np.ndarray] = {}
+    names = set(schema.names)
+    missing = [k for k in ("site", *INT_STEP_FIELDS, "engaged") if k not in names]
+    if missing:
+        raise RecordsError(
+            f"{where}: Parquet records lack the column(s) "
+            f"{', '.join(f'`{k}`' for k in missing)}; expected the columns of docs/records.md."
+        )
     for k in (*INT_STEP_FIELDS, "device", "engaged"):
-        if k not in names:  # `device` is optional
-            cols[k] = np.full(n, -1, np.int64)
+        if k not in names:
             continue
-        col = table.column(k)
+        t = schema.field(k).type
         want = pa.bool_() if k == "engaged" else pa.int64()
-        if col.type != want and not (k != "engaged" and pa.types.is_integer(col.type)):
+        if t != want and not (k != "engaged" and pa.types.is_integer(t)):
             raise RecordsError(
-                f"{where}: column `{k}` has type {col.type}, expected {want} (docs/records.md)."
+                f"{where}: column `{k}` has type {t}, expected {want} (docs/records.md)."
             )
-        if k != "device" and col.null_count:
-            raise RecordsError(f"{where}: column `{k}` has {col.null_count} null values.")
-        if k == "device":
-            col = col.fill_null(-1)
-        if k != "engaged" and col.type != pa.int64():
-            try:  # (a uint64 beyond int64 is refused, never wrapped)
-                col = col.cast(pa.int64(), safe=True)
-            except pa.ArrowInvalid:
-                raise RecordsError(
-                    f"{where}: column `{k}` ({col.type}) holds values beyond int64."
-                ) from None
-        cols[k] = col.to_numpy().astype(bool if k == "engaged" else np.int64, copy=False)
-    return cols
+    t = schema.field("site").type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise RecordsError(f"{where}: column `site` has type {t}, expected strings.")

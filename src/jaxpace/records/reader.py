@@ -28,12 +28,11 @@ from jaxpace.records.format import (
 from jaxpace.records.format import (
     write_jsonl as _write_jsonl_file,
 )
-from jaxpace.records.line_reader import MAX_LINE_BYTES, read_file  # noqa: F401 (MAX_LINE_BYTES: re-exported)
-from jaxpace.records.parquet_reader import is_parquet, read_parquet
+from jaxpace.records.jsonl_checked import MAX_ABS_INT, MAX_LINE_BYTES  # noqa: F401 (re-exported)
 from jaxpace.records.run_checks import check_truncated, missing_note, rank_bound, truncation_notes
 from jaxpace.records.safe_io import check_declared_count
 
-__all__ = ["Records", "find_runs", "load_records", "without_foreign_ranks"]
+__all__ = ["Records", "find_runs", "load_records", "run_meta", "without_foreign_ranks"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -187,10 +186,6 @@ class Records:
         return out
 
 
-# An integer field of a step record lies strictly inside (-2^63, 2^63) (int64 without its
-# minimum, whose negation wraps); a record with one outside is dropped, counted, located.
-MAX_ABS_INT = 1 << 63
-
 # The step columns of `Records`, in the order `build` makes them.
 _COLUMN_DTYPES: dict[str, Any] = {
     **{k: np.int64 for k in INT_STEP_FIELDS},
@@ -206,15 +201,10 @@ class _Builder:
     def __init__(self) -> None:
         self.headers: list[tuple[dict[str, Any], str]] = []  # (header, where)
         self.site_index: dict[str, int] = {}
-        # Step columns in file order. The fast reader writes its rows straight into
-        # `store` (arrays grown by doubling; `expected_rows` sizes them once); rows
-        # read a line at a time by `add_step` stay Python lists (`segments`: their
-        # first row and lists) until `build` converts them, as before the fast
-        # reader existed (so an integer too large for int64 fails there).
-        self.store: dict[str, np.ndarray] = {}
+        # Step columns in order, as Python lists (record dicts in memory), converted by
+        # `build` (so an integer too large for int64 fails there).
         self.segments: list[tuple[int, dict[str, list]]] = []
         self.rows = 0
-        self.expected_rows = 0
         self.notes: list[str] = []
         self.partial = False
         self.sources: list[str] = []
@@ -222,7 +212,6 @@ class _Builder:
         self.huge = 0  # step records skipped for an integer out of range (`MAX_ABS_INT`)
         self.huge_first: str | None = None
         self.negative_first: str | None = None
-        self.buffer: bytearray | None = None  # the fast reader's, reused file to file
 
     def add_header(self, rec: Mapping[str, Any], where: str) -> None:
         fmt = rec.get("format")
@@ -300,38 +289,11 @@ class _Builder:
         self.segments.append((self.rows, lists))
         return lists
 
-    def add_columns(self, cols: dict[str, np.ndarray]) -> None:
-        """Appends step records already parsed and checked, as arrays (`site`: index
-        into `site_index`; negative durations already dropped)."""
-        n = int(cols["step"].shape[0])
-        if not n:
-            return
-        self._reserve(self.rows + n)
-        for k, a in self.store.items():
-            a[self.rows : self.rows + n] = cols[k]
-        self.rows += n
-
-    def _reserve(self, rows: int) -> None:
-        cap = self.store["step"].shape[0] if self.store else 0
-        if rows <= cap:
-            return
-        new_cap = max(rows, 2 * cap, self.expected_rows)
-        old, self.store = self.store, {}
-        for k, dtype in _COLUMN_DTYPES.items():
-            self.store[k] = np.empty(new_cap, dtype=dtype)  # pages are touched as filled
-            if k in old:
-                self.store[k][: self.rows] = old[k][: self.rows]
-
     def _column(self, key: str) -> np.ndarray:
-        """Column `key` of every row, in order (the line-at-a-time rows converted here)."""
+        """Column `key` of every row, in order."""
         dtype = _COLUMN_DTYPES[key]
-        if not self.store and len(self.segments) == 1:
-            return np.asarray(self.segments[0][1][key], dtype=dtype)
-        self._reserve(self.rows)
-        out = self.store[key][: self.rows] if self.store else np.zeros(0, dtype)
-        for first, lists in self.segments:
-            out[first : first + len(lists[key])] = np.asarray(lists[key], dtype=dtype)
-        return out
+        parts = [np.asarray(lists[key], dtype=dtype) for _, lists in self.segments]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
     def add(self, rec: Any, where: str) -> None:
         if not isinstance(rec, Mapping):
@@ -368,7 +330,7 @@ class _Builder:
             )
         return notes
 
-    def build(self, *, require_headers: bool) -> Records:
+    def build(self, *, require_headers: bool, processes: np.ndarray | None = None) -> Records:
         if not self.rows and not self.headers:
             raise RecordsError(
                 f"no timing records in {', '.join(self.sources) or 'the input'}. Point "
@@ -418,7 +380,8 @@ class _Builder:
         columns["site"] = remap[self._column("site")]
         columns["engaged"] = self._column("engaged")
         columns["device"] = self._column("device")
-        unknown = sorted(set(np.unique(columns["process"]).tolist()) - set(by_proc))
+        seen = np.unique(columns["process"]) if processes is None else processes
+        unknown = sorted(set(seen.tolist()) - set(by_proc))
         if by_proc and unknown:
             notes.append(
                 f"step records name process {', '.join(map(str, unknown))} without a header "
@@ -511,16 +474,46 @@ def _no_records_message(path: Path) -> str:
     )
 
 
-# No step line is shorter (every required field, no spaces): files of N bytes hold
-# at most N / this many records, which sizes the columns once.
-_MIN_STEP_LINE_BYTES = 100
+def run_files(path: Path) -> list[Path]:
+    """The records files `path` names (a run directory's, or the file itself); raises a
+    `RecordsError` that says what was expected when there are none."""
+    if path.is_dir():
+        files = records_files(path)
+        if not files:
+            raise RecordsError(_no_records_message(path))
+        return files
+    if path.is_file() or os.path.lexists(path):
+        return [path]  # anything but a regular file is refused when opened
+    raise RecordsError(f"records path {path} does not exist; pass a run directory or a JSONL file.")
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:  # reading it says what is wrong
-        return 0
+def run_meta(
+    headers: Iterable[tuple[Mapping[str, Any], str]],
+    notes: Iterable[str],
+    sources: Iterable[str],
+    processes: np.ndarray,
+    rows: int,
+) -> Records:
+    """`Records` without rows that carry a run's headers (each checked; one run, one
+    header per process), its notes (what was dropped, what is missing) and sources.
+
+    Args:
+      headers: `(header, where)` of each file.
+      notes: notes of the reading (`PARTIAL:` ones mark the run partial).
+      sources: the files read.
+      processes: the distinct processes the step rows name.
+      rows: how many step rows there are (0 with no header: nothing at all, an error).
+    """
+    builder = _Builder()
+    builder.sources = [str(s) for s in sources]
+    for h, where in headers:
+        builder.add_header(h, where)
+    builder.notes = list(notes)
+    builder.partial = any(n.startswith("PARTIAL") for n in builder.notes)
+    if rows and not builder.headers:
+        builder.rows = rows  # ("no header line found", not "no timing records")
+    meta = builder.build(require_headers=True, processes=np.asarray(processes, np.int64))
+    return meta
 
 
 def load_records(
@@ -552,26 +545,9 @@ def load_records(
     """
     if isinstance(source, Records):
         return source
-    builder = _Builder()
     if isinstance(source, str | os.PathLike):
-        path = Path(source)
-        if path.is_dir():
-            files = records_files(path)
-            if not files:
-                raise RecordsError(_no_records_message(path))
-        elif path.is_file() or os.path.lexists(path):
-            files = [path]  # anything but a regular file is refused when opened
-        else:
-            raise RecordsError(
-                f"records path {path} does not exist; pass a run directory or a JSONL file."
-            )
-        builder.expected_rows = sum(_size(f) for f in files) // _MIN_STEP_LINE_BYTES + 1
-        for f in files:
-            if is_parquet(f):
-                read_parquet(builder, f)
-            else:
-                read_file(builder, f)
-        return builder.build(require_headers=True)
+        return _load_files(Path(source))
+    builder = _Builder()
     if isinstance(source, Mapping) or not isinstance(source, Iterable):
         raise RecordsError(
             f"cannot read records from a {type(source).__name__}; pass a path, a run "
@@ -581,3 +557,30 @@ def load_records(
     for i, rec in enumerate(source):
         builder.add(rec, f"<memory>[{i}]")
     return builder.build(require_headers=False)
+
+
+def _load_files(path: Path) -> Records:
+    """A run's files through the engine (`records.engine`), every row in file order."""
+    from jaxpace.records.engine import Engine
+
+    files = run_files(path)
+    with Engine() as e:
+        loaded = e.load(path)
+        cols, _ = e.all_columns([str(f) for f in files])
+        meta = run_meta(
+            loaded.headers,
+            loaded.scan.notes(),
+            [str(f) for f in files],
+            np.unique(cols["process"]),
+            int(cols["step"].size),
+        )
+    sites = loaded.sites
+    site = cols.pop("site")
+    names = np.array(sites, dtype=object)
+    columns = {k: cols[k].astype(np.int64, copy=False) for k in INT_STEP_FIELDS}
+    columns["site"] = (
+        np.searchsorted(names, site).astype(np.int64) if site.size else np.zeros(0, np.int64)
+    )
+    columns["engaged"] = cols["engaged"].astype(bool, copy=False)
+    columns["device"] = cols["device"].astype(np.int64, copy=False)
+    return dataclasses.replace(meta, sites=sites, columns=columns)

@@ -57,7 +57,7 @@ def _ranges(values, limit: int = 6) -> str:
     return _text.ranges(values, limit=limit)
 
 
-def site_info(records: Records) -> dict[str, dict[str, Any]]:
+def site_info(records: Any) -> dict[str, dict[str, Any]]:
     """`{site: what the headers say of it}` (`kind`, `groups`, `pairs`, ...): the first
     header that names the site."""
     out: dict[str, dict[str, Any]] = {}
@@ -87,11 +87,16 @@ def group_columns(groups, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cols, gid[ok]
 
 
-def pick_site(recs: Records, site: str | None) -> str:
-    """`site` if the records have it (else a clear error); without one, the busiest site
-    (`analyze` itself defaults to the whole step: `stages.whole`)."""
+def pick_site(recs: Any, site: str | None) -> str:
+    """`site` if the records (`Records` or `records.by_site.SiteRecords`) have it (else a
+    clear error); without one, the busiest site (`analyze` itself defaults to the whole
+    step: `stages.whole`)."""
     if site is None:
-        counts = np.bincount(recs.columns["site"], minlength=len(recs.sites))
+        counts = (
+            np.bincount(recs.columns["site"], minlength=len(recs.sites))
+            if isinstance(recs, Records)
+            else recs.counts()
+        )
         return recs.sites[int(np.argmax(counts))]
     if site not in recs.sites:
         raise RecordsError(

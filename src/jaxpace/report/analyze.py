@@ -37,6 +37,7 @@ import jaxpace.records.sources as sources
 import jaxpace.report.stages as stages
 from jaxpace._validate import check_number
 from jaxpace.errors import ConfigError, RecordsError
+from jaxpace.records.by_site import SiteRecords
 from jaxpace.records.reader import Records, without_foreign_ranks
 from jaxpace.report.model import DEFAULT_WARMUP_STEPS, Findings, Report, RunInfo, StepTiming
 
@@ -47,34 +48,44 @@ def load_step_records(
     records: Records | str | os.PathLike | Iterable[Mapping[str, Any]],
 ) -> Records:
     """`load_records`, raising when the input holds headers but no step record."""
-    return _load(records).records
+    recs = without_foreign_ranks(sources.load(records).records)
+    _refuse_empty(recs)
+    return recs
 
 
-def _load(records: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> sources.Loaded:
-    """Any source's records (`sources.load`), raising when they hold no step record."""
-    loaded = sources.load(records)
-    recs = without_foreign_ranks(loaded.records)  # (a corrupt record: dropped, noted)
-    loaded = dataclasses.replace(loaded, records=recs)
+def _refuse_empty(recs: Records | SiteRecords) -> None:
     if len(recs) == 0:
         raise RecordsError(
             f"no step records in {', '.join(recs.sources)} (headers only); the run stopped "
             "before its first measured collective."
         )
-    return loaded
 
 
-def _step_data(recs: Records, site: str | None):
+def _load(records: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> sources.Loaded:
+    """Any source's records, one site at a time (`sources.load_by_site`), raising when
+    they hold no step record."""
+    loaded = sources.load_by_site(records)
+    try:
+        recs = loaded.records.without_foreign_ranks()  # (a corrupt record: dropped, noted)
+        _refuse_empty(recs)
+    except BaseException:
+        loaded.records.close()
+        raise
+    return dataclasses.replace(loaded, records=recs)
+
+
+def _step_data(recs: SiteRecords, site: str | None):
     """`(site label, SiteData, notes, partial)`: the whole step (every site folded into
     program executions) unless `site` narrows to one, or no site is evidence (then the
     busiest one says why: its refusal)."""
-    whole = len(recs.sites) > 1 or "execution" in recs.columns
+    whole = len(recs.sites) > 1 or recs.has_execution
     if whole and set(stages.refused_sites(recs)) >= set(recs.sites):
         whole = False
     if site is None and whole:
         data, notes, partial = stages.whole_step(recs)
         return stages.WHOLE_STEP, data, notes, partial
     site = stages.pick_site(recs, site)
-    data, notes, partial = stages.site_data(recs, site)
+    data, notes, partial = stages.site_data(recs.site(site), site)
     return site, data, notes, partial
 
 
@@ -125,6 +136,18 @@ def analyze(
             "expected_transfer_s", expected_transfer_s, lo=0.0, hi=math.inf, error=ConfigError
         )
     loaded = _load(records)
+    with loaded.records:
+        return _analyze(loaded, warmup_steps, site, topology_groups, expected_transfer_s)
+
+
+def _analyze(
+    loaded: sources.Loaded,
+    warmup_steps: int | None,
+    site: str | None,
+    topology_groups: Mapping[str, Any] | None,
+    expected_transfer_s: float | None,
+) -> Report:
+    """`analyze` of records already loaded (`Loaded.records`: `SiteRecords`)."""
     recs = loaded.records
     site, data, site_notes, site_partial = _step_data(recs, site)
     if not loaded.timed:
@@ -194,7 +217,7 @@ def analyze(
     return Report(run, timing, findings, sites_table=sites_table, data=data)
 
 
-def _other_sites_note(recs: Records, site: str) -> list[str]:
+def _other_sites_note(recs: SiteRecords, site: str) -> list[str]:
     if len(recs.sites) < 2:
         return []
     if site == stages.WHOLE_STEP:

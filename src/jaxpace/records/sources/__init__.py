@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.by_site import by_site
 from jaxpace.records.format import has_records
 from jaxpace.records.reader import Records, find_runs
 from jaxpace.records.site_data import SiteData
@@ -27,7 +28,7 @@ from jaxpace.records.sources import jaxpace_records as records
 from jaxpace.records.sources import nccl_inspector, xprof
 from jaxpace.records.sources.common import Loaded
 
-__all__ = ["SOURCES", "Loaded", "detect", "load", "untimed"]
+__all__ = ["SOURCES", "Loaded", "detect", "load", "load_by_site", "untimed"]
 
 SOURCES = ("records", "xprof", "nccl_inspector")
 
@@ -69,25 +70,40 @@ def load(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> L
       RecordsError: unreadable or malformed input, naming the file.
     """
     if isinstance(source, str | os.PathLike):
-        kind = detect(source)
+        kind = _kind(Path(source))
         if kind == "xprof":
             return xprof.load(Path(source))
         if kind == "nccl_inspector":
             return nccl_inspector.load(Path(source))
-        p = Path(source)
-        if p.is_dir() and not has_records(p) and not find_runs(p):
-            if next(p.rglob("*.xplane.pb"), None) is not None:
-                raise RecordsError(
-                    f"{p} holds `jax.profiler` XPlane files (`*.xplane.pb`) but no Chrome "
-                    "trace (`*.trace.json.gz`) beside them; jaxpace reads the Chrome trace."
-                )
-            raise RecordsError(
-                f"no timings in directory {p}: expected jaxpace records "
-                "(`records-p0.parquet` or `.jsonl`, ... as `Pacer.export` writes them), `jax.profiler` "
-                "traces (`*.trace.json.gz` anywhere below it) or NCCL Inspector logs "
-                "(`<host>-pid<pid>.log`, in it or one folder down)."
-            )
     return records.load(source)
+
+
+def load_by_site(source: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) -> Loaded:
+    """`load`, with `Loaded.records` as `SiteRecords` (`records.by_site`): jaxpace's own
+    records files are read by the engine and handed out one site at a time; any other
+    source's `Records` are sliced by site. Close `Loaded.records` when done."""
+    if isinstance(source, str | os.PathLike) and _kind(Path(source)) == "records":
+        return records.load_by_site(source)
+    loaded = load(source)
+    return dataclasses.replace(loaded, records=by_site(loaded.records))
+
+
+def _kind(p: Path) -> str:
+    """`detect(p)`, refusing a directory that holds no timings (naming what it expected)."""
+    kind = detect(p)
+    if kind == "records" and p.is_dir() and not has_records(p) and not find_runs(p):
+        if next(p.rglob("*.xplane.pb"), None) is not None:
+            raise RecordsError(
+                f"{p} holds `jax.profiler` XPlane files (`*.xplane.pb`) but no Chrome "
+                "trace (`*.trace.json.gz`) beside them; jaxpace reads the Chrome trace."
+            )
+        raise RecordsError(
+            f"no timings in directory {p}: expected jaxpace records "
+            "(`records-p0.parquet` or `.jsonl`, ... as `Pacer.export` writes them), `jax.profiler` "
+            "traces (`*.trace.json.gz` anywhere below it) or NCCL Inspector logs "
+            "(`<host>-pid<pid>.log`, in it or one folder down)."
+        )
+    return kind
 
 
 def untimed(data: SiteData) -> tuple[SiteData, str]:

@@ -26,7 +26,9 @@ class Loaded:
 
     Attributes:
       records: the columnar records every stage reads (`arrive_ns`/`done_ns` on
-        each process's own clock; `wait_ns` the time inside the collective).
+        each process's own clock; `wait_ns` the time inside the collective): `Records`
+        from `load`, `records.by_site.SiteRecords` (one site at a time) from
+        `load_by_site`.
       source: one line for the report's header: the kind of input and its files.
       timed: whether `arrive_ns`/`done_ns` are timestamps; without them compute
         and step time are unknown and only the time inside each collective counts.

@@ -26,12 +26,14 @@ first site where a rank is late is where its lateness enters the step; later sit
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
+from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
-from jaxpace.records.site_data import group_columns, rank_columns, site_info
+from jaxpace.records.site_data import group_columns, index_in, int_unique, rank_columns, site_info
 from jaxpace.report.model import GroupLate, LinkWait, SiteRow
 from jaxpace.report.render.text import format_ms
 
@@ -62,14 +64,19 @@ def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
     its arrival is NaN and its process -1 (left out of the step order)."""
     c = recs.columns
     sel = c["site"] == k
-    steps, ranks = np.unique(c["step"][sel]), np.unique(c["rank"][sel])
+    c = (
+        c
+        if sel.all()
+        else {x: c[x][sel] for x in ("step", "rank", "wait_ns", "arrive_ns", "process")}
+    )
+    steps, ranks = int_unique(c["step"]), int_unique(c["rank"])
     wait = np.full((steps.size, ranks.size), np.nan)
     arrive = np.full((steps.size, ranks.size), np.nan)
     proc = np.full((steps.size, ranks.size), -1, np.int64)
-    si, ri = np.searchsorted(steps, c["step"][sel]), np.searchsorted(ranks, c["rank"][sel])
-    wait[si, ri] = c["wait_ns"][sel] / 1e9
-    arrive[si, ri] = c["arrive_ns"][sel]
-    proc[si, ri] = c["process"][sel]
+    si, ri = index_in(steps, c["step"]), index_in(ranks, c["rank"])
+    wait[si, ri] = c["wait_ns"] / 1e9
+    arrive[si, ri] = c["arrive_ns"]
+    proc[si, ri] = c["process"]
     missing = np.isnan(wait)
     keep = (~missing).sum(axis=1) >= min(2, ranks.size)
     keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
@@ -173,28 +180,29 @@ def _links(wait: np.ndarray, ranks: np.ndarray, pairs) -> tuple[list[LinkWait], 
     return out, slow
 
 
-def _step_order(grids: list[tuple[np.ndarray, ...]]) -> list[float]:
+class _StepOrder:
     """Per site, the median (seconds) over its ranks and steps of its arrival after its
     process's first arrival of that step at any site (keyed by process: one clock; ranks of
-    different sites may be different devices)."""
-    ok = [(g[4] >= 0).ravel() for g in grids]  # (a rank missing from a step: left out)
-    steps = [
-        np.broadcast_to(g[0][:, None], g[4].shape).ravel()[m]
-        for g, m in zip(grids, ok, strict=True)
-    ]
-    procs = [g[4].ravel()[m] for g, m in zip(grids, ok, strict=True)]
-    arrive = np.concatenate([g[3].ravel()[m] for g, m in zip(grids, ok, strict=True)])
-    sizes = [p.size for p in procs]
-    if arrive.size == 0:
-        return [math.nan] * len(grids)
-    _, s_idx = np.unique(np.concatenate(steps), return_inverse=True)
-    p_all = np.concatenate(procs)
-    key = s_idx.reshape(-1) * (int(p_all.max()) + 1) + p_all
-    _, inv = np.unique(key, return_inverse=True)
-    first = np.full(int(inv.max()) + 1, np.inf)
-    np.minimum.at(first, inv, arrive)
-    offs = np.split(arrive - first[inv], np.cumsum(sizes)[:-1])
-    return [float(np.median(o)) / 1e9 if o.size else math.nan for o in offs]
+    different sites may be different devices). The first arrivals are asked of the records
+    first (`SiteRecords.first_arrivals` over each site's analyzed steps, as `_grid` picks
+    them), so each site is read once."""
+
+    def __init__(self, run: SiteRecords, warmup_steps: int) -> None:
+        kept = {}
+        for i, (steps, n, ranks) in run.step_ranks().items():
+            keep = n >= min(2, ranks)
+            keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
+            kept[i] = steps[keep]
+        self.keys, self.first = run.first_arrivals(kept)
+
+    def order(self, g: tuple[np.ndarray, ...]) -> float:
+        ok = (g[4] >= 0).ravel()  # (a rank missing from a step: left out)
+        steps = np.broadcast_to(g[0][:, None], g[4].shape).ravel()[ok]
+        key = steps.astype(np.int64) * (1 << 32) + g[4].ravel()[ok]
+        if not key.size:
+            return math.nan
+        arrive = g[3].ravel()[ok]
+        return float(np.median(arrive - self.first[np.searchsorted(self.keys, key)])) / 1e9
 
 
 def _min_lead(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
@@ -203,27 +211,27 @@ def _min_lead(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
     return max(MIN_LEAD_S, REL_LEAD * period) if math.isfinite(period) else MIN_LEAD_S
 
 
-def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
+def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteRow]:
     """One `SiteRow` per site of `recs`, in step order (see the module docstring).
 
     Vectorized over steps, ranks and groups (a few array passes per site), so it scales
-    with the records, not with a Python loop over them.
+    with the records, not with a Python loop over them; the sites are read one at a time
+    (`records.by_site`), once each.
 
     Args:
-      recs: the run's records (`jaxpace.report.load_records`).
+      recs: the run's records (`jaxpace.report.load_records`), or `SiteRecords`.
       warmup_steps: steps skipped at the start of each site (at most a quarter of them).
 
     Returns:
       The rows, earliest site in the step first.
     """
-    info = site_info(recs)
-    grids = [_grid(recs, k, warmup_steps) for k in range(len(recs.sites))]
-    means = [float(np.median(g[2].mean(axis=1))) if g[2].size else math.nan for g in grids]
-    total = float(np.nansum(means))
+    run = by_site(recs)
+    info = site_info(run)
     rows = []
-    for name, (steps, ranks, wait, arrive, _), mean, order in zip(
-        recs.sites, grids, means, _step_order(grids), strict=True
-    ):
+    step_order = _StepOrder(run, warmup_steps)
+    for name in run.sites:
+        steps, ranks, wait, arrive, proc = _grid(run.site(name), 0, warmup_steps)
+        mean = float(np.median(wait.mean(axis=1))) if wait.size else math.nan
         meta = info.get(name, {})
         groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])
         links, slow = _links(wait, ranks, meta.get("pairs"))
@@ -234,13 +242,15 @@ def site_table(recs: Records, warmup_steps: int = 5) -> list[SiteRow]:
                 groups=groups,
                 steps=int(steps.size),
                 wait_s=mean,
-                share=mean / total if total > 0 else math.nan,
-                order_s=order,
+                share=math.nan,
+                order_s=step_order.order((steps, ranks, wait, arrive, proc)),
                 late=_late_in_groups(wait, ranks, groups, _min_lead(steps, arrive)),
                 links=tuple(links),
                 slow_link=slow,
             )
         )
+    total = float(np.nansum([r.wait_s for r in rows]))
+    rows = [dataclasses.replace(r, share=r.wait_s / total if total > 0 else math.nan) for r in rows]
     return sorted(rows, key=lambda r: (math.isnan(r.order_s), r.order_s))
 
 

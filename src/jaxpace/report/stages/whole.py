@@ -12,7 +12,9 @@ and its steps are taken as executions. A source that knows each record's executi
 folds a program whose only collective runs several times an execution.
 
 A rank's lateness in a step is the sum, over the step's collectives, of its
-lateness within each collective's group (`site_data`). A rank that took part in
+lateness within each collective's group (`site_data`). The sites are read one at a
+time (`records.by_site`): the peak memory is one site's rows plus the (execution x
+rank) sums. A rank that took part in
 only some of a step's collectives (records lost, or not a member) is estimated
 from those it took part in: its mean lateness over them times the number of
 collectives in the step, so a missing collective never makes it look less late.
@@ -31,8 +33,9 @@ import dataclasses
 import numpy as np
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
-from jaxpace.records.site_data import fill_missing, index_in, int_unique, site_data, site_grid
+from jaxpace.records.site_data import fill_missing, index_in, site_data, site_grid
 from jaxpace.report.model import SiteData
 from jaxpace.report.stages.context import run_context
 
@@ -42,7 +45,7 @@ __all__ = ["WHOLE_STEP", "execution_of", "refused_sites", "whole_step"]
 WHOLE_STEP = "(whole step)"
 
 
-def refused_sites(records: Records) -> tuple[str, ...]:
+def refused_sites(records: Records | SiteRecords) -> tuple[str, ...]:
     """The sites whose waits are not evidence (the headers' `invariant_over` or
     `no_culprit`): the whole step leaves them out."""
     out = []
@@ -56,17 +59,17 @@ def refused_sites(records: Records) -> tuple[str, ...]:
     return tuple(out)
 
 
-def execution_of(records: Records) -> tuple[dict[int, np.ndarray], list[str]]:
+def execution_of(records: Records | SiteRecords) -> tuple[dict[int, np.ndarray], list[str]]:
     """Per site index, the execution of each of its steps in order (its unique steps'
     order), and the notes on how the sites were folded.
 
     With an `execution` column (a source that knows each record's program execution,
     e.g. a trace's `run_id`) that is the execution, numbered 0, 1, ... in order;
     else the sites are folded by their step counts (the module's docstring)."""
-    c = records.columns
-    per_site = {i: int_unique(c["step"][c["site"] == i]) for i in range(len(records.sites))}
-    if "execution" in c:
-        return _by_column(records, per_site)
+    run = by_site(records)
+    per_site = run.site_steps()
+    if run.has_execution:
+        return _by_column(run, per_site)
     counts = {i: s.size for i, s in per_site.items() if s.size}
     fewest = min(counts.values())
     out: dict[int, np.ndarray] = {}
@@ -74,9 +77,9 @@ def execution_of(records: Records) -> tuple[dict[int, np.ndarray], list[str]]:
     for i, n in counts.items():
         k = n // fewest if n % fewest == 0 else 1
         if n % fewest:
-            unfolded.append(records.sites[i])
+            unfolded.append(run.sites[i])
         elif k > 1:
-            folded.append(f"`{records.sites[i]}` x{k}")
+            folded.append(f"`{run.sites[i]}` x{k}")
         out[i] = np.arange(n) // k
     notes = []
     if folded:
@@ -94,24 +97,22 @@ def execution_of(records: Records) -> tuple[dict[int, np.ndarray], list[str]]:
 
 
 def _by_column(
-    records: Records, per_site: dict[int, np.ndarray]
+    run: SiteRecords, per_site: dict[int, np.ndarray]
 ) -> tuple[dict[int, np.ndarray], list[str]]:
     """`execution_of` from the records' `execution` column."""
-    c = records.columns
-    ex = c["execution"]
-    uniq = int_unique(ex)
+    uniq = run.executions()
     out: dict[int, np.ndarray] = {}
     folded = []
     for i, steps_u in per_site.items():
         if not steps_u.size:
             continue
-        sel = c["site"] == i
+        c = run.site(run.sites[i]).columns
         e = np.zeros(steps_u.size, np.int64)
-        e[index_in(steps_u, c["step"][sel])] = index_in(uniq, ex[sel])
+        e[index_in(steps_u, c["step"])] = index_in(uniq, c["execution"])
         out[i] = e
         k = steps_u.size / max(np.unique(e).size, 1)
         if k > 1:
-            folded.append(f"`{records.sites[i]}` x{k:.3g}")
+            folded.append(f"`{run.sites[i]}` x{k:.3g}")
     notes = []
     if folded:
         notes.append(
@@ -122,21 +123,22 @@ def _by_column(
     return out, notes
 
 
-def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
+def whole_step(records: Records | SiteRecords) -> tuple[SiteData, list[str], bool]:
     """The whole step's (execution x rank) `SiteData`; returns (data, notes, partial).
 
     With one site this is `site_data` of it. Raises `RecordsError` when no site has a
     step with records of two ranks."""
-    if len(records.sites) == 1 and "execution" not in records.columns:
-        return site_data(records, records.sites[0])
-    gid, notes = _global_ranks(records)
-    ranks = int_unique(gid)
+    run = by_site(records)
+    if len(run.sites) == 1 and not run.has_execution:
+        return site_data(run.site(run.sites[0]), run.sites[0])
+    gid_of, ranks, notes = _global_ranks(run)
     R = ranks.size
-    exec_of, fold_notes = execution_of(records)
+    exec_of, fold_notes = execution_of(run)
     notes += fold_notes
     E = max(int(e[-1]) + 1 for e in exec_of.values() if e.size)
     a = _Sums.zeros(E, R)
-    used, partial = _add_sites(records, exec_of, gid, ranks, a, notes)
+    span = _Span(E, R)
+    used, partial = _add_sites(run, exec_of, (gid_of, ranks), a, span, notes)
     if not used:
         raise RecordsError(
             "no site has a step with records of two or more ranks; nothing to compare."
@@ -169,7 +171,7 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
             "in a step is its mean over the collectives it took part in times the step's "
             "collectives, so ranks in fewer collectives compare on the same scale."
         )
-    first, done, breaks = _span(records, exec_of, gid, ranks, E)
+    first, done, breaks = span.result(run, E)
     # Step numbers: executions in order, one number left out at a break (no step time
     # across a trace window's end).
     steps = (np.arange(E) + np.cumsum(breaks))[keep]
@@ -224,17 +226,24 @@ class _Sums:
                    np.full(R, -1, np.int64), ["?"] * R)  # fmt: skip
 
 
-def _add_sites(records, exec_of, gid, ranks, a: _Sums, notes: list[str]) -> tuple[int, bool]:
-    """Adds every site that is evidence into `a`; returns (sites used, partial)."""
-    c = records.columns
+def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes: list[str]):
+    """Reads the sites one at a time: each one's arrivals and exits into `span`, and each
+    one that is evidence into `a`; returns (sites used, partial)."""
+    gid_of, ranks = rank_map
     partial, used = False, 0
-    for si, site in enumerate(records.sites):
+    per_site = run.site_steps()
+    for si, site in enumerate(run.sites):
+        one = run.site(site)
+        c = one.columns
+        gid = gid_of(c)
+        if si in exec_of:
+            span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
         try:
-            d, site_notes, p = site_data(records, site)
+            d, site_notes, p = site_data(one, site)
         except RecordsError as e:
             notes.append(f"`{site}` left out of the whole step: {e}")
             continue
-        ctx = run_context(records, site, d)
+        ctx = run_context(one, site, d)
         if ctx.invariant_over is not None or ctx.no_culprit is not None:
             why = ctx.no_culprit or f"its operand was already invariant over `{ctx.invariant_over}`"
             notes.append(
@@ -244,11 +253,10 @@ def _add_sites(records, exec_of, gid, ranks, a: _Sums, notes: list[str]) -> tupl
         used += 1
         partial |= p
         notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
-        g = site_grid(records, site, [])
-        steps_u = int_unique(c["step"][c["site"] == si])
-        e = exec_of[si][index_in(steps_u, d.steps)]
-        local, first = np.unique(c["rank"][c["site"] == si], return_index=True)
-        cols = index_in(ranks, gid[c["site"] == si][first][index_in(local, d.ranks)])
+        g = site_grid(one, site, [])
+        e = exec_of[si][index_in(per_site[si], d.steps)]
+        local, first = np.unique(c["rank"], return_index=True)
+        cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
         present = g.present.astype(float)
         for acc, x in ((a.lat, d.lateness), (a.wait, d.wait), (a.delay, d.delay),
                        (a.sync, d.sync_wait)):  # fmt: skip
@@ -264,58 +272,70 @@ def _add_sites(records, exec_of, gid, ranks, a: _Sums, notes: list[str]) -> tupl
     return used, partial
 
 
-def _global_ranks(records: Records) -> tuple[np.ndarray, list[str]]:
-    """Each record's rank across the whole step, and a note when it is not `rank`.
+def _global_ranks(run: SiteRecords):
+    """`(gid_of, ranks, notes)`: a function giving each record of a site's columns its
+    rank across the whole step, the sorted ranks, and a note when that is not `rank`.
 
     A site's `rank` is its position in the collective's group: global in jaxpace's
     records and traces, local to a communicator in NCCL Inspector's logs. When one
     `rank` stands for different (process, device) pairs at different sites, the ranks
     are local: the whole step numbers the (process, device) pairs in order instead."""
-    c = records.columns
-    dev = c["device"] if "device" in c else np.full(c["rank"].size, -1, np.int64)
-    key = c["process"].astype(np.int64) * (1 << 32) + (dev.astype(np.int64) + 1)
-    pairs = np.unique(np.stack([c["rank"], key]), axis=1)
-    if np.unique(pairs[0]).size == pairs.shape[1]:
-        return c["rank"], []
-    uniq, gid = np.unique(key, return_inverse=True)
-    return gid.reshape(-1).astype(np.int64), [
-        "the sites number their ranks within each communicator: the whole step numbers "
-        f"its {uniq.size} ranks by (process, device) in order; `site=` shows one "
-        "communicator's own ranks."
-    ]
+    keys = run.rank_keys()
+    key = keys[1] * (1 << 32) + (keys[2] + 1)
+    pairs = np.unique(np.stack([keys[0], key]), axis=1)
+    uniq_rank = np.unique(keys[0])
+    if uniq_rank.size == pairs.shape[1]:
+        return (lambda c: c["rank"]), uniq_rank, []
+    uniq = np.unique(key)
+
+    def gid_of(c: dict[str, np.ndarray]) -> np.ndarray:
+        dev = c["device"] if "device" in c else np.full(c["rank"].size, -1, np.int64)
+        k = c["process"].astype(np.int64) * (1 << 32) + (dev.astype(np.int64) + 1)
+        return np.searchsorted(uniq, k).astype(np.int64)
+
+    return (
+        gid_of,
+        np.arange(uniq.size, dtype=np.int64),
+        [
+            "the sites number their ranks within each communicator: the whole step numbers "
+            f"its {uniq.size} ranks by (process, device) in order; `site=` shows one "
+            "communicator's own ranks."
+        ],
+    )
 
 
-def _span(
-    records: Records,
-    exec_of: dict[int, np.ndarray],
-    gid: np.ndarray,
-    ranks: np.ndarray,
-    E: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first arrival (E, R), last exit (E, R), breaks (E,)): each rank's first arrival
-    and last exit in each execution, seconds since its own first arrival (NaN where it
-    has no record); `breaks[e]`: some site's steps skip a number just before execution
-    e (a trace window's end), so e does not follow e - 1."""
-    c = records.columns
-    ex = np.zeros(c["step"].size, np.int64)
-    breaks = np.zeros(E, bool)
-    for si, e in exec_of.items():
-        sel = c["site"] == si
-        steps_u = int_unique(c["step"][sel])
-        ex[sel] = e[index_in(steps_u, c["step"][sel])]
+class _Span:
+    """Each rank's first arrival and last exit in each execution, and the breaks between
+    executions, accumulated a site at a time."""
+
+    _HI, _LO = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+
+    def __init__(self, E: int, R: int) -> None:
+        self.origin = np.full(R, self._HI)
+        self.first = np.full((E, R), self._HI)
+        self.done = np.full((E, R), self._LO)
+        self.breaks = np.zeros(E, bool)
+
+    def add(self, c: dict[str, np.ndarray], e: np.ndarray, steps_u: np.ndarray, col) -> None:
+        """One site's rows: `e` the execution of each of its `steps_u`, `col` each row's
+        rank column."""
+        ex = e[index_in(steps_u, c["step"])]
         gap = np.flatnonzero(np.diff(steps_u) != 1) + 1  # first step after a gap
-        breaks[e[gap]] = True
-    if "execution" in c:  # executions not recorded in between (a trace window's end)
-        uniq = int_unique(c["execution"])
-        breaks[1:] |= np.diff(uniq)[: E - 1] != 1
-    col = index_in(ranks, gid)
-    hi, lo = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    origin = np.full(ranks.size, hi)
-    np.minimum.at(origin, col, c["arrive_ns"])
-    first = np.full((E, ranks.size), hi)
-    np.minimum.at(first, (ex, col), c["arrive_ns"])
-    done = np.full((E, ranks.size), lo)
-    np.maximum.at(done, (ex, col), c["done_ns"])
-    first_s = np.where(first == hi, np.nan, (first - origin[None, :]) / 1e9)
-    done_s = np.where(done == lo, np.nan, (done - origin[None, :]) / 1e9)
-    return first_s, done_s, breaks
+        self.breaks[e[gap]] = True
+        np.minimum.at(self.origin, col, c["arrive_ns"])
+        np.minimum.at(self.first, (ex, col), c["arrive_ns"])
+        np.maximum.at(self.done, (ex, col), c["done_ns"])
+
+    def result(self, run: SiteRecords, E: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first arrival (E, R), last exit (E, R), breaks (E,)): seconds since each rank's
+        own first arrival (NaN where it has no record); `breaks[e]`: some site's steps skip
+        a number just before execution e (a trace window's end), so e does not follow
+        e - 1."""
+        breaks = self.breaks
+        if run.has_execution:  # executions not recorded in between (a trace window's end)
+            uniq = run.executions()
+            breaks[1:] |= np.diff(uniq)[: E - 1] != 1
+        o = self.origin[None, :]
+        first_s = np.where(self.first == self._HI, np.nan, (self.first - o) / 1e9)
+        done_s = np.where(self.done == self._LO, np.nan, (self.done - o) / 1e9)
+        return first_s, done_s, breaks

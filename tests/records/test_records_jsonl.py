@@ -1,10 +1,11 @@
-"""The fast (columnar) JSONL reader of `jaxpace.records.reader` against the per-line one.
+"""JSONL records through the engine: DuckDB's `read_json` fast path against the careful per-line path.
 
-The per-line reader (`json.loads` a line at a time) is the reference: on every
-file here, writer output as well as hostile input, the fast reader must give the
-same `Records` (columns, dtypes, order, sites, notes, partial flag) or the same
-error. `_FAST_READ = False` selects the per-line reader; small `_CHUNK_BYTES`
-make lines straddle chunk boundaries.
+The careful path (`jaxpace.records.jsonl_checked`: `json` a line at a time, every value
+checked) is the reference: on every file here, writer output as well as hostile input,
+the fast path (`read_json` over all files, each file it cannot read cleanly handed to
+the careful path) must give the same `Records` (columns, dtypes, order, sites, notes,
+partial flag) or the same error. Forcing every file down the careful path is how the
+reference is read.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jaxpace.records import engine as _engine
 from jaxpace.records import format as _record_format
-from jaxpace.records import line_reader as reader
+from jaxpace.records import jsonl_checked
 from jaxpace.records.reader import Records, load_records
 from jaxpace.report import synthetic_records
-
-# (chunk bytes, lines per block); None: the module's default.
-CHUNKS = ((None, None), (97, None), (1000, 3), (4096, 2), (4096, None))
 
 
 def _header(p=0, count=1, run_id="r", **extra):
@@ -57,15 +56,11 @@ def _write(path: Path, *lines: bytes | dict) -> Path:
     return path
 
 
-def _load(source, monkeypatch, *, fast: bool, chunk=(None, None)):
-    """(Records or None, (exception type, message) or None) of one reader."""
-    chunk_bytes, block_lines = chunk if isinstance(chunk, tuple) else (chunk, None)
+def _load(source, monkeypatch, *, fast: bool):
+    """(Records or None, (exception type, message) or None) of one path."""
     with monkeypatch.context() as m:
-        m.setattr(reader, "_FAST_READ", fast)
-        if chunk_bytes is not None:
-            m.setattr(reader, "_CHUNK_BYTES", chunk_bytes)
-        if block_lines is not None:
-            m.setattr(reader, "_BLOCK_LINES", block_lines)
+        if not fast:  # every file the careful way
+            m.setattr(_engine, "_ends_with_newline", lambda path: False)
         try:
             return load_records(source), None
         except Exception as e:  # the same exception, whatever it is, from both
@@ -84,46 +79,33 @@ def _same(a: Records, b: Records) -> None:
         assert getattr(a, f) == getattr(b, f), f
 
 
-def _check(source, monkeypatch, chunks=CHUNKS):
-    """The fast reader matches the per-line one at every chunk size; returns the result."""
+def _check(source, monkeypatch):
+    """The fast path matches the careful one; returns the careful one's result."""
     want, want_err = _load(source, monkeypatch, fast=False)
-    for chunk in chunks:
-        got, got_err = _load(source, monkeypatch, fast=True, chunk=chunk)
-        assert got_err == want_err, chunk
-        if want is not None:
-            _same(got, want)
+    got, got_err = _load(source, monkeypatch, fast=True)
+    assert got_err == want_err
+    if want is not None:
+        _same(got, want)
     return want, want_err
 
 
 class _Counter:
-    """Counts the lines `_fast_lines` accepts and the lines read one at a time."""
+    """Counts the files, and their step rows, read the careful way."""
 
     def __init__(self, monkeypatch):
-        self.fast = self.slow = 0
-        fast_lines, one_line = reader._fast_lines, reader._one_line
+        self.files = self.rows = 0
+        read_checked = _engine.read_checked
 
-        def counted_fast(*a):
-            out = fast_lines(*a)
-            self.fast += int(out[0].sum())
+        def counted(path):
+            out = read_checked(path)
+            self.files += 1
+            self.rows += int(out.columns["step"].size)
             return out
 
-        def counted_slow(*a):
-            self.slow += 1
-            return one_line(*a)
-
-        monkeypatch.setattr(reader, "_fast_lines", counted_fast)
-        monkeypatch.setattr(reader, "_one_line", counted_slow)
+        monkeypatch.setattr(_engine, "read_checked", counted)
 
 
 # --------------------------------------------------------------------------- the layout
-
-
-def test_the_fast_layout_is_the_writers():
-    """The layout the fast reader recognises is what `step_record` + `write_jsonl` write."""
-    assert reader._FAST_LAYOUT
-    line = _line(_step(device=3, engaged=True))
-    assert line.startswith(reader._PREFIX_B)
-    assert [k for k in json.loads(line)][2:] == list(reader._TAIL_KEYS)
 
 
 # --------------------------------------------------------------------------- writer output
@@ -156,7 +138,8 @@ def test_writer_output_is_read_fast_and_identically(tmp_path, monkeypatch):
         _record_format.write_jsonl(d / _record_format.records_filename(p, "jsonl"), recs)
     counter = _Counter(monkeypatch)
     got = load_records(d)
-    assert counter.fast == n and counter.slow == 3  # every step line; the headers per line
+    assert counter.files == 0 and len(got) == n  # every file read fast
+    monkeypatch.undo()
     want, err = _check(d, monkeypatch)
     assert err is None and len(want) == n
     _same(got, want)
@@ -168,8 +151,8 @@ def test_synthetic_records_written_back(tmp_path, monkeypatch):
     )
     recs.write_jsonl(tmp_path / "syn")
     counter = _Counter(monkeypatch)
-    load_records(tmp_path / "syn")
-    assert counter.fast == len(recs) and counter.slow == 3
+    assert len(load_records(tmp_path / "syn")) == len(recs) and counter.files == 0
+    monkeypatch.undo()
     want, err = _check(tmp_path / "syn", monkeypatch)
     assert err is None and len(want) == len(recs)  # (grouped by process in the files)
 
@@ -180,8 +163,8 @@ def test_simulator_records(tmp_path, monkeypatch):
     run = simulate_records("pure-bsp", nodes=2, steps=30, seed=0, policy="adaptive")
     write_records(run, tmp_path / "sim", format="jsonl")
     counter = _Counter(monkeypatch)
-    load_records(tmp_path / "sim")
-    assert counter.fast == len(run.records)
+    assert len(load_records(tmp_path / "sim")) == len(run.records) and counter.files == 0
+    monkeypatch.undo()
     want, err = _check(tmp_path / "sim", monkeypatch)
     assert err is None and len(want) == len(run.records)
 
@@ -297,7 +280,7 @@ def test_a_hostile_line_among_writer_lines(name, where, tmp_path, monkeypatch):
     at = {"first": 0, "middle": 3, "last": 6}[where]
     lines.insert(at, bad)
     path = _write(tmp_path / "records-p0.jsonl", _header(0, 2), *lines)
-    _check(path, monkeypatch, chunks=(None, 97, 400, (400, 2)))
+    _check(path, monkeypatch)
 
 
 def test_many_hostile_lines_in_one_file(tmp_path, monkeypatch):
@@ -340,31 +323,35 @@ def test_file_starts(content, tmp_path, monkeypatch):
 
 
 def test_huge_line_is_refused_at_the_same_line(tmp_path, monkeypatch):
-    cap = reader.MAX_LINE_BYTES
+    cap = jsonl_checked.MAX_LINE_BYTES
     huge = b'{"type":"step","site":"' + b"a" * (cap + 10) + b'"}\n'
     path = _write(tmp_path / "records-p0.jsonl", _header(), GOOD, GOOD2, huge, GOOD)
-    _, err = _check(path, monkeypatch, chunks=(None, 4096))
+    _, err = _check(path, monkeypatch)
     assert err is not None and "records-p0.jsonl:4: line is longer than" in err[1]
 
 
 @pytest.mark.parametrize("extra", [-1, 0, 1])
 def test_lines_at_the_length_cap(extra, tmp_path, monkeypatch):
-    """A line of exactly the cap (with its "\\n") is read; one byte more is refused."""
-    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 3000)
+    """A line of exactly the cap (with its "\\n") is read; one byte more is refused by the
+    careful path, which holds a line in memory. (The fast path is DuckDB's: it bounds its
+    own memory and reads a long line that is otherwise a valid step record.)"""
+    monkeypatch.setattr(jsonl_checked, "MAX_LINE_BYTES", 3000)
     rec = _step(step=5)
     body = _line(rec)
     rec["site"] += "s" * (3000 - len(body) + extra)
     line = _line(rec)
     assert len(line) == 3000 + extra
     path = _write(tmp_path / "cap.jsonl", _header(), GOOD, line, GOOD2)
-    _, err = _check(path, monkeypatch, chunks=(None, 97, 1000, 2999, 3000, 3001, 8192))
+    _, err = _load(path, monkeypatch, fast=False)
     assert (err is not None) == (extra > 0)
+    if extra <= 0:
+        _check(path, monkeypatch)
 
 
 def test_long_valid_lines_longer_than_a_chunk(tmp_path, monkeypatch):
     lines = [_line(_step(step=i, site="s" * (300 * i))) for i in range(1, 6)]
     path = _write(tmp_path / "long.jsonl", _header(), *lines, GOOD, GOOD2)
-    want, err = _check(path, monkeypatch, chunks=(None, 97, 500, 1000, 1600))
+    want, err = _check(path, monkeypatch)
     assert err is None and len(want) == 7
 
 
@@ -372,9 +359,14 @@ def test_errors_name_the_same_file_and_line_across_files(tmp_path, monkeypatch):
     d = tmp_path / "run"
     _write(d / "records-p0.jsonl", _header(0, 3), GOOD, GOOD2)
     _write(d / "records-p1.jsonl", _header(1, 3), GOOD, HOSTILE["garbage"], GOOD)
+    want, err = _check(d, monkeypatch)
+    # A bad line in the middle of a file is dropped, counted and located; the rest is read.
+    assert err is None and len(want) == 4 and want.partial
+    assert any("1 step line(s) with a bad value" in n and "records-p1.jsonl:3: not JSON" in n
+               for n in want.notes), want.notes  # fmt: skip
     _write(d / "records-p2.jsonl", b"not a header\n")
     _, err = _check(d, monkeypatch)
-    assert err is not None and "records-p1.jsonl:3: not valid JSON" in err[1]
+    assert err is not None and "records-p2.jsonl:1: first line is not a header" in err[1]
 
 
 def test_several_files_and_runs(tmp_path, monkeypatch):
@@ -388,31 +380,15 @@ def test_several_files_and_runs(tmp_path, monkeypatch):
     assert err is not None and "different runs" in err[1]
 
 
-def test_the_fast_reader_reads_in_bounded_chunks(tmp_path, monkeypatch):
-    """Memory: a file is read a chunk at a time, never whole."""
-    lines = [_line(_step(step=i, rank=i % 7)) for i in range(3000)]
-    path = _write(tmp_path / "r.jsonl", _header(), *lines)
-    sizes = []
-    read_block = reader._read_block
-
-    def spy(builder, path, buf, size, i):
-        sizes.append(size)
-        return read_block(builder, path, buf, size, i)
-
-    monkeypatch.setattr(reader, "_read_block", spy)
-    monkeypatch.setattr(reader, "_CHUNK_BYTES", 8192)
-    assert len(load_records(path)) == 3000
-    assert len(sizes) > 20 and max(sizes) <= 8192
-
-
 def test_random_corruptions_of_writer_lines(tmp_path, monkeypatch):
-    """One byte replaced, inserted or deleted anywhere in a writer line: the fast
-    reader accepts it only where `json` reads the same values (fuzzed, fixed seed)."""
+    """One byte replaced, inserted or deleted anywhere in a writer line: the fast path
+    accepts it only where `json` reads the same values (fuzzed, fixed seed; one file a
+    corruption, all in one run, so the fast path meets many bad files at once)."""
     rng = np.random.default_rng(15)
     alphabet = b'0123456789-+.,:"\\ {}[]eEnultrfasx\x00\x1f\x7f\xff'
     bases = [GOOD, GOOD2, _line(_step(step=123, arrive_ns=10**17 + 3, done_ns=10**17 + 99))]
-    fast_taken = 0
-    for case in range(400):
+    n = 150
+    for case in range(n):
         line = bytearray(bases[case % len(bases)])
         at = int(rng.integers(0, len(line) - 1))  # not the closing "\n"
         op = case % 3
@@ -423,12 +399,16 @@ def test_random_corruptions_of_writer_lines(tmp_path, monkeypatch):
             line.insert(at, byte)
         else:
             del line[at]
-        path = _write(tmp_path / f"c{case}.jsonl", _header(), GOOD, bytes(line), GOOD2)
-        counter = _Counter(monkeypatch)
-        _check(path, monkeypatch, chunks=(None, (None, 1)))
-        fast_taken += counter.fast
-        monkeypatch.undo()
-    assert fast_taken > 800  # the good lines around each corruption, at least
+        good = _line(_step(step=1000 + case, process=case))
+        _write(tmp_path / f"records-p{case}.jsonl", _header(case, n), good, bytes(line), good)
+    counter = _Counter(monkeypatch)
+    got = load_records(tmp_path)
+    monkeypatch.undo()
+    want, err = _check(tmp_path, monkeypatch)
+    assert err is None
+    _same(got, want)
+    assert len(got) - counter.rows > 100  # the files with a harmless change, read fast
+    assert counter.files > 20  # and the others the careful way
 
 
 # ------------------------------------------------------- the report's other fast paths
@@ -526,11 +506,11 @@ def test_grid_index_by_lookup_equals_searchsorted():
 
 
 def test_a_cap_below_the_writer_lines_is_kept(tmp_path, monkeypatch):
-    """With a line cap shorter than a writer line, both readers refuse the same line."""
+    """With a line cap shorter than a writer line, the careful path refuses that line."""
     long_site = _line(_step(step=7, site="s" * 250))  # still the fast layout
     header = _line(_header())
     assert len(header) < 300 < len(long_site)
-    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 300)
+    monkeypatch.setattr(jsonl_checked, "MAX_LINE_BYTES", 300)
     path = _write(tmp_path / "r.jsonl", header, b"\n", GOOD2, long_site, GOOD2)
-    _, err = _check(path, monkeypatch)
+    _, err = _load(path, monkeypatch, fast=False)
     assert err is not None and "r.jsonl:4: line is longer than" in err[1]
