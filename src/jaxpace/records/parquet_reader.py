@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS
+from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS, NO_EXECUTION
 from jaxpace.records.safe_io import open_regular
 
 __all__ = ["is_parquet", "read_parquet"]
@@ -146,4 +146,16 @@ def _int_columns(table: Any, names: set[str], where: str) -> dict[str, np.ndarra
                     f"{where}: column `{k}` ({col.type}) holds values beyond int64."
                 ) from None
         cols[k] = col.to_numpy().astype(bool if k == "engaged" else np.int64, copy=False)
+    if "execution" in names:  # optional, null where unknown (docs/records.md)
+        col = table.column("execution")
+        if not pa.types.is_integer(col.type):
+            raise RecordsError(
+                f"{where}: column `execution` has type {col.type}, expected int64 "
+                "(docs/records.md)."
+            )
+        try:
+            col = col.cast(pa.int64(), safe=True)
+        except pa.ArrowInvalid:
+            raise RecordsError(f"{where}: column `execution` holds values beyond int64.") from None
+        cols["execution"] = col.fill_null(NO_EXECUTION).to_numpy().astype(np.int64, copy=False)
     return cols

@@ -127,7 +127,10 @@ def whole_step(records: Records) -> tuple[SiteData, list[str], bool]:
 
     With one site this is `site_data` of it. Raises `RecordsError` when no site has a
     step with records of two ranks."""
-    if len(records.sites) == 1 and "execution" not in records.columns:
+    c = records.columns
+    if len(records.sites) == 1 and (
+        "execution" not in c or int_unique(c["execution"]).size == int_unique(c["step"]).size
+    ):  # one site, once an execution: the site is the step
         return site_data(records, records.sites[0])
     gid, notes = _global_ranks(records)
     ranks = int_unique(gid)
