@@ -113,3 +113,24 @@ def test_a_budget_run_writes_each_cells_n_and_small_rates_are_not_rounded_to_zer
     assert accuracy._frac((1, 1000)) == "0.1% (n=1000)"
     assert accuracy._frac((0, 3000)) == "0% (n=3000)"
     assert accuracy._frac((3, 40)) == "8% (n=40)"
+
+
+def test_healthy_cells_are_checked_against_the_target_with_their_bound():
+    def cell(k, n):
+        rows = [{"named": i < k} for i in range(n)]
+        return {"ranks": 8, "sites": 1, "lost": 0.0, "late": None, "steps": 160, "runs": rows}
+
+    lines = accuracy.target_lines([cell(0, 3000), cell(0, 300), cell(16, 380)])
+    assert "meets it" in lines[0] and "0 of 3000" in lines[0]
+    assert "not shown: 300 runs" in lines[1]
+    assert "ABOVE the target" in lines[2] and "16 of 380" in lines[2]
+
+
+def test_a_healthy_run_that_named_someone_is_explained_from_its_seed():
+    # Run 23 of the 8-rank, 1-site healthy cell names rank 1, whose static factor is the
+    # fleet's largest (1.135x the median): a healthy fleet's slowest rank, not a lag.
+    rows = [{"named": False}] * 23 + [{"named": True}]
+    c = {"ranks": 8, "sites": 1, "lost": 0.0, "late": None, "steps": 160, "runs": rows}
+    text = accuracy.false_alarm_causes([c])
+    assert "the 1 such runs" in text and "1 named exactly the rank with the largest" in text
+    assert "1.135-1.135x" in text
