@@ -5,6 +5,7 @@ collective runs several times an execution (a `lax.scan` over microbatches)."""
 from __future__ import annotations
 
 import json
+import time
 
 import jax
 import jax.numpy as jnp
@@ -20,15 +21,15 @@ from jaxpace.report import analyze
 
 CALLS = 5
 
-pytestmark = pytest.mark.skipif(
+native = pytest.mark.skipif(
     not native_available()[0], reason="the execution id comes from the native probes"
 )
 
 
-def _run(tmp_path, *, outer: bool):
+def _run(tmp_path, *, outer: bool, **pacer_kw):
     """A jit/shard_map step on 8 CPU devices: a drop-in psum in a `lax.scan` of 4, and
     (`outer`) one after it; `CALLS` calls, exported as Parquet and as JSONL."""
-    pacer = jp.Pacer(granularity="device")
+    pacer = jp.Pacer(granularity="device", **pacer_kw)
     mesh = jax.make_mesh((8,), ("data",))
 
     def body(x):
@@ -48,6 +49,7 @@ def _run(tmp_path, *, outer: bool):
     return pacer
 
 
+@native
 @pytest.mark.timeout(120)
 def test_records_carry_one_execution_per_call_and_the_whole_step_folds_by_it(tmp_path):
     _run(tmp_path, outer=True)
@@ -67,6 +69,7 @@ def test_records_carry_one_execution_per_call_and_the_whole_step_folds_by_it(tmp
         assert any("execution ids" in n and "`micro` x4" in n for n in rep.notes)
 
 
+@native
 @pytest.mark.timeout(120)
 def test_a_program_whose_only_collective_is_in_a_scan_has_one_step_per_call(tmp_path):
     """Folding by step counts cannot see this: the site's 20 steps look like 20
@@ -75,3 +78,15 @@ def test_a_program_whose_only_collective_is_in_a_scan_has_one_step_per_call(tmp_
     rep = analyze(tmp_path / "pq", warmup_steps=0)
     assert rep.num_steps == CALLS
     assert any("`micro` x4" in n for n in rep.notes)
+
+
+@pytest.mark.timeout(120)
+def test_the_io_callback_probes_write_no_execution_and_the_step_folds_by_counts(tmp_path):
+    """A custom clock runs the io_callback probes, which cannot read XLA's run id: no
+    column, and the whole step folds the scan's site by its step counts, as before."""
+    _run(tmp_path, outer=True, clock=lambda: time.perf_counter_ns())
+    recs = load_records(tmp_path / "pq")
+    assert "execution" not in recs.columns and len(recs)
+    rep = analyze(tmp_path / "pq", warmup_steps=0)
+    assert rep.num_steps == CALLS
+    assert any("step counts are that multiple" in n and "`micro` x4" in n for n in rep.notes)
