@@ -186,9 +186,9 @@ def false_alarm_causes(results: list[dict], max_ranks: int = 64, limit: int = 20
 
 def upper95(k: int, n: int) -> float:
     """The exact (Clopper-Pearson) one-sided 95% upper bound of a rate seen k times in n."""
-    from scipy.special import betaincinv
+    from scipy.stats import beta
 
-    return 1.0 if k >= n else float(betaincinv(k + 1, n - k, 0.95))
+    return 1.0 if k >= n else float(beta.ppf(0.95, k + 1, n - k))
 
 
 def target_lines(results: list[dict], target: float = 0.001) -> list[str]:
