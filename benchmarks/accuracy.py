@@ -432,7 +432,8 @@ def table(
         f"cells weighted {HEALTHY_WEIGHT:.0f}x (false alarms need the most runs), the large "
         "sizes fewer"
     )
-    how = f" --budget-min {budget:g}" if budget is not None else ""
+    # A budget run may be resumed several times: the block says how, and the runs' seconds.
+    how = " --budget-min M --state F" if budget is not None else ""
     lines = [
         BEGIN,
         "",

@@ -107,7 +107,7 @@ def test_a_budget_run_writes_each_cells_n_and_small_rates_are_not_rounded_to_zer
     argv = ["--budget-min", "0.01", "--ranks", "8", "--steps", "20", "--state", str(state)]
     assert accuracy.main([*argv, "--doc", str(doc)]) == 0
     block = doc.read_text().split(accuracy.BEGIN, 1)[1]
-    assert "--budget-min 0.01" in block and re.search(
+    assert "--budget-min M --state F" in block and re.search(
         r"between \d+ and \d+ run\(s\) per cell", block
     )
     assert accuracy._frac((1, 1000)) == "0.1% (n=1000)"
