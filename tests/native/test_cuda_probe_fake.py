@@ -459,11 +459,15 @@ def test_the_drain_thread_turns_a_gpu_step_into_the_next_steps_delay(fake, count
     from jaxpace.native import driver
 
     calls: list[tuple[int, int]] = []
+    executions: list[int] = []  # XLA's run id per record (the test entry's fixed 7)
     first = threading.Event()
 
     class Runtime:  # the two methods the drain thread calls (jaxpace.runtime.hooks)
-        def native_record(self, site, rank, step, arrive_ns, done_ns, delay_ns, red, scale):
+        def native_record(
+            self, site, rank, step, arrive_ns, done_ns, delay_ns, red, scale, *, execution
+        ):
             calls.append((step, delay_ns))
+            executions.append(execution)
             first.set()
             return 0.005  # the policy's answer: sleep 5 ms at the next arrival
 
@@ -495,3 +499,4 @@ def test_the_drain_thread_turns_a_gpu_step_into_the_next_steps_delay(fake, count
     assert calls[0] == (0, 0)
     assert [s for s, _ in calls] == list(range(len(calls)))  # every step, once, in order
     assert max(d for _, d in calls) >= 5_000_000  # a later step slept the 5 ms on its stream
+    assert executions and set(executions) == {7}  # the arrive's run id reaches the record

@@ -475,3 +475,41 @@ def test_the_reader_gives_one_answer_whatever_the_hash_seed(tmp_path):
     }
     assert all(p.returncode == 0 for p in out.values()), [p.stderr[-2000:] for p in out.values()]
     assert out["0"].stdout == out["1"].stdout and out["0"].stdout.startswith("2 ")
+
+
+def _cond_traces(out, executions=20, late_rank=3):
+    """2 processes x 2 CPU devices: an all-reduce every execution, an all-gather only in
+    even ones (a collective under `lax.cond`); rank `late_rank` arrives 2 ms late at each."""
+    for p in range(2):
+        events = ['{"ph":"M","pid":701,"name":"process_name","args":{"name":"/host:CPU"}}']
+        for k in range(executions):
+            ops = ["all-reduce", "all-gather"] if k % 2 == 0 else ["all-reduce"]
+            for j in range(2):
+                dev, rank = (p << 11) | j, 2 * p + j
+                t = 10_000.0 * k + 100.0 * p  # each process's own clock
+                for n, op in enumerate(ops):
+                    late = 2000.0 if rank == late_rank else 50.0 * j
+                    arrive = t + 3000.0 * n + late
+                    dur = t + 3000.0 * n + 2000.0 + 300.0 - arrive
+                    events.append(
+                        f'{{"ph":"X","pid":701,"tid":{j},"ts":{arrive:.1f},"dur":{dur:.1f},'
+                        f'"name":"{op}","args":{{"device_ordinal":"{dev}","hlo_module":'
+                        f'"jit_step","run_id":"{700 + k}","hlo_op":"{op}"}}}}'
+                    )
+        run = out / f"p{p}" / "plugins" / "profile" / "s"
+        run.mkdir(parents=True)
+        body = '{"traceEvents":[' + ",".join(events) + "]}"
+        (run / f"host-{p}.trace.json.gz").write_bytes(gzip.compress(body.encode()))
+
+
+def test_a_trace_folds_by_run_id_not_by_step_counts(tmp_path):
+    """Issue 47: a step is one execution (`run_id`). An all-gather that runs in every
+    other execution has half the all-reduce's count: folding by counts would call the
+    all-reduce 2x an execution and report 10 steps; the run_ids say 20."""
+    _cond_traces(tmp_path)
+    recs = load_source(tmp_path).records
+    assert np.array_equal(np.unique(recs.columns["execution"]), np.arange(20))
+    rep = analyze(tmp_path, warmup_steps=0)
+    assert rep.site == "(whole step)" and rep.num_steps == 20 and rep.num_ranks == 4
+    assert not any("x2" in n for n in rep.notes)
+    assert rep.culprit == 3

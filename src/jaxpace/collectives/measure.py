@@ -153,8 +153,11 @@ class Runtime(Protocol):
         delay_ns: int,
         reduced: Any,
         scale: float,
+        *,
+        execution: int | None = None,
     ) -> float:
-        """One record the native probes finished: `done`'s work; returns the next delay (s)."""
+        """One record the native probes finished: `done`'s work; returns the next delay (s).
+        `execution`: XLA's run id of the program execution it ran in (None: unknown)."""
 
     def native_wants_wake(self, site: Any) -> bool:
         """Whether the drain thread should handle each record of `site` at once."""

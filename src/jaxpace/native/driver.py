@@ -211,6 +211,7 @@ def _drain(e: _Entry) -> None:
                     int(r["delay_ns"]),
                     reduced,
                     e.scale,
+                    execution=int(r["run_id"]),
                 )
                 if delay_s > 0 and not e.released:
                     nat.set_delay(e.native_id, rank, delay_s)

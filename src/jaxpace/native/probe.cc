@@ -39,9 +39,10 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kAbiVersion = 6;  // 2: site_progress; 3: site_pending, site_wake; 4: CUDA counters;
+constexpr int kAbiVersion = 7;  // 2: site_progress; 3: site_pending, site_wake; 4: CUDA counters;
                                 // 5: CPU handlers take the device ordinal, arrive aliased results;
-                                // 6: CPU arrive copies its last `copies` operands to its results
+                                // 6: CPU arrive copies its last `copies` operands to its results;
+                                // 7: records carry XLA's run id (56 bytes)
 constexpr int kMaxSites = 4096;
 
 inline int64_t now_ns() {
@@ -75,7 +76,7 @@ int64_t interruptible_sleep(int64_t ns, const std::atomic<int>* site_released) {
 
 // ------------------------------------------------------------------ records
 
-// Layout shared with Python (numpy dtype NATIVE_RECORD_DTYPE in primitive.py): 48 bytes.
+// Layout shared with Python (numpy dtype NATIVE_RECORD_DTYPE in probes.py): 56 bytes.
 struct RecordOut {
   int64_t step;
   int64_t arrive_ns;
@@ -84,13 +85,14 @@ struct RecordOut {
   int64_t wait_ns;  // done - arrive (CPU); done event - arrive event (GPU)
   int32_t rank;
   int32_t flags;  // bit 0: measured on a GPU stream
+  int64_t run_id;  // XLA's RunId of the program execution the arrive ran in
 };
-static_assert(sizeof(RecordOut) == 48, "record layout");
+static_assert(sizeof(RecordOut) == 56, "record layout");
 
 // One ring slot: seqlock (2*idx+1 while written, 2*idx+2 when complete) over relaxed atomics.
 struct Slot {
   std::atomic<uint64_t> seq{0};
-  std::atomic<int64_t> f[5];
+  std::atomic<int64_t> f[6];
   std::atomic<int32_t> rank{0};
   std::atomic<int32_t> flags{0};
 };
@@ -102,6 +104,7 @@ struct RankState {
   std::atomic<int64_t> open_step{-1};
   std::atomic<int64_t> open_arrive_ns{0};
   std::atomic<int64_t> open_delay_ns{0};
+  std::atomic<int64_t> open_run_id{0};  // XLA's RunId of the open step's execution
   // Exchange state: this rank's previous wait and its step, packed into one word so that a
   // reader never pairs one step's wait with another's step ((wait_ns << 20) | step mod 2^20;
   // -1: unknown), and its previous step time (-1: unknown).
@@ -211,6 +214,7 @@ void push_record(Site* s, const RecordOut& r, const float* payload, int32_t plen
   sl.f[2].store(r.done_ns, std::memory_order_relaxed);
   sl.f[3].store(r.delay_ns, std::memory_order_relaxed);
   sl.f[4].store(r.wait_ns, std::memory_order_relaxed);
+  sl.f[5].store(r.run_id, std::memory_order_relaxed);
   sl.rank.store(r.rank, std::memory_order_relaxed);
   sl.flags.store(r.flags, std::memory_order_relaxed);
   if (s->payload_len > 0) {
@@ -325,7 +329,8 @@ ffi::Error copy_through(const ffi::RemainingArgs& args, ffi::RemainingRets& rets
 // except the last `copies`, which come back copied in the last `copies` results. The other
 // results, `firsts`, are aliased to the operands before those (large leaves' first elements)
 // and come back untouched.
-ffi::Error ArriveCpu(int32_t ordinal, ffi::BufferR0<ffi::S32> rank, ffi::RemainingArgs deps,
+ffi::Error ArriveCpu(int32_t ordinal, ffi::RunId run, ffi::BufferR0<ffi::S32> rank,
+                     ffi::RemainingArgs deps,
                      ffi::ResultBufferR0<ffi::S32> flag, ffi::Result<ffi::BufferR1<ffi::F32>> pay,
                      ffi::RemainingRets firsts, int64_t site, int64_t copies) {
   // First, whatever the shard: every shard's collective reads these results.
@@ -342,6 +347,7 @@ ffi::Error ArriveCpu(int32_t ordinal, ffi::BufferR0<ffi::S32> rank, ffi::Remaini
   int64_t t = now_ns();
   int64_t delay = 0, step = 0;
   int32_t f = arrive_common(s, r, t, &delay, &step);
+  if (f > 0) s->ranks[r].open_run_id.store(run.run_id, std::memory_order_relaxed);
   if (f > 0 && len > 0) fill_payload(s, s->ranks[r], r, p, len);
   int64_t slept = interruptible_sleep(delay, &s->released);
   if (f > 0) {
@@ -366,7 +372,7 @@ void done_record(Site* s, int32_t r, int64_t t_done, int64_t wait_ns, int32_t fl
   int64_t last = st.last_done_ns.exchange(t_done, std::memory_order_relaxed);
   st.prev_step_ns.store(last >= 0 && t_done > last ? t_done - last : -1, std::memory_order_relaxed);
   RecordOut rec{step, t_arr, t_done, st.open_delay_ns.load(std::memory_order_relaxed), wait_ns, r,
-                flags};
+                flags, st.open_run_id.load(std::memory_order_relaxed)};
   push_record(s, rec, reduced, plen);
 }
 
@@ -400,6 +406,7 @@ int64_t gpu_in_flight(Site* s);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCpu, ArriveCpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::RunId>()
                                   .Arg<ffi::BufferR0<ffi::S32>>()
                                   .RemainingArgs()
                                   .Ret<ffi::BufferR0<ffi::S32>>()
@@ -503,7 +510,7 @@ int64_t jaxpace_drain(int64_t id, int64_t max_n, RecordOut* out, float* payload_
     RecordOut r{sl.f[0].load(std::memory_order_relaxed), sl.f[1].load(std::memory_order_relaxed),
                 sl.f[2].load(std::memory_order_relaxed), sl.f[3].load(std::memory_order_relaxed),
                 sl.f[4].load(std::memory_order_relaxed), sl.rank.load(std::memory_order_relaxed),
-                sl.flags.load(std::memory_order_relaxed)};
+                sl.flags.load(std::memory_order_relaxed), sl.f[5].load(std::memory_order_relaxed)};
     if (payload_out != nullptr && s->payload_len > 0) {
       std::atomic<float>* src = &s->payloads[(idx & (s->capacity - 1)) * s->payload_len];
       for (int32_t i = 0; i < s->payload_len; ++i)

@@ -78,7 +78,7 @@ struct GpuStep {
   int32_t* host_flag = nullptr;  // pinned: the flag copied to the device
   float* host_vals = nullptr;  // pinned: this rank's 3 payload values copied to the device
   float* host_payload = nullptr;  // pinned: the reduced payload copied back (payload_len)
-  int64_t step = -1, host_arrive_ns = 0;
+  int64_t step = -1, host_arrive_ns = 0, run_id = 0;
   HostSleep sleep;
   bool slept_here = false;  // this step's delay ran in `sleep` (else the record says 0)
   int state = 0;  // 0 free, 1 arrived, 2 enqueued (waiting for the drain), 3 failed
@@ -189,8 +189,8 @@ bool copy_arrive_outputs(Site* s, GpuStep* gs, int32_t r, int32_t f, int32_t* fl
 // What one arrive enqueues. Returns an error only when the outputs could not be zeroed (the
 // step must not run on undefined bits); any other failure is counted and leaves the step
 // unrecorded.
-const char* arrive_cuda(cudaStream_t stream, int32_t ordinal, int64_t site, int32_t* flag_dev,
-                        float* pay_dev, int64_t len) {
+const char* arrive_cuda(cudaStream_t stream, int32_t ordinal, int64_t run_id, int64_t site,
+                        int32_t* flag_dev, float* pay_dev, int64_t len) {
   if (!g_cuda.ok) return "jaxpace: CUDA runtime not loaded";
   Site* s = site_of(site);
   if (!ck(s, g_cuda.MemsetAsync(flag_dev, 0, sizeof(int32_t), stream), "cudaMemsetAsync") ||
@@ -208,6 +208,7 @@ const char* arrive_cuda(cudaStream_t stream, int32_t ordinal, int64_t site, int3
   if (gs != nullptr) {
     gs->step = step;
     gs->host_arrive_ns = t;
+    gs->run_id = run_id;
     gs->slept_here = false;
     ok = ck(s, g_cuda.EventRecord(gs->ev_arrive, stream), "cudaEventRecord");
   }
@@ -270,15 +271,16 @@ ffi::Error ffi_result(const char* err) {
   return err == nullptr ? ffi::Error::Success() : ffi::Error(ffi::ErrorCode::kInternal, err);
 }
 
-ffi::Error ArriveCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR0<ffi::S32> rank,
+ffi::Error ArriveCuda(cudaStream_t stream, int32_t ordinal, ffi::RunId run,
+                      ffi::BufferR0<ffi::S32> rank,
                       ffi::RemainingArgs deps, ffi::ResultBufferR0<ffi::S32> flag,
                       ffi::Result<ffi::BufferR1<ffi::F32>> pay, ffi::RemainingRets firsts,
                       int64_t site) {
   (void)rank;  // device memory: reading the rank would need a sync; the ordinal table gives it
   (void)deps;  // the operand leaves: a dependency only
   (void)firsts;  // aliased to the last operands: they come back as they are, untouched
-  return ffi_result(arrive_cuda(stream, ordinal, site, flag->typed_data(), pay->typed_data(),
-                                static_cast<int64_t>(pay->element_count())));
+  return ffi_result(arrive_cuda(stream, ordinal, run.run_id, site, flag->typed_data(),
+                                pay->typed_data(), static_cast<int64_t>(pay->element_count())));
 }
 
 ffi::Error DoneCuda(cudaStream_t stream, int32_t ordinal, ffi::BufferR1<ffi::F32> reduced,
@@ -317,7 +319,7 @@ bool push_gpu_record(Site* s, GpuPair* gp, GpuStep& gs) {
   st.prev_step_ns.store(last >= 0 && t_done > last ? t_done - last : -1,
                         std::memory_order_relaxed);
   int64_t slept = gs.slept_here ? gs.sleep.slept.load(std::memory_order_acquire) : 0;
-  RecordOut rec{gs.step, gs.host_arrive_ns, t_done, slept, wait, gp->rank, 1};
+  RecordOut rec{gs.step, gs.host_arrive_ns, t_done, slept, wait, gp->rank, 1, gs.run_id};
   push_record(s, rec, gs.host_payload, s->payload_len, /*notify=*/false);
   s->cuda_streak.store(0, std::memory_order_relaxed);
   return true;
@@ -446,6 +448,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpaceArriveCuda, ArriveCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::RunId>()
                                   .Arg<ffi::BufferR0<ffi::S32>>()
                                   .RemainingArgs()
                                   .Ret<ffi::BufferR0<ffi::S32>>()
@@ -536,12 +539,15 @@ const char* jaxpace_cuda_error() {
   return buf;
 }
 
+constexpr int64_t kTestRunId = 7;  // must match tests/native/test_cuda_probe_fake.py
+
 // Test entry points (tests/test_cuda_probe_fake.py): the CUDA handlers' bodies without XLA,
 // on a stream and "device" buffers of a stand-in cudart. 0: success; 1: the handler's error.
 int jaxpace_test_arrive_cuda(void* stream, int32_t ordinal, int64_t site, int32_t* flag_dev,
                              float* pay_dev, int64_t len) {
-  const char* err = arrive_cuda(static_cast<cudaStream_t>(stream), ordinal, site, flag_dev,
-                                pay_dev, len);
+  // XLA's run id in a program; here a fixed one the test can find in the records.
+  const char* err = arrive_cuda(static_cast<cudaStream_t>(stream), ordinal, kTestRunId, site,
+                                flag_dev, pay_dev, len);
   if (err != nullptr) set_error_text(err);
   return err == nullptr ? 0 : 1;
 }

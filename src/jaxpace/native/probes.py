@@ -55,7 +55,7 @@ __all__ = [
     "wait_records",
 ]
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_SITES = 4096
 # A probe's rank operand meaning "look it up in the site's table of ranks per local device
 # ordinal" (`set_site_devices`): a program then computes no ranks. Must match kRankFromDevice
@@ -63,7 +63,8 @@ MAX_SITES = 4096
 RANK_FROM_DEVICE = -2
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
-# Must match `RecordOut` in probe.cc (48 bytes).
+# Must match `RecordOut` in probe.cc (56 bytes). `run_id`: XLA's RunId of the program
+# execution the record's arrive ran in (the same for every probe of one execution).
 NATIVE_RECORD_DTYPE = np.dtype(
     [
         ("step", np.int64),
@@ -73,9 +74,10 @@ NATIVE_RECORD_DTYPE = np.dtype(
         ("wait_ns", np.int64),
         ("rank", np.int32),
         ("flags", np.int32),
+        ("run_id", np.int64),
     ]
 )
-assert NATIVE_RECORD_DTYPE.itemsize == 48
+assert NATIVE_RECORD_DTYPE.itemsize == 56
 
 _lock = threading.Lock()
 _state: dict = {"lib": None, "reason": None, "path": None, "cuda": None}

@@ -192,6 +192,14 @@ class _OnDisk(SiteRecords):
         self.engine = engine
         self._close = weakref.finalize(self, engine.close)
         self._memo: dict[str, Any] = {}  # the summaries, asked once
+        self._executions = 0  # numbered by `number_executions` (0: no usable ids)
+
+    @property
+    def has_execution(self) -> bool:
+        return self._executions > 0
+
+    def executions(self) -> np.ndarray:
+        return np.arange(self._executions, dtype=np.int64)
 
     def _once(self, what: str) -> Any:
         if what not in self._memo:
@@ -272,9 +280,10 @@ def open_run(path: str | os.PathLike, **engine_kw: Any) -> SiteRecords:
     try:
         loaded = engine.load(p)
         engine.cluster_by_site()
+        ex_note = engine.number_executions()[1]
         meta = run_meta(
             loaded.headers,
-            loaded.scan.notes(),
+            loaded.scan.notes() + ([ex_note] if ex_note else []),
             files,
             engine.processes(),
             loaded.scan.rows,
@@ -282,7 +291,9 @@ def open_run(path: str | os.PathLike, **engine_kw: Any) -> SiteRecords:
     except BaseException:
         engine.close()
         raise
-    return _OnDisk(engine, meta, loaded.sites, loaded.scan.rows)
+    run = _OnDisk(engine, meta, loaded.sites, loaded.scan.rows)
+    run._executions = engine.executions_numbered
+    return run
 
 
 def by_site(source: Any) -> SiteRecords:

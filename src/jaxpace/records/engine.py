@@ -52,7 +52,7 @@ STEP_COLUMNS = (*INT_STEP_FIELDS, "engaged", "device")
 _TABLE_SQL = (
     "CREATE OR REPLACE TABLE steps (site VARCHAR, "
     + ", ".join(f"{k} BIGINT" for k in INT_STEP_FIELDS)
-    + ", engaged BOOLEAN, device BIGINT, file UBIGINT, kind TINYINT)"
+    + ", engaged BOOLEAN, device BIGINT, execution BIGINT, file UBIGINT, kind TINYINT)"
 )
 # `kind` of a row while loading: a step kept, a header line, or why it is dropped.
 STEP, HEADER, BAD, NULLS, HUGE, NEGATIVE = 0, 1, 2, 3, 4, 5
@@ -223,6 +223,8 @@ class Engine:
         self.con.execute("SET enable_progress_bar = false")
         self._path_of: dict[int, str] = {}  # `hash(path)` (the table's `file`) -> path
         self.largest_fetch = 0  # the most rows one `site_columns` call returned
+        self.has_execution_map = False  # `number_executions` made `exec_map`
+        self.executions_numbered = 0
 
     def close(self) -> None:
         self.con.close()
@@ -279,21 +281,23 @@ class Engine:
         return Loaded(tuple(headers), sites, scan)
 
     def _load_parquet(self, files, headers, skipped: list[str], drops: Drops) -> None:
-        good, device = [], False
+        good, names = [], set()
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
                 headers.append((head[0], f"{f}:header"))
                 good.append(str(f))
-                device |= head[1]
+                names |= head[1]
         if not good:
             return
         ints = [f"CAST({k} AS BIGINT)" for k in INT_STEP_FIELDS]
         nulls = " OR ".join(f"{k} IS NULL" for k in ("site", *INT_STEP_FIELDS, "engaged"))
         huge = " OR ".join(f"{k} = {_INT64_MIN}" for k in ints)
-        dev = "coalesce(CAST(device AS BIGINT), -1)" if device else "-1"
+        dev = "coalesce(CAST(device AS BIGINT), -1)" if "device" in names else "-1"
+        ex = "CAST(execution AS BIGINT)" if "execution" in names else "NULL"
         sql = (
-            f"INSERT INTO steps SELECT site, {', '.join(ints)}, engaged, {dev}, hash(filename), "
+            f"INSERT INTO steps SELECT site, {', '.join(ints)}, engaged, {dev}, {ex}, "
+            "hash(filename), "
             f"CASE WHEN {nulls} THEN {NULLS} WHEN {huge} THEN {HUGE} "
             f"WHEN wait_ns < 0 OR delay_ns < 0 THEN {NEGATIVE} ELSE {STEP} END "
             f"FROM read_parquet({_sql_list(good)}, union_by_name = true, filename = true)"
@@ -434,6 +438,7 @@ class Engine:
                 **{k: pa.array(cols[k], pa.int64()) for k in INT_STEP_FIELDS},
                 "engaged": pa.array(cols["engaged"], pa.bool_()),
                 "device": pa.array(cols["device"], pa.int64()),
+                "execution": _execution_array(cols, n),
                 "file": pa.array(np.full(n, self._hash_of(file), np.uint64), pa.uint64()),
                 "kind": pa.array(np.zeros(n, np.int8), pa.int8()),
             }
@@ -466,15 +471,83 @@ class Engine:
             ) from None
 
     def site_columns(self, site: str) -> dict[str, np.ndarray]:
-        """The rows of one site as NumPy columns (`STEP_COLUMNS`), in file order."""
-        cols = self._arrays(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE site = $1", [site])
+        """The rows of one site as NumPy columns (`STEP_COLUMNS`, and `execution` numbered
+        0, 1, ... once `number_executions` has made the map)."""
+        if self.has_execution_map:
+            cols = self._arrays(
+                f"SELECT {', '.join('s.' + k for k in STEP_COLUMNS)}, m.ex AS execution "
+                "FROM steps s JOIN exec_map m USING (process, execution) WHERE s.site = $1",
+                [site],
+            )
+        else:
+            cols = self._arrays(
+                f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE site = $1", [site]
+            )
         self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
         return cols
 
+    def number_executions(self) -> tuple[int, str | None]:
+        """Numbers the rows' raw execution ids (`records.executions`) into the table
+        `exec_map` (process, raw id -> execution) from what needs every row, asked as SQL
+        (how many rows carry an id; whether each rank's ids run in blocks; each process's
+        ids by their first arrival); returns (the number of executions, 0 when the rows
+        give none usable, and a note or None)."""
+        from jaxpace.records.executions import REUSED_NOTE, number_executions
+
+        n, known = self.con.execute("SELECT count(*), count(execution) FROM steps").fetchone()
+        if not known:
+            return 0, None
+        if known < n:
+            return 0, (
+                f"{n - known} of {n} step records have no `execution` id (the io_callback "
+                "probes do not know it); the whole step folds the sites by their step counts."
+            )
+        blocks = self.con.execute(
+            "SELECT count(*) FROM (SELECT execution, lag(execution) OVER (PARTITION BY "
+            "process, rank ORDER BY arrive_ns) AS prev FROM steps) "
+            "WHERE prev IS NULL OR prev <> execution"
+        ).fetchone()[0]
+        distinct = self.con.execute(
+            "SELECT count(*) FROM (SELECT DISTINCT process, rank, execution FROM steps)"
+        ).fetchone()[0]
+        if blocks != distinct:
+            return 0, REUSED_NOTE
+        got = self._arrays(
+            "SELECT process, execution, min(arrive_ns) AS first FROM steps GROUP BY ALL"
+        )
+        ex, note = number_executions(
+            got["execution"], got["process"], np.zeros_like(got["process"]), got["first"]
+        )
+        if ex is None:
+            return 0, note
+        import pyarrow as pa
+
+        table = pa.table(
+            {
+                "process": pa.array(got["process"], pa.int64()),
+                "execution": pa.array(got["execution"], pa.int64()),
+                "ex": pa.array(ex, pa.int64()),
+            }
+        )
+        self.con.register("exec_map_rows", table)
+        try:
+            self.con.execute("CREATE OR REPLACE TABLE exec_map AS SELECT * FROM exec_map_rows")
+        finally:
+            self.con.unregister("exec_map_rows")
+        self.has_execution_map = True
+        self.executions_numbered = int(ex.max()) + 1 if ex.size else 0
+        return self.executions_numbered, note
+
     def all_columns(self, files: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Every row (`STEP_COLUMNS` and `site`, as strings), in the order of `files` and
-        each file's own order; and the sites' strings."""
-        cols = self._arrays(f"SELECT site, {', '.join(STEP_COLUMNS)}, file FROM steps")
+        """Every row (`STEP_COLUMNS`, `site` as strings and the raw `execution`,
+        `NO_EXECUTION` where null), in the order of `files` and each file's own order;
+        and the order applied."""
+        from jaxpace.records.format import NO_EXECUTION
+
+        cols = self._arrays(
+            f"SELECT site, {', '.join(STEP_COLUMNS)}, "
+            f"coalesce(execution, {NO_EXECUTION}) AS execution, file FROM steps"
+        )
         rank = {h: files.index(f) if f in files else len(files) for h, f in self._path_of.items()}
         fidx = np.array([rank.get(int(h), len(files)) for h in cols.pop("file").tolist()], np.int64)
         order = np.argsort(fidx, kind="stable")
@@ -583,6 +656,7 @@ class Engine:
                 **{k: pa.array(c[k], pa.int64()) for k in INT_STEP_FIELDS},
                 "engaged": pa.array(c["engaged"], pa.bool_()),
                 "device": pa.array(c["device"] if "device" in c else np.full(n, -1), pa.int64()),
+                "execution": _execution_array(c, n),
                 "file": pa.array(np.zeros(n, np.uint64), pa.uint64()),
                 "kind": pa.array(np.zeros(n, np.int8), pa.int8()),
             }
@@ -615,6 +689,7 @@ _JSON_COLUMNS = {
     "site": "JSON",
     **{k: "JSON" for k in INT_STEP_FIELDS},
     "device": "JSON",
+    "execution": "JSON",
     "engaged": "JSON",
 }
 
@@ -634,7 +709,7 @@ def _jsonl_select_sql(files: list[str]) -> str:
         f"SELECT type, {site} AS name, starts_with(site::VARCHAR, '\"') AS site_ok, "
         f"{', '.join(ints)}, translate({text}, '-0123456789,', '') = '' AS ints_ok, "
         "engaged::VARCHAR AS eng, device::VARCHAR AS dev, TRY_CAST(device AS BIGINT) AS dev_i, "
-        "filename "
+        "execution::VARCHAR AS exs, TRY_CAST(execution AS BIGINT) AS ex_i, filename "
         f"FROM read_json({_sql_list(files)}, format = 'newline_delimited', columns = "
         + "{"
         + ", ".join(f"'{k}': '{v}'" for k, v in _JSON_COLUMNS.items())
@@ -651,11 +726,13 @@ def _jsonl_select_sql(files: list[str]) -> str:
             "eng IN ('true', 'false')",
             "(dev IS NULL OR dev = 'null' OR (translate(dev, '-0123456789', '') = '' "
             f"AND dev_i > {_INT64_MIN}))",
+            "(exs IS NULL OR exs = 'null' OR (translate(exs, '-0123456789', '') = '' "
+            f"AND ex_i > {_INT64_MIN}))",
         ]
     )
     return (
         f"SELECT name, {', '.join(INT_STEP_FIELDS)}, eng = 'true', coalesce(dev_i, -1), "
-        f"hash(filename), CASE WHEN type = 'header' THEN {HEADER} "
+        f"ex_i, hash(filename), CASE WHEN type = 'header' THEN {HEADER} "
         f"WHEN coalesce({good}, false) THEN {STEP} ELSE {BAD} END FROM ({inner})"
     )
 
@@ -685,8 +762,20 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], bool] | None:
-    """`(header, has a device column)` of a Parquet records file, its columns' types
+def _execution_array(cols: Any, n: int) -> Any:
+    """The `execution` column for the table: null where a row has none."""
+    import pyarrow as pa
+
+    from jaxpace.records.format import NO_EXECUTION
+
+    if "execution" not in cols:
+        return pa.nulls(n, pa.int64())
+    ex = np.asarray(cols["execution"], np.int64)
+    return pa.array(ex, pa.int64(), mask=ex == NO_EXECUTION)
+
+
+def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], set[str]] | None:
+    """`(header, its column names)` of a Parquet records file, its columns' types
     checked; None (and a note in `skipped`) for a file without its footer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -705,7 +794,7 @@ def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], boo
             return None
     header = header_of(schema, str(path))
     check_schema(schema, str(path))
-    return header, "device" in schema.names
+    return header, set(schema.names)
 
 
 def read_headers(path: Path) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_KEY",
     "INT_STEP_FIELDS",
+    "NO_EXECUTION",
     "JSONL_GLOB",
     "PARQUET_GLOB",
     "REQUIRED_STEP_FIELDS",
@@ -60,6 +61,9 @@ HEADER_KEY = b"jaxpace.header"
 # Step columns of a Parquet records file and their Arrow types (`site` is a dictionary
 # of strings, `device` may be null); `docs/records.md` lists them.
 PARQUET_INT_COLUMNS = (*INT_STEP_FIELDS, "device")
+# The optional `execution` column: XLA's run id of the program execution a record ran in
+# (docs/records.md); in columns, this value where it is unknown (null in a file).
+NO_EXECUTION = int(np.iinfo(np.int64).min)
 
 
 def check_format(format: str) -> str:
@@ -141,13 +145,15 @@ def step_record(
     engaged: bool,
     device: int | None = None,
     wait_ns: int | None = None,
+    execution: int | None = None,
 ) -> dict[str, Any]:
     """One measured collective call of one rank (docs/records.md, "step").
 
     `wait_ns` defaults to `done_ns - arrive_ns`; pass it to write back a
-    record read from a file unchanged.
+    record read from a file unchanged. `execution` (the program execution's id) is
+    written only when known.
     """
-    return {
+    rec = {
         "type": "step",
         "site": site,
         "step": int(step),
@@ -160,6 +166,9 @@ def step_record(
         "delay_ns": int(delay_ns),
         "engaged": bool(engaged),
     }
+    if execution is not None:
+        rec["execution"] = int(execution)
+    return rec
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> str:
@@ -195,8 +204,10 @@ def step_columns(
     steps: Iterable[Mapping[str, Any]],
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """Step dicts (`step_record`'s) as columns: ints, `engaged`, `site` an index into
-    the returned site names, `device` -1 where null."""
-    lists: dict[str, list] = {k: [] for k in (*INT_STEP_FIELDS, "site", "engaged", "device")}
+    the returned site names, `device` -1 where null, `execution` (when some record has
+    one) `NO_EXECUTION` where absent."""
+    keys = (*INT_STEP_FIELDS, "site", "engaged", "device", "execution")
+    lists: dict[str, list] = {k: [] for k in keys}
     sites: dict[str, int] = {}
     for rec in steps:
         for k in INT_STEP_FIELDS:
@@ -205,6 +216,10 @@ def step_columns(
         lists["engaged"].append(bool(rec["engaged"]))
         dev = rec.get("device")
         lists["device"].append(-1 if dev is None else int(dev))
+        ex = rec.get("execution")
+        lists["execution"].append(NO_EXECUTION if ex is None else int(ex))
+    if all(e == NO_EXECUTION for e in lists["execution"]):
+        del lists["execution"]
     cols = {k: np.asarray(v, dtype=bool if k == "engaged" else np.int64) for k, v in lists.items()}
     return cols, list(sites)
 
@@ -218,7 +233,8 @@ def write_parquet(
     """Writes one process's records as a Parquet file, atomically; returns the path.
 
     `columns` holds `site` (index into `sites`), the integer fields of a step
-    record, `engaged` (bool) and `device` (-1: null); `header` (`header_record`'s
+    record, `engaged` (bool), `device` (-1: null) and optionally `execution`
+    (`NO_EXECUTION`: null); `header` (`header_record`'s
     dict) goes into the file's key-value metadata under `HEADER_KEY`. The file is
     written to a temporary name beside `path` and renamed, as `write_jsonl`: a
     Parquet file is readable only once its footer is written, so a process
@@ -241,6 +257,9 @@ def write_parquet(
     dev = np.asarray(columns.get("device", np.full(n, -1)), dtype=np.int64)
     arrays["device"] = pa.array(dev, pa.int64(), mask=dev < 0)
     arrays["engaged"] = pa.array(np.asarray(columns["engaged"], dtype=bool), pa.bool_())
+    if "execution" in columns:
+        ex = np.asarray(columns["execution"], dtype=np.int64)
+        arrays["execution"] = pa.array(ex, pa.int64(), mask=ex == NO_EXECUTION)
     meta = {
         HEADER_KEY: json.dumps(dict(header), separators=(",", ":")).encode(),
         b"jaxpace.format": str(FORMAT_VERSION).encode(),
@@ -274,12 +293,13 @@ def jsonl_step_lines(columns: Mapping[str, np.ndarray], sites: Sequence[str]) ->
         '"arrive_ns":%d,"done_ns":%d,"wait_ns":%d,"delay_ns":%d,"engaged":%s}\n'
     )
     step, rank, proc, arr, done, wait, delay = cols
-    return "".join(
-        [
-            fmt % row
-            for row in zip(site, step, rank, proc, dev_s, arr, done, wait, delay, eng, strict=True)
-        ]
-    )
+    rows = zip(site, step, rank, proc, dev_s, arr, done, wait, delay, eng, strict=True)
+    if "execution" not in columns:
+        return "".join([fmt % row for row in rows])
+    # `step_record`'s key order: `execution` last, only where known.
+    ex = np.asarray(columns["execution"], dtype=np.int64)
+    tail = np.where(ex == NO_EXECUTION, "}", "," + '"execution":' + ex.astype(str) + "}").tolist()
+    return "".join([(fmt % row)[:-2] + t + "\n" for row, t in zip(rows, tail, strict=True)])
 
 
 def write_columns(

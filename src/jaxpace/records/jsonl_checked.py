@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.records.format import INT_STEP_FIELDS
+from jaxpace.records.format import INT_STEP_FIELDS, NO_EXECUTION
 from jaxpace.records.safe_io import open_regular
 
 __all__ = ["MAX_ABS_INT", "MAX_LINE_BYTES", "CheckedFile", "Drops", "first_line", "read_checked"]
@@ -200,6 +200,9 @@ def _why_bad(rec: Any) -> str | None:
     dev = rec.get("device")
     if dev is not None and not _int_ok(dev):
         return f"`device` must be an integer or null, got {str(dev)[:24]}"
+    ex = rec.get("execution")
+    if ex is not None and not _int_ok(ex):
+        return f"`execution` must be an integer or null, got {str(ex)[:24]}"
     return None
 
 
@@ -209,8 +212,9 @@ def _add_step(rec: Mapping[str, Any], where: str, cols: dict[str, list], drops: 
         drops.add_bad(where, why)
         return
     dev = rec.get("device")
-    if any(not -MAX_ABS_INT < rec[k] < MAX_ABS_INT for k in INT_STEP_FIELDS) or (
-        dev is not None and not -MAX_ABS_INT < dev < MAX_ABS_INT
+    ex = rec.get("execution")
+    if any(not -MAX_ABS_INT < rec[k] < MAX_ABS_INT for k in INT_STEP_FIELDS) or any(
+        v is not None and not -MAX_ABS_INT < v < MAX_ABS_INT for v in (dev, ex)
     ):
         drops.huge += 1
         drops.huge_first = drops.huge_first or where
@@ -224,6 +228,7 @@ def _add_step(rec: Mapping[str, Any], where: str, cols: dict[str, list], drops: 
         cols[k].append(rec[k])
     cols["engaged"].append(rec["engaged"])
     cols["device"].append(-1 if dev is None else dev)
+    cols["execution"].append(NO_EXECUTION if ex is None else ex)
 
 
 def read_checked(path: Path) -> CheckedFile:
@@ -232,7 +237,9 @@ def read_checked(path: Path) -> CheckedFile:
     header first, a line longer than `MAX_LINE_BYTES`, not a regular file)."""
     header, header_where, at = first_line(path)
     drops = Drops()
-    cols: dict[str, list] = {k: [] for k in ("site", *INT_STEP_FIELDS, "engaged", "device")}
+    cols: dict[str, list] = {
+        k: [] for k in ("site", *INT_STEP_FIELDS, "engaged", "device", "execution")
+    }
     if header is None:
         drops.empty.append(str(path))
     else:

@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.executions import number_executions
 from jaxpace.records.format import (
     FORMAT_VERSION,
     INT_STEP_FIELDS,
+    NO_EXECUTION,
     REQUIRED_STEP_FIELDS,
     has_records,
     records_filename,
@@ -114,6 +116,7 @@ class Records:
         site = c["site"].tolist()
         device = c.get("device")
         dev = device.tolist() if device is not None else [-1] * len(self)
+        ex = c["execution"].tolist() if "execution" in c else [None] * len(self)
         for i in range(len(self)):
             out.append(
                 step_record(
@@ -127,6 +130,7 @@ class Records:
                     wait_ns=cols["wait_ns"][i],
                     delay_ns=cols["delay_ns"][i],
                     engaged=engaged[i],
+                    execution=ex[i],
                 )
             )
         return out
@@ -177,6 +181,8 @@ class Records:
                 )
             cols = {k: c[k][idx] for k in (*INT_STEP_FIELDS, "site", "engaged")}
             cols["device"] = c["device"][idx] if "device" in c else np.full(idx.size, -1)
+            if "execution" in c:
+                cols["execution"] = c["execution"][idx]
             header = {
                 **header,
                 "format": header.get("format", FORMAT_VERSION),
@@ -192,6 +198,7 @@ _COLUMN_DTYPES: dict[str, Any] = {
     "site": np.int64,
     "engaged": bool,
     "device": np.int64,
+    "execution": np.int64,  # `NO_EXECUTION` where a record has none
 }
 
 
@@ -257,7 +264,12 @@ class _Builder:
         site = rec["site"]
         if not isinstance(site, str):
             raise RecordsError(f"{where}: `site` must be a string, got {site!r}.")
-        if any(not -MAX_ABS_INT < rec[k] < MAX_ABS_INT for k in INT_STEP_FIELDS):
+        ex = rec.get("execution")  # optional: the program execution's id
+        if ex is not None:
+            _check_int(rec, "execution", where)
+        if any(not -MAX_ABS_INT < rec[k] < MAX_ABS_INT for k in INT_STEP_FIELDS) or (
+            ex is not None and not -MAX_ABS_INT < ex < MAX_ABS_INT
+        ):
             # Never an OverflowError building the columns: dropped, counted, located.
             self.huge += 1
             if self.huge_first is None:
@@ -278,6 +290,7 @@ class _Builder:
         cols["engaged"].append(bool(rec["engaged"]))
         dev = rec.get("device")
         cols["device"].append(-1 if dev is None else int(dev))
+        cols["execution"].append(NO_EXECUTION if ex is None else ex)
         self.rows += 1
 
     def _list_part(self) -> dict[str, list]:
@@ -380,6 +393,9 @@ class _Builder:
         columns["site"] = remap[self._column("site")]
         columns["engaged"] = self._column("engaged")
         columns["device"] = self._column("device")
+        note = _execution_column(columns, self._column("execution"))
+        if note:
+            notes.append(note)
         seen = np.unique(columns["process"]) if processes is None else processes
         unknown = sorted(set(seen.tolist()) - set(by_proc))
         if by_proc and unknown:
@@ -398,6 +414,25 @@ class _Builder:
             notes=tuple(notes),
             sources=tuple(self.sources),
         )
+
+
+def _execution_column(columns: dict[str, np.ndarray], raw: np.ndarray) -> str | None:
+    """Adds the `execution` column (executions numbered in order, `records.executions`)
+    when every record has an execution id; returns a note when some have one and it is
+    not used."""
+    known = raw != NO_EXECUTION
+    if not known.any():
+        return None
+    if not known.all():
+        return (
+            f"{int((~known).sum())} of {raw.size} step records have no `execution` id (the "
+            "io_callback probes do not know it); the whole step folds the sites by their "
+            "step counts."
+        )
+    ex, note = number_executions(raw, columns["process"], columns["rank"], columns["arrive_ns"])
+    if ex is not None:
+        columns["execution"] = ex
+    return note
 
 
 def without_foreign_ranks(recs: Records) -> Records:
@@ -583,4 +618,7 @@ def _load_files(path: Path) -> Records:
     )
     columns["engaged"] = cols["engaged"].astype(bool, copy=False)
     columns["device"] = cols["device"].astype(np.int64, copy=False)
+    note = _execution_column(columns, cols["execution"].astype(np.int64, copy=False))
+    if note:
+        meta = dataclasses.replace(meta, notes=(*meta.notes, note))
     return dataclasses.replace(meta, sites=sites, columns=columns)

@@ -97,6 +97,9 @@ def records(
                     done_ns=int(row["done_ns"]),
                     delay_ns=int(row["delay_ns"]),
                     engaged=bool(row["engaged"]),
+                    execution=None
+                    if int(row["execution"]) == _record_format.NO_EXECUTION
+                    else int(row["execution"]),
                 )
             )
     return out
@@ -126,6 +129,9 @@ def _columns(parts: list, process: int) -> tuple[dict[str, np.ndarray], list[str
         "engaged": cat(lambda _n, _r, rows: rows["engaged"].astype(bool)).astype(bool),
         "device": np.full(n, -1, np.int64),
     }
+    execution = cat(lambda _n, _r, rows: rows["execution"].astype(np.int64))
+    if (execution != _record_format.NO_EXECUTION).any():  # the native probes know it
+        cols["execution"] = execution
     return cols, sites
 
 

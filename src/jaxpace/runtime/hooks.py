@@ -21,7 +21,7 @@ from jaxpace.collectives import exchange as _exchange
 from jaxpace.policy import base as _policy
 from jaxpace.runtime import signals
 from jaxpace.runtime.delay import clamp_delay, interruptible_sleep
-from jaxpace.runtime.probe import now_ns
+from jaxpace.runtime.probe import NO_EXECUTION, now_ns
 from jaxpace.runtime.sites import RankState, Site, SiteNames
 
 if TYPE_CHECKING:
@@ -265,17 +265,22 @@ class Hooks:
         delay_ns: int,
         reduced: np.ndarray | None,
         scale: float,
+        *,
+        execution: int | None = None,
     ) -> float:
         """One record finished by the native probes (drained off the hot path).
 
         Same bookkeeping and policy step as `done`; returns the delay (s) that the
-        rank's next arrival sleeps. Never raises (an error gives no delay).
+        rank's next arrival sleeps. `execution`: XLA's run id of the program execution
+        the record ran in (the records' `execution` column; None: unknown). Never raises
+        (an error gives no delay).
         """
         try:
             st = site.rank(rank)
+            ex = NO_EXECUTION if execution is None else int(execution)
             with st.lock:
                 st.next_step = max(st.next_step, step + 1)
-                st.recorder.arrive(step, arrive_ns, delay_ns)
+                st.recorder.arrive(step, arrive_ns, delay_ns, ex)
                 st.last_arrive_ns = arrive_ns
             self._finish(site, st, rank, step, done_ns, reduced, scale)
             with st.lock:

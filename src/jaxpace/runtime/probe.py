@@ -10,7 +10,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Clock", "RECORD_DTYPE", "RateLimitedLog", "Recorder", "Sink", "now_ns"]
+# `execution` of a record whose program execution is unknown (the io_callback probes): XLA's
+# run ids take any int64 value but this one in practice (JAX derives them from a 32-bit
+# launch id).
+from jaxpace.records.format import NO_EXECUTION
+
+__all__ = ["NO_EXECUTION", "Clock", "RECORD_DTYPE", "RateLimitedLog", "Recorder", "Sink", "now_ns"]
 
 log = logging.getLogger("jaxpace")
 
@@ -41,6 +46,7 @@ RECORD_DTYPE = np.dtype(
         ("done_ns", np.int64),
         ("delay_ns", np.int64),
         ("engaged", np.bool_),
+        ("execution", np.int64),
     ]
 )
 
@@ -57,14 +63,20 @@ class Recorder:
         self._buf = np.zeros(self.capacity, dtype=RECORD_DTYPE)
         self._buf["step"] = -1
         self._buf["done_ns"] = -1
+        self._buf["execution"] = NO_EXECUTION
 
-    def arrive(self, step: int, arrive_ns: int, delay_ns: int) -> None:
+    def arrive(
+        self, step: int, arrive_ns: int, delay_ns: int, execution: int = NO_EXECUTION
+    ) -> None:
+        """Opens `step`; `execution`: XLA's run id of the program execution it ran in
+        (the native probes know it; `NO_EXECUTION` when unknown)."""
         row = self._buf[step % self.capacity]
         row["step"] = step
         row["arrive_ns"] = arrive_ns
         row["done_ns"] = -1
         row["delay_ns"] = delay_ns
         row["engaged"] = False
+        row["execution"] = execution
 
     def done(self, step: int, done_ns: int, engaged: bool) -> tuple[int, int] | None:
         """Marks `step` finished; returns `(wait_ns, delay_ns)`, or None if unknown."""

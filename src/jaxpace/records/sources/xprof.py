@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.executions import number_executions
 from jaxpace.records.sources.common import Loaded, make_records
 
 __all__ = [
@@ -723,10 +724,14 @@ def _first(items: list[str], n: int = 8) -> str:
     return "; ".join(items[:n]) + more
 
 
-def _keys(files: list[_File], proc_of: dict[int, int], shifts: dict) -> tuple[dict, dict]:
-    """Per site, each event as (join key, device, process, ts, dur), the key being
-    (run_id, occurrence) or (window, aligned occurrence); and per site the keys that
-    end some process's window (no compute or step time across them)."""
+def _keys(
+    files: list[_File], proc_of: dict[int, int], shifts: dict, exec_of: dict | None
+) -> tuple[dict, dict]:
+    """Per site, each event as (join key, device, process, ts, dur, execution), the key
+    being (execution, occurrence) or (window, aligned occurrence); and per site the keys
+    that end some process's window (no compute or step time across them). `exec_of`
+    (`_execution_map`) numbers each process's (module, run_id); without it the raw
+    run_id is the execution."""
     per_site: dict[str, list] = defaultdict(list)
     ends: dict[str, set] = defaultdict(set)
     window_of: dict[int, int] = defaultdict(int)
@@ -739,12 +744,14 @@ def _keys(files: list[_File], proc_of: dict[int, int], shifts: dict) -> tuple[di
         for dev, module, op, _kind, run, ts, dur in sorted(f.events, key=lambda e: e[5]):
             site = f"{module}/{op}"
             group = (dev, site, run if run is not None else w)
+            ex = None
             if run is not None:
-                key: tuple = (0, run, occ[group])
+                ex = exec_of[(p, module, run)] if exec_of is not None else run
+                key: tuple = (0, ex, occ[group])
             else:
                 key = (1, w, occ[group] + shifts.get((p, site, w), 0))
             occ[group] += 1
-            per_site[site].append((key, dev, p, ts, dur))
+            per_site[site].append((key, dev, p, ts, dur, ex))
             last[site] = max(last.get(site, key), key)
         for site, key in last.items():
             ends[site].add(key)
@@ -755,13 +762,16 @@ def _columns(per_site: dict, ends: dict) -> tuple[list[str], dict[str, list]]:
     """Sites (sorted) and the step columns; steps are numbered in key order, one
     number left out after each window's end so that no two windows look consecutive."""
     sites = sorted(per_site)
-    cols: dict[str, list] = {k: [] for k in ("site", "step", "device", "process", "ts", "dur")}
+    cols: dict[str, list] = {
+        k: [] for k in ("site", "step", "device", "process", "ts", "dur", "exec")
+    }
     for si, site in enumerate(sites):
         step_of, gap = {}, 0
         for j, key in enumerate(sorted({e[0] for e in per_site[site]})):
             step_of[key] = j + gap
             gap += key in ends[site]
-        for key, dev, proc, ts, dur in per_site[site]:
+        for key, dev, proc, ts, dur, ex in per_site[site]:
+            cols["exec"].append(ex)
             cols["site"].append(si)
             cols["step"].append(step_of[key])
             cols["device"].append(dev)
@@ -769,6 +779,31 @@ def _columns(per_site: dict, ends: dict) -> tuple[list[str], dict[str, list]]:
             cols["ts"].append(ts)
             cols["dur"].append(dur)
     return sites, cols
+
+
+def _execution_map(files: list[_File], proc_of: dict[int, int]) -> tuple[dict | None, str | None]:
+    """Each process's (module, run_id) numbered as executions 0, 1, ... in order
+    (`records.executions`: by value where the processes' run_ids agree, else the k-th
+    on one process is the k-th on every other); None (and why) when some event has no
+    run_id (GPU) or the run_ids repeat on a device."""
+    keys, device, ts = [], [], []
+    for i, f in enumerate(files):
+        for dev, module, _op, _kind, run, t, _dur in f.events:
+            if run is None or not isinstance(dev, int):
+                return None, None  # GPU NCCL kernels: no run_id
+            keys.append((proc_of[i], module, run))
+            device.append(dev)
+            ts.append(t)
+    if not keys:
+        return None, None
+    index: dict[tuple, int] = {}
+    ids = np.asarray([index.setdefault(k[1:], len(index)) for k in keys], np.int64)
+    process = np.asarray([k[0] for k in keys], np.int64)
+    arrive = np.rint(np.asarray(ts, np.float64) * 1000).astype(np.int64)
+    ex, note = number_executions(ids, process, np.asarray(device, np.int64), arrive)
+    if ex is None:
+        return None, note
+    return dict(zip(keys, ex.tolist(), strict=False)), note
 
 
 def load(path: Path, run: int | str | None = None) -> Loaded:
@@ -810,7 +845,10 @@ def _load_run(path: Path, files: list[_File], run_id: str) -> Loaded:
         )
     shifts, align_notes, unaligned = _align(files, proc_of)
     notes += align_notes
-    sites, cols = _columns(*_keys(files, proc_of, shifts))
+    exec_of, exec_note = _execution_map(files, proc_of)
+    if exec_note:
+        notes.append(exec_note)
+    sites, cols = _columns(*_keys(files, proc_of, shifts, exec_of))
     device = np.asarray(cols["device"], np.int64)
     devices = np.unique(device)
     ts_ns = np.rint(np.asarray(cols["ts"], float) * 1000).astype(np.int64)
@@ -825,6 +863,8 @@ def _load_run(path: Path, files: list[_File], run_id: str) -> Loaded:
         "done_ns": ts_ns + dur_ns,
         "wait_ns": dur_ns,
     }
+    if exec_of is not None:  # a step is one execution: the whole step folds by it
+        columns["execution"] = np.asarray(cols["exec"], np.int64)
     if not np.array_equal(devices, np.arange(devices.size)):
         shown = ", ".join(f"{r}={d}" for r, d in enumerate(devices[:16].tolist()))
         notes.append(

@@ -129,7 +129,9 @@ def whole_step(records: Records | SiteRecords) -> tuple[SiteData, list[str], boo
     With one site this is `site_data` of it. Raises `RecordsError` when no site has a
     step with records of two ranks."""
     run = by_site(records)
-    if len(run.sites) == 1 and not run.has_execution:
+    if len(run.sites) == 1 and (
+        not run.has_execution or run.executions().size == run.site_steps()[0].size
+    ):  # one site, once an execution: the site is the step
         return site_data(run.site(run.sites[0]), run.sites[0])
     gid_of, ranks, notes = _global_ranks(run)
     R = ranks.size
