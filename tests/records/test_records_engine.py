@@ -49,6 +49,28 @@ def test_the_engine_is_bounded_and_never_downloads():
     assert got["autoload_known_extensions"] == "false" and got["temp_directory"] == tmp
 
 
+def test_the_spill_is_capped_at_half_the_free_space_and_a_run_past_it_fails_clearly(tmp_path):
+    import shutil
+
+    from jaxpace.errors import RecordsError
+    from jaxpace.records.by_site import open_run
+
+    with Engine() as e:  # the default cap: half the spill directory's free space
+        cap = e.con.execute(
+            "SELECT value FROM duckdb_settings() WHERE name = 'max_temp_directory_size'"
+        ).fetchone()[0]
+        free = shutil.disk_usage(e.temp_directory).free
+    assert "90%" not in cap  # (DuckDB's own default: 90% of the disk's free space)
+    num, unit = cap.split()
+    got = float(num) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
+    assert 0.4 * free < got < 0.6 * free
+    # A run that needs more spill than its cap: a RecordsError that says where and how to
+    # fix it, never a full disk or a traceback from DuckDB.
+    synthetic_run(64, 2000, seed=0, ranks_per_process=8).write_parquet(tmp_path / "run")
+    with pytest.raises(RecordsError, match=r"capped at 2\.0 MiB: .*TMPDIR"):
+        open_run(tmp_path / "run", memory_limit="8MB", max_temp_bytes=2 << 20)
+
+
 def test_the_reduction_is_the_same_from_jsonl_and_parquet_and_agrees_with_the_report(tmp_path, run):
     run.write_jsonl(tmp_path / "js")
     run.write_parquet(tmp_path / "pq")
