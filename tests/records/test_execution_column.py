@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from jaxpace.errors import RecordsError
 from jaxpace.records.executions import number_executions
 from jaxpace.records.format import NO_EXECUTION, header_record, step_record, write_records
 from jaxpace.records.reader import load_records
@@ -98,5 +97,7 @@ def test_a_bad_execution_value_names_the_field(tmp_path):
     (tmp_path / "records-p0.jsonl").write_text("\n".join(lines) + "\n")
     # Read through the engine: the line is dropped, counted and located, never cast.
     recs = load_records(tmp_path)
-    assert any("records-p0.jsonl:2" in n and "`execution` must be an integer" in n for n in recs.notes)
+    assert any(
+        "records-p0.jsonl:2" in n and "`execution` must be an integer" in n for n in recs.notes
+    )
     assert len(recs) == len(lines) - 2

@@ -21,7 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxpace.records.reader import Records, load_records, run_files, run_meta
+from jaxpace.records.reader import (
+    Records,
+    foreign_ranks_note,
+    load_records,
+    run_files,
+    run_meta,
+)
 from jaxpace.records.run_checks import rank_bound
 from jaxpace.records.site_data import int_unique
 
@@ -238,15 +244,7 @@ class _OnDisk(SiteRecords):
         if not n:
             return self
         self._memo.clear()
-        proc, step, r = ex
-        files = [f for f in self.sources if Path(f).name.startswith(f"records-p{proc}.")]
-        where = files[0] if files else f"the records of process {proc}"
-        note = (
-            f"PARTIAL: dropped {n} step record(s) whose rank is outside the run's "
-            f"ranks 0-{bound - 1} (from the headers: {int(self.headers[0]['process_count'])} "
-            f"processes, granularity `{self.granularity}`), e.g. rank {r} at step {step} in "
-            f"{where}; a corrupt or foreign record, not compared."
-        )
+        note = foreign_ranks_note(self, n, bound, ex)
         self.rows -= n
         sites = tuple(s for s, k in zip(self.sites, self.counts(), strict=True) if k)
         self.meta = dataclasses.replace(self.meta, sites=sites)

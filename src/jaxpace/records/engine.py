@@ -211,7 +211,9 @@ class Engine:
             if temp_directory is None
             else os.fspath(temp_directory)
         )
-        self._cap_why = "" if max_temp_bytes is not None else " (half its free space when it opened)"
+        self._cap_why = (
+            "" if max_temp_bytes is not None else " (half its free space when it opened)"
+        )
         if max_temp_bytes is None:
             max_temp_bytes = shutil.disk_usage(self.temp_directory).free // 2
         self.con = duckdb.connect(

@@ -435,6 +435,20 @@ def _execution_column(columns: dict[str, np.ndarray], raw: np.ndarray) -> str | 
     return note
 
 
+def foreign_ranks_note(recs: Any, n: int, bound: int, example: tuple[int, int, int]) -> str:
+    """The note on `n` step records dropped for a rank outside `0..bound-1`; `example` is
+    one of them as (process, step, rank). `recs`: `Records` or `SiteRecords`."""
+    proc, step, r = example
+    files = [f for f in recs.sources if Path(f).name.startswith(f"records-p{proc}.")]
+    where = files[0] if files else f"the records of process {proc}"
+    return (
+        f"PARTIAL: dropped {n} step record(s) whose rank is outside the run's "
+        f"ranks 0-{bound - 1} (from the headers: {int(recs.headers[0]['process_count'])} "
+        f"processes, granularity `{recs.granularity}`), e.g. rank {r} at step {step} in "
+        f"{where}; a corrupt or foreign record, not compared."
+    )
+
+
 def without_foreign_ranks(recs: Records) -> Records:
     """`recs` without the step records whose rank is outside the run's ranks (as the
     headers give them: `run_checks.rank_bound`), marked partial with a note saying how many and
@@ -449,14 +463,7 @@ def without_foreign_ranks(recs: Records) -> Records:
         return recs
     i = int(np.flatnonzero(bad)[0])
     proc, step, r = int(columns["process"][i]), int(columns["step"][i]), int(rank[i])
-    files = [f for f in recs.sources if Path(f).name.startswith(f"records-p{proc}.")]
-    where = files[0] if files else f"the records of process {proc}"
-    note = (
-        f"PARTIAL: dropped {int(bad.sum())} step record(s) whose rank is outside the run's "
-        f"ranks 0-{bound - 1} (from the headers: {int(recs.headers[0]['process_count'])} "
-        f"processes, granularity `{recs.granularity}`), e.g. rank {r} at step {step} in "
-        f"{where}; a corrupt or foreign record, not compared."
-    )
+    note = foreign_ranks_note(recs, int(bad.sum()), bound, (proc, step, r))
     return dataclasses.replace(
         recs,
         columns={k: v[~bad] for k, v in columns.items()},
