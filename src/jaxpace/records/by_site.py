@@ -198,14 +198,13 @@ class _OnDisk(SiteRecords):
         self.engine = engine
         self._close = weakref.finalize(self, engine.close)
         self._memo: dict[str, Any] = {}  # the summaries, asked once
-        self._executions = 0  # numbered by `number_executions` (0: no usable ids)
 
     @property
     def has_execution(self) -> bool:
-        return self._executions > 0
+        return self.engine.executions_numbered > 0
 
     def executions(self) -> np.ndarray:
-        return np.arange(self._executions, dtype=np.int64)
+        return np.arange(self.engine.executions_numbered, dtype=np.int64)
 
     def _once(self, what: str) -> Any:
         if what not in self._memo:
@@ -289,9 +288,7 @@ def open_run(path: str | os.PathLike, **engine_kw: Any) -> SiteRecords:
     except BaseException:
         engine.close()
         raise
-    run = _OnDisk(engine, meta, loaded.sites, loaded.scan.rows)
-    run._executions = engine.executions_numbered
-    return run
+    return _OnDisk(engine, meta, loaded.sites, loaded.scan.rows)
 
 
 def by_site(source: Any) -> SiteRecords:

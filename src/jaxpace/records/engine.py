@@ -233,8 +233,7 @@ class Engine:
         self.con.execute("SET enable_progress_bar = false")
         self._path_of: dict[int, str] = {}  # `hash(path)` (the table's `file`) -> path
         self.largest_fetch = 0  # the most rows one `site_columns` call returned
-        self.has_execution_map = False  # `number_executions` made `exec_map`
-        self.executions_numbered = 0
+        self.executions_numbered = 0  # `number_executions` made `exec_map` when > 0
 
     def _spill_hint(self) -> str:
         cap = self.con.execute("SELECT current_setting('max_temp_directory_size')").fetchone()
@@ -493,7 +492,7 @@ class Engine:
     def site_columns(self, site: str) -> dict[str, np.ndarray]:
         """The rows of one site as NumPy columns (`STEP_COLUMNS`, and `execution` numbered
         0, 1, ... once `number_executions` has made the map)."""
-        if self.has_execution_map:
+        if self.executions_numbered:
             cols = self._arrays(
                 f"SELECT {', '.join('s.' + k for k in STEP_COLUMNS)}, m.ex AS execution "
                 "FROM steps s JOIN exec_map m USING (process, execution) WHERE s.site = $1",
@@ -512,16 +511,13 @@ class Engine:
         (how many rows carry an id; whether each rank's ids run in blocks; each process's
         ids by their first arrival); returns (the number of executions, 0 when the rows
         give none usable, and a note or None)."""
-        from jaxpace.records.executions import REUSED_NOTE, number_executions
+        from jaxpace.records.executions import REUSED_NOTE, number_executions, partial_note
 
         n, known = self.con.execute("SELECT count(*), count(execution) FROM steps").fetchone()
         if not known:
             return 0, None
         if known < n:
-            return 0, (
-                f"{n - known} of {n} step records have no `execution` id (the io_callback "
-                "probes do not know it); the whole step folds the sites by their step counts."
-            )
+            return 0, partial_note(n - known, n)
         blocks = self.con.execute(
             "SELECT count(*) FROM (SELECT execution, lag(execution) OVER (PARTITION BY "
             "process, rank ORDER BY arrive_ns) AS prev FROM steps) "
@@ -554,7 +550,6 @@ class Engine:
             self.con.execute("CREATE OR REPLACE TABLE exec_map AS SELECT * FROM exec_map_rows")
         finally:
             self.con.unregister("exec_map_rows")
-        self.has_execution_map = True
         self.executions_numbered = int(ex.max()) + 1 if ex.size else 0
         return self.executions_numbered, note
 

@@ -24,13 +24,21 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["REUSED_NOTE", "number_executions"]
+__all__ = ["REUSED_NOTE", "number_executions", "partial_note"]
 
 REUSED_NOTE = (
     "the records' execution ids repeat on a rank after other ids (an id reused, "
     "e.g. a single-device program's), so they do not say which execution a record "
     "ran in; the whole step folds the sites by their step counts instead."
 )
+
+
+def partial_note(missing: int, total: int) -> str:
+    """The note when `missing` of `total` step records have no execution id (not used)."""
+    return (
+        f"{missing} of {total} step records have no `execution` id (the io_callback "
+        "probes do not know it); the whole step folds the sites by their step counts."
+    )
 
 
 def number_executions(

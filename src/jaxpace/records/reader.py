@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.records.executions import number_executions
+from jaxpace.records.executions import number_executions, partial_note
 from jaxpace.records.format import (
     FORMAT_VERSION,
     INT_STEP_FIELDS,
@@ -424,11 +424,7 @@ def _execution_column(columns: dict[str, np.ndarray], raw: np.ndarray) -> str | 
     if not known.any():
         return None
     if not known.all():
-        return (
-            f"{int((~known).sum())} of {raw.size} step records have no `execution` id (the "
-            "io_callback probes do not know it); the whole step folds the sites by their "
-            "step counts."
-        )
+        return partial_note(int((~known).sum()), raw.size)
     ex, note = number_executions(raw, columns["process"], columns["rank"], columns["arrive_ns"])
     if ex is not None:
         columns["execution"] = ex

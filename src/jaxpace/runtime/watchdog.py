@@ -48,7 +48,14 @@ from jaxpace.runtime.bounded_kv import KV_TIMEOUT_S, BoundedKV
 from jaxpace.runtime.config import ON_STALL, WatchdogConfig
 from jaxpace.runtime.stall_peers import PeerAges, classify, secs
 
-__all__ = ["ON_STALL", "STALL_EXIT_CODE", "Watchdog", "WatchdogConfig", "stall_filename"]
+__all__ = [
+    "ON_STALL",
+    "STALL_EXIT_CODE",
+    "Watchdog",
+    "WatchdogConfig",
+    "exit_stalled",
+    "stall_filename",
+]
 
 log = logging.getLogger("jaxpace")
 
@@ -504,12 +511,7 @@ class Watchdog:
             _raise_in_main_thread(message)
         elif how == "exit":
             self._wait_for_peers(here)
-            try:
-                sys.stderr.flush()
-                sys.stdout.flush()
-            except Exception:  # noqa: BLE001
-                pass
-            os._exit(STALL_EXIT_CODE)
+            exit_stalled()
 
     def _wait_for_peers(self, here: list[int]) -> None:
         """Bounded: lets processes stalled at the same collective finish their report first."""
@@ -524,6 +526,17 @@ class Watchdog:
             if all(f"p{p}" in done for p in here):
                 return
             time.sleep(0.1)
+
+
+def exit_stalled() -> None:
+    """Ends this process at once with `STALL_EXIT_CODE` (`on_stall="exit"`, the watchdog's
+    and watch's alike), its stdout and stderr flushed first so the stall's lines are kept."""
+    try:
+        sys.stderr.flush()
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001
+        pass
+    os._exit(STALL_EXIT_CODE)
 
 
 def _raise_in_main_thread(message: str) -> bool:

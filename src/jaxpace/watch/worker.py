@@ -24,7 +24,7 @@ from typing import Any
 
 from jaxpace.records.safe_io import write_atomic
 from jaxpace.runtime import pauses
-from jaxpace.runtime.watchdog import STALL_EXIT_CODE
+from jaxpace.runtime.watchdog import exit_stalled
 from jaxpace.watch import decide as _decide
 from jaxpace.watch import exchange as _ex
 from jaxpace.watch import heartbeat, schedule, store, summary
@@ -483,12 +483,7 @@ class Worker:
         ]  # fmt: skip
         if how == "exit":
             self._call_sinks_bounded(lambda: self._call_sinks(sink_items))
-            try:
-                sys.stderr.flush()
-                sys.stdout.flush()
-            except Exception:  # noqa: BLE001
-                pass
-            os._exit(STALL_EXIT_CODE)
+            exit_stalled()
         self._call_sinks(sink_items)
 
     def _cut(self, s: dict, message: str) -> None:

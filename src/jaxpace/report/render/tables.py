@@ -276,16 +276,7 @@ def groups_text(groups: Sequence[Sequence[int]]) -> str:
 
 def _late_short(row: SiteRow) -> str:
     """`late_text` with each group's members as ranges (a few runs), not every rank."""
-    late = ", ".join(
-        f"rank {g.rank} by {format_ms(g.lead_s)} in ranks {ranges(sorted(g.group), limit=3)}"
-        for g in row.late
-    )
-    if row.slow_link is not None:
-        lw = row.slow_link
-        late = (late + "; " if late else "") + (
-            f"slow pair {lw.source}->{lw.destination}: waits {format_ms(lw.wait_s)}"
-        )
-    return late or "-"
+    return late_text(row, members=lambda g: f"ranks {ranges(sorted(g), limit=3)}")
 
 
 def site_notes(sites_table: Sequence[SiteRow]) -> list[str]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -254,9 +255,14 @@ def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteR
     return sorted(rows, key=lambda r: (math.isnan(r.order_s), r.order_s))
 
 
-def late_text(row: SiteRow) -> str:
-    """Who is late at `row`'s site: the latest rank of each group, then ppermute's slow pair."""
-    late = ", ".join(f"rank {g.rank} by {format_ms(g.lead_s)} in {list(g.group)}" for g in row.late)
+def late_text(
+    row: SiteRow, members: Callable[[Sequence[int]], str] = lambda g: str(list(g))
+) -> str:
+    """Who is late at `row`'s site: the latest rank of each group (its members as
+    `members` writes them; default every rank), then ppermute's slow pair."""
+    late = ", ".join(
+        f"rank {g.rank} by {format_ms(g.lead_s)} in {members(g.group)}" for g in row.late
+    )
     if row.slow_link is not None:
         lw = row.slow_link
         late = (late + "; " if late else "") + (
