@@ -118,7 +118,14 @@ def test_a_process_killed_mid_window_leaves_that_window_partial_and_jax_ends_the
     assert last["partial"] and last["mode"] == "unanalyzed", last
     assert last["notes"][0].startswith("window cut: process 0 was inside it when stall: "), last
     assert "process 2 (host" in last["notes"][0], last
-    # The windows before it were decided as usual: none cut, none partial (process 0's own
-    # summary of a closed window is made and taken from memory when the stall cuts).
+    # The windows before it were decided as usual: none cut, and process 0's own summary of
+    # each is there (made and taken from memory, also when the stall cuts). One may still be
+    # partial because a process's watch thread fell behind (a window every 10 calls of
+    # ~30 ms; the queue holds 4, then a window is dropped, never waited for: seen once in a
+    # fresh-clone CI run, window 8 of 10); the note then says so, and nothing else is missing.
     assert [v["window"] for v in verdicts[:-1]][-1] == 9, [v["window"] for v in verdicts]
-    assert not any(v["partial"] for v in verdicts[:-1]), verdicts
+    for v in verdicts[:-1]:
+        assert not any(n.startswith("window cut") for n in v["notes"]), v
+        assert not any("no summary of this window" in n for n in v["notes"]), v
+        if v["partial"]:
+            assert all("dropped while its watch thread was behind" in n for n in v["notes"]), v

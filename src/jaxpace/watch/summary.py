@@ -186,7 +186,8 @@ def _read_all(
         if p in lost:
             notes.append(
                 f"process {p}: its summary of this window was replaced by a later window's "
-                "before it was read (the decision runs behind the windows)"
+                "before it was read, or dropped while its watch thread was behind (the "
+                "analysis runs behind the windows and never holds a step)"
             )
             continue
         if not isinstance(s, Mapping) or s.get("window") != window:
