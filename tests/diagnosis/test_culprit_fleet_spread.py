@@ -79,16 +79,16 @@ def test_the_issues_healthy_fleet_names_nobody_end_to_end():
         assert rep.mode("persistent_straggler").evidence[0].startswith("slowest rank, within")
 
 
-def test_a_straggler_five_spreads_out_is_named():
+def test_a_straggler_six_spreads_out_is_named():
     rng = np.random.default_rng(7)
     hits = 0
     for _ in range(20):
         late = int(rng.integers(512))
-        lat, step = _fleet(512, 300, 0.01, rng, late=late, k=5.0)
+        lat, step = _fleet(512, 300, 0.01, rng, late=late, k=6.0)
         culprits = _culprit.decide(lat, step).culprits
         assert set(culprits) <= {late}  # never anybody else
         hits += culprits == (late,)
-    assert hits >= 17, hits  # the limit for 95% of runs at 512 ranks is ~5.0 spreads
+    assert hits >= 17, hits  # the line at 512 ranks is 5.3 spreads (lognormal-widened)
 
 
 def test_a_straggler_five_spreads_out_is_named_end_to_end():
@@ -121,24 +121,32 @@ def test_a_healthy_fleet_with_host_spread_names_no_host():
         assert rep.late_groups == () and rep.culprits == ()
 
 
-def test_readme_demo_small_job_still_names_the_late_rank():
-    # 4 processes, one persistently 20 ms late on ~150 ms steps: too few ranks for a spread;
-    # the small-job rule (later than the others by more than 10% of the step) names it.
+def test_small_job_names_a_straggler_worth_naming_and_calls_a_healthy_sized_lead_likely():
+    # 4 processes on ~150 ms steps. Too few ranks for a spread: the step rule names a rank
+    # later than the others by more than 24% of the step (a healthy fleet's devices differ
+    # by up to 1.2x, ../shared/SIMULATION.md). One 50 ms late (1.4x) is named ...
     for seed in range(5):
         recs = synthetic_records(
-            4, 100, compute_s=0.13, jitter_s=0.005, late_rank=2, late_s=0.02, seed=seed
+            4, 100, compute_s=0.13, jitter_s=0.005, late_rank=2, late_s=0.05, seed=seed
         )
         rep = analyze(recs)
         assert rep.culprits == (2,) and rep.fleet.rule == "small job"
         assert "small job" in rep.decisions[0]
-    # ... and a rank 2% late (within what healthy devices differ by) is not named.
+    # ... one 20 ms late (about 13% of the step, within what healthy devices differ by) is
+    # not named but `likely`, with its figure and the line ...
+    rep = analyze(
+        synthetic_records(4, 100, compute_s=0.13, jitter_s=0.005, late_rank=2, late_s=0.02)
+    )
+    assert rep.culprits == () and rep.likely is not None and rep.likely.rank == 2
+    assert "below the 24% of the step" in rep.likely.text
+    # ... and a rank 2% late is neither.
     recs = synthetic_records(4, 100, compute_s=0.13, jitter_s=0.001, late_rank=2, late_s=0.0026)
     assert analyze(recs).culprits == ()
 
 
 def test_fleet_threshold_grows_with_ranks_and_holds_the_level_on_normal_fleets():
     q = [_culprit.fleet_threshold(r) for r in (64, 512, 4096)]
-    assert q[1] < q[2] and all(4.5 < x < 5.2 for x in q)
+    assert q[1] < q[2] and all(5.0 < x < 6.0 for x in q)
     rng = np.random.default_rng(0)
     # 2000 healthy normal fleets of 64: at 0.001 the expected count of alarms is 2.
     alarms = sum(

@@ -326,7 +326,7 @@ def test_print_summary_mentions_culprit_and_partial():
     from rich.console import Console
 
     buf = StringIO()
-    recs = _synthetic(4, 40, late_rank=2, late_s=0.003).to_dicts()
+    recs = _synthetic(4, 40, late_rank=2, late_s=0.005).to_dicts()
     recs = [r for r in recs if r.get("process_index", r.get("process")) != 3]
     report.print_summary(report.analyze(recs), Console(file=buf, width=140))
     out = buf.getvalue()
@@ -473,7 +473,7 @@ def test_duplicate_process_and_duplicate_records(tmp_path):
 
 
 def test_missing_process_gives_partial_report(tmp_path):
-    paths = _write_run(tmp_path, late_rank=1, late_s=0.002)
+    paths = _write_run(tmp_path, late_rank=1, late_s=0.005)
     paths[3].unlink()
     rep = report.analyze(tmp_path)
     assert rep.partial and rep.num_ranks == 3
@@ -521,7 +521,7 @@ def _cli(argv):
 
 
 def test_cli_writes_default_outputs(tmp_path, capsys):
-    _write_run(tmp_path, late_rank=2, late_s=0.003)
+    _write_run(tmp_path, late_rank=2, late_s=0.005)
     out_json = tmp_path / "rep.json"
     assert _cli([str(tmp_path), "--json", str(out_json), "--warmup", "2"]) == 0
     out = capsys.readouterr().out

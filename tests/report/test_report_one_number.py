@@ -37,7 +37,7 @@ def _spiky(n_spikes: int, extra_ns: int = 100_000_000) -> list[dict]:
 def test_a_culprit_late_with_its_process_has_one_cost_everywhere():
     # Both devices of process 1 late (the demo's shape): the summary said "if rank 3 ran
     # like the median: 1.4% faster" above the process decision's 13.8%.
-    rep = analyze(synthetic_records(8, 60, late_rank=[2, 3], late_s=0.002, ranks_per_process=2))
+    rep = analyze(synthetic_records(8, 60, late_rank=[2, 3], late_s=0.004, ranks_per_process=2))
     assert rep.culprit_process == 1
     cost = next(w for w in rep.costs if w.target == "process 1")
     assert rep.what_if.target == "process 1"

@@ -312,7 +312,7 @@ def test_pipeline_equals_its_stages():
 def test_summary_rows_are_rendered_alike_in_terminal_and_html():
     from rich.console import Console
 
-    rep = analyze(synthetic_run(4, 60, late_rank=1, late_s=0.003))
+    rep = analyze(synthetic_run(4, 60, late_rank=1, late_s=0.005))
     rows = summary_rows(rep)
     buf = io.StringIO()
     print_summary(rep, Console(file=buf, width=200), verbose=True)  # every row

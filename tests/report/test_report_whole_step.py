@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import run_4x2
 
+from jaxpace.diagnosis.culprit import SMALL_JOB_STEP_FRACTION
 from jaxpace.records.sources.synthetic import write_inspector_logs
 from jaxpace.records.synthetic import synthetic_step_records
 from jaxpace.report import analyze
@@ -92,7 +93,7 @@ def test_a_rank_in_fewer_collectives_compares_on_the_same_scale():
 
 def test_a_small_job_one_process_always_last_is_likely_not_balanced():
     # 4 processes, an ~850 ms step, process 1 +15 ms (2% of the step), last every step:
-    # below the 10% a job of 4 names with confidence, so not the culprit, but `likely`.
+    # below the 24% a job of 4 names with confidence, so not the culprit, but `likely`.
     recs = synthetic_step_records(
         4, 60, 4, late_s={1: 0.015}, compute_s=0.85, jitter_s=0.002, seed=3
     )
@@ -102,8 +103,8 @@ def test_a_small_job_one_process_always_last_is_likely_not_balanced():
     assert lk is not None and lk.process == 1 and lk.kind == "process"
     assert lk.last_fraction >= 0.9
     assert lk.excess_lateness_s == pytest.approx(0.015, rel=0.3)
-    assert lk.threshold == pytest.approx(0.10)
-    assert "likely: process 1" in lk.text and "10% of the step" in lk.text
+    assert lk.threshold == pytest.approx(SMALL_JOB_STEP_FRACTION)
+    assert "likely: process 1" in lk.text and "24% of the step" in lk.text
     assert "balanced" not in lk.text.lower()
     assert rep.to_dict()["likely"]["process"] == 1
 

@@ -29,7 +29,7 @@ from jaxpace.records.reader import (
     run_meta,
 )
 from jaxpace.records.run_checks import rank_bound
-from jaxpace.records.site_data import int_unique
+from jaxpace.records.site_data import int_unique, unique_rows
 
 __all__ = ["SiteRecords", "by_site", "open_run"]
 
@@ -155,7 +155,7 @@ class _InMemory(SiteRecords):
     def rank_keys(self) -> np.ndarray:
         c = self.records.columns
         dev = c["device"] if "device" in c else np.full(c["rank"].size, -1, np.int64)
-        return np.unique(np.stack([c["rank"], c["process"], dev]).astype(np.int64), axis=1)
+        return unique_rows(c["rank"], c["process"], dev)
 
     def counts(self) -> np.ndarray:
         return np.bincount(self.records.columns["site"], minlength=len(self.sites))
@@ -165,9 +165,9 @@ class _InMemory(SiteRecords):
         out = {}
         for i in range(len(self.sites)):
             sel = c["site"] == i
-            pairs = np.unique(np.stack([c["step"][sel], c["rank"][sel]]), axis=1)
+            pairs = unique_rows(c["step"][sel], c["rank"][sel])
             steps, n = np.unique(pairs[0], return_counts=True)
-            out[i] = (steps, n, int(np.unique(pairs[1]).size))
+            out[i] = (steps, n, int(int_unique(pairs[1]).size))
         return out
 
     def first_arrivals(self, kept: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
