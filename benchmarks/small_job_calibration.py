@@ -5,9 +5,11 @@ count R = 4..15, the per-stage thresholds (each stage exceeds its threshold on
 a normal fleet with probability SMALL_JOB_MARGIN x ALPHA / stages), printed as the table to paste
 into `_culprit.py`; then, with the thresholds in the code, the family-wise
 false-alarm rate on fresh normal fleets (any member named by the statistical
-rule), and the step share beyond which a healthy fleet whose per-rank speed
-spread is 2% of the step puts any member past its others' median with
-probability ALPHA (the bound under `SMALL_JOB_STEP_FRACTION`), R = 2..15.
+rule), and the step share beyond which a healthy fleet at its widest
+(../shared/SIMULATION.md: per-rank speed lognormal with sigma `--spread`, default
+`HEALTHY_SIGMA` = 0.05, capped at 1.2x the median) puts any member past its others'
+median with probability ALPHA (the bound under `SMALL_JOB_STEP_FRACTION`), R = 2..15,
+for a normal and for that capped lognormal spread.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from jaxpace.diagnosis.culprit import (
     ALPHA,
     FLEET_MIN_MEMBERS,
+    HEALTHY_SIGMA,
     SMALL_JOB_MARGIN,
     calibrate_small_job,
     small_job_stages,
@@ -32,14 +35,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fleets", type=int, default=2_000_000)
     ap.add_argument("--check", type=int, default=1_000_000)
-    ap.add_argument("--spread", type=float, default=0.02)
+    ap.add_argument("--spread", type=float, default=HEALTHY_SIGMA)
     args = ap.parse_args()
     print("SMALL_JOB_THRESHOLDS = {")
     for R in range(4, FLEET_MIN_MEMBERS):
         q = calibrate_small_job(R, SMALL_JOB_MARGIN * ALPHA, args.fleets, seed=1)
         print(f"    {R}: ({', '.join(f'{v:.2f}' for v in q)}),", flush=True)
     print("}")
-    print("R, family-wise rate of the statistical rule, step share exceeded at rate ALPHA")
+    print(
+        "R, family-wise rate of the statistical rule, step share exceeded at rate ALPHA "
+        "(normal, lognormal capped at 1.2x)"
+    )
     for R in range(2, FLEET_MIN_MEMBERS):
         rng = np.random.default_rng([R, 7])
         x = rng.standard_normal((args.check, R))
@@ -50,7 +56,10 @@ def main() -> None:
             named = int((st > np.asarray(small_job_thresholds(R))).any(axis=1).sum())
         over = (x - median_of_others(x)).max(axis=1)
         share = float(np.quantile(over, 1.0 - ALPHA)) * args.spread
-        print(f"{R:3d} {named / args.check:.5f} {share:.4f}", flush=True)
+        speed = np.minimum(np.exp(args.spread * x), 1.2)
+        speed /= np.median(speed, axis=1, keepdims=True)
+        logn = float(np.quantile((speed - median_of_others(speed)).max(axis=1), 1.0 - ALPHA))
+        print(f"{R:3d} {named / args.check:.5f} {share:.4f} {logn:.4f}", flush=True)
 
 
 if __name__ == "__main__":

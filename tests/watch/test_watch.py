@@ -147,6 +147,21 @@ def test_stall_rule_excuses_an_announced_pause_within_its_bound():
     assert s["process"] == 1 and "beyond its max_s" in s["overrun"]
 
 
+def test_a_window_that_names_nobody_says_what_its_mode_means():
+    # A healthy window's mode alone read as a finding: "nobody named
+    # (synchronization_amplification)" on every window of a healthy job.
+    def line(mode):
+        return log_line(
+            WindowResult(window=1, first_step=10, last_step=14, mode=mode, windows_pooled=1)
+        )
+
+    assert line("synchronization_amplification") == (
+        "jaxpace watch: steps 10-14: nobody named; the last process changes from step to "
+        "step (synchronization_amplification)"
+    )
+    assert line("balanced") == "jaxpace watch: steps 10-14: nobody named; arrivals balanced"
+
+
 def test_log_line_and_verdict_of_a_likely_process():
     r = WindowResult(
         window=2, first_step=20, last_step=24, likely=3, mode="balanced", windows_pooled=2,
@@ -599,7 +614,7 @@ def test_watch_says_the_reports_likely_in_its_words():
     assert r.culprit_process is None and r.likely == 1
     assert r.likely_text.startswith("likely: process 1, last in")
     line = log_line(r)
-    assert "likely: process 1" in line and "10% of the step" in line
+    assert "likely: process 1" in line and "24% of the step" in line
     v = verdict(r, run="t", process_count=4)
     assert v["confidence"] == "likely" and v["likely_text"] == r.likely_text
 

@@ -119,9 +119,10 @@ HEALTHY_SIGMA = 0.05
 # of the median step. The largest rank's lead over the others' median in a healthy
 # fleet at HEALTHY_SIGMA reaches its 1 - ALPHA quantile at 23.1% of the step's compute
 # at 2 ranks, 22.5% at 3 and 21.4-22.3% from 4 to 15, normal or lognormal capped at
-# 1.2x (benchmarks/small_job_calibration.py); 0.24 holds ALPHA at every R from 2 to 15
-# with the per-step noise of a 20-step mean added. At a spread of 2% the line was 10%,
-# which healthy fleets at 5% crossed in 2.7% of 8-rank runs (the accuracy benchmark).
+# 1.2x (benchmarks/small_job_calibration.py); 0.24 leaves room for the per-step noise
+# in a short run's means (2% a step over 20 steps widens a 5% spread to 5.02%). Drawn
+# for a 2% spread the line was 10%, which healthy fleets up to 5% crossed in 2.7% of
+# 8-rank runs (the accuracy benchmark).
 SMALL_JOB_STEP_FRACTION = 0.24
 # The small-job test's per-stage thresholds at ALPHA, R = 4..15 members
 # (`python -m benchmarks.small_job_calibration`: 2,000,000 normal fleets per R,

@@ -210,10 +210,10 @@ class Likely:
       excess_lateness_s: its lateness over the median rank's, seconds a step.
       step_fraction: that over the median step time (NaN when unknown).
       threshold: what names with confidence at this size: for a small job the
-        share of the step (e.g. 0.10), else the fleet test's robust SDs.
+        share of the step (0.24), else the fleet test's robust SDs.
       threshold_unit: "of the step" or "robust SDs".
       text: the sentence, e.g. "likely: process 1, last in 100% of steps, +15 ms,
-        2% of the step; below the 10% of the step this job's size names with
+        2% of the step; below the 24% of the step this job's size names with
         confidence" (or, where the size's test passed, the noise floor or the short
         run's consistency that held it back).
     """

@@ -280,7 +280,26 @@ def log_line(r: WindowResult) -> str:
             f"{head}nobody named{pooled}; likely process {r.likely}: last in every step of "
             f"this window, late by {late}, not yet significant{partial}"
         )
-    return f"{head}nobody named ({r.mode}){pooled}{partial}"
+    return f"{head}nobody named{pooled}{_mode_words(r.mode)}{partial}"
+
+
+# What the window's failure mode says when nobody is named: the mode's name alone read as a
+# finding ("nobody named (synchronization_amplification)" on every healthy window).
+_MODE_WORDS = {
+    "synchronization_amplification": "the last process changes from step to step",
+    "topology_contention": "transfers, not arrivals, vary",
+    "locality": "a group of ranks is later than the rest, below the line",
+    "persistent_straggler": "one rank is later than the rest, below the line",
+    "balanced": "arrivals balanced",
+}
+
+
+def _mode_words(mode: str) -> str:
+    """`; <what the mode means> (<mode>)`, or nothing without a mode."""
+    if not mode:
+        return ""
+    words = _MODE_WORDS.get(mode)
+    return f"; {words} ({mode})" if words and mode != "balanced" else f"; {words or mode}"
 
 
 def verdict(r: WindowResult, *, run: str, process_count: int) -> dict[str, Any]:
