@@ -357,7 +357,9 @@ def test_shifted_windows_without_run_id_are_aligned_or_name_nobody(tmp_path):
 def test_two_runs_in_one_folder_are_two_runs_chosen_with_run(tmp_path):
     # A rerun into the same folder (`start_trace(f"traces/p{i}")` twice) repeats the
     # XLA:CPU run_ids exactly: it was refused as "120 duplicate records".
-    write_xprof_traces(tmp_path, 2, 2, 30, late_ranks=[3], session="2026_01_01_00_00_00")
+    write_xprof_traces(
+        tmp_path, 2, 2, 30, late_ranks=[3], late_us=6000.0, session="2026_01_01_00_00_00"
+    )
     write_xprof_traces(tmp_path, 2, 2, 30, seed=5, session="2026_01_01_00_05_00")
     with pytest.raises(RecordsError, match=r"holds 2 runs.*--run N"):
         analyze(tmp_path)
@@ -408,7 +410,7 @@ def _with(path, pattern, repl, count=1):
 def test_non_finite_and_huge_numbers_are_dropped_and_counted(tmp_path):
     # `"dur": Infinity` passed the NaN check and became INT64_MIN (a NumPy warning):
     # a rank "263,524,915 s late", no note.
-    paths = write_xprof_traces(tmp_path, 2, 2, 30, late_ranks=[3], seed=3)
+    paths = write_xprof_traces(tmp_path, 2, 2, 30, late_ranks=[3], late_us=6000.0, seed=3)
     _with(paths[0], r'"dur":[0-9.]+(,"name":"all-reduce")', r'"dur":Infinity\1')
     # An integer past Python's 4300 digits raised a ValueError traceback.
     _with(paths[0], r'"dur":[0-9.]+(,"name":"all-reduce")', r'"dur":' + "9" * 5000 + r"\1")
