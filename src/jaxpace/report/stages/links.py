@@ -42,6 +42,7 @@ __all__ = [
     "GroupLate",
     "LinkWait",
     "SiteRow",
+    "SiteTable",
     "format_site_table",
     "group_columns",
     "late_text",
@@ -212,12 +213,57 @@ def _min_lead(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
     return max(MIN_LEAD_S, REL_LEAD * period) if math.isfinite(period) else MIN_LEAD_S
 
 
+class SiteTable:
+    """`site_table` built a site at a time: `add` each site's rows as they are read (the
+    whole step's pass over the sites, `stages.whole.whole_step(visit=...)`), then `rows`
+    reads the sites not added, so a run is read once for both."""
+
+    def __init__(self, recs: Records | SiteRecords, warmup_steps: int = 5) -> None:
+        self.run = by_site(recs)
+        self.warmup_steps = warmup_steps
+        self.info = site_info(self.run)
+        self.step_order = _StepOrder(self.run, warmup_steps)
+        self.done: dict[str, SiteRow] = {}
+
+    def add(self, name: str, one: Records) -> None:
+        """Site `name`'s row from its records `one` (`SiteRecords.site(name)`)."""
+        steps, ranks, wait, arrive, proc = _grid(one, 0, self.warmup_steps)
+        mean = float(np.median(wait.mean(axis=1))) if wait.size else math.nan
+        meta = self.info.get(name, {})
+        groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])
+        links, slow = _links(wait, ranks, meta.get("pairs"))
+        self.done[name] = SiteRow(
+            site=name,
+            kind=meta.get("kind"),
+            groups=groups,
+            steps=int(steps.size),
+            wait_s=mean,
+            share=math.nan,
+            order_s=self.step_order.order((steps, ranks, wait, arrive, proc)),
+            late=_late_in_groups(wait, ranks, groups, _min_lead(steps, arrive)),
+            links=tuple(links),
+            slow_link=slow,
+        )
+
+    def rows(self) -> list[SiteRow]:
+        """Every site's row (the sites not added read now), in step order."""
+        for name in self.run.sites:
+            if name not in self.done:
+                self.add(name, self.run.site(name))
+        rows = [self.done[name] for name in self.run.sites]
+        total = float(np.nansum([r.wait_s for r in rows]))
+        rows = [
+            dataclasses.replace(r, share=r.wait_s / total if total > 0 else math.nan) for r in rows
+        ]
+        return sorted(rows, key=lambda r: (math.isnan(r.order_s), r.order_s))
+
+
 def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteRow]:
     """One `SiteRow` per site of `recs`, in step order (see the module docstring).
 
     Vectorized over steps, ranks and groups (a few array passes per site), so it scales
     with the records, not with a Python loop over them; the sites are read one at a time
-    (`records.by_site`), once each.
+    (`records.by_site`), once each (`SiteTable`: also while the whole step reads them).
 
     Args:
       recs: the run's records (`jaxpace.report.load_records`), or `SiteRecords`.
@@ -226,33 +272,7 @@ def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteR
     Returns:
       The rows, earliest site in the step first.
     """
-    run = by_site(recs)
-    info = site_info(run)
-    rows = []
-    step_order = _StepOrder(run, warmup_steps)
-    for name in run.sites:
-        steps, ranks, wait, arrive, proc = _grid(run.site(name), 0, warmup_steps)
-        mean = float(np.median(wait.mean(axis=1))) if wait.size else math.nan
-        meta = info.get(name, {})
-        groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])
-        links, slow = _links(wait, ranks, meta.get("pairs"))
-        rows.append(
-            SiteRow(
-                site=name,
-                kind=meta.get("kind"),
-                groups=groups,
-                steps=int(steps.size),
-                wait_s=mean,
-                share=math.nan,
-                order_s=step_order.order((steps, ranks, wait, arrive, proc)),
-                late=_late_in_groups(wait, ranks, groups, _min_lead(steps, arrive)),
-                links=tuple(links),
-                slow_link=slow,
-            )
-        )
-    total = float(np.nansum([r.wait_s for r in rows]))
-    rows = [dataclasses.replace(r, share=r.wait_s / total if total > 0 else math.nan) for r in rows]
-    return sorted(rows, key=lambda r: (math.isnan(r.order_s), r.order_s))
+    return SiteTable(recs, warmup_steps).rows()
 
 
 def late_text(

@@ -29,6 +29,7 @@ that overlap each other count once).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -123,11 +124,15 @@ def _by_column(
     return out, notes
 
 
-def whole_step(records: Records | SiteRecords) -> tuple[SiteData, list[str], bool]:
+def whole_step(
+    records: Records | SiteRecords, visit: Callable[[str, Records], None] | None = None
+) -> tuple[SiteData, list[str], bool]:
     """The whole step's (execution x rank) `SiteData`; returns (data, notes, partial).
 
     With one site this is `site_data` of it. Raises `RecordsError` when no site has a
-    step with records of two ranks."""
+    step with records of two ranks. `visit(site, rows)`, when given, is called with each
+    site's rows as they are read (the sites table's `stages.links.SiteTable.add`: the
+    run read once for both)."""
     run = by_site(records)
     if len(run.sites) == 1 and (
         not run.has_execution or run.executions().size == run.site_steps()[0].size
@@ -140,7 +145,7 @@ def whole_step(records: Records | SiteRecords) -> tuple[SiteData, list[str], boo
     E = max(int(e[-1]) + 1 for e in exec_of.values() if e.size)
     a = _Sums.zeros(E, R)
     span = _Span(E, R)
-    used, partial = _add_sites(run, exec_of, (gid_of, ranks), a, span, notes)
+    used, partial = _add_sites(run, exec_of, (gid_of, ranks), a, span, notes, visit)
     if not used:
         raise RecordsError(
             "no site has a step with records of two or more ranks; nothing to compare."
@@ -228,14 +233,17 @@ class _Sums:
                    np.full(R, -1, np.int64), ["?"] * R)  # fmt: skip
 
 
-def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes: list[str]):
+def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes: list[str],
+               visit=None):  # fmt: skip
     """Reads the sites one at a time: each one's arrivals and exits into `span`, and each
-    one that is evidence into `a`; returns (sites used, partial)."""
+    one that is evidence into `a` (and every one to `visit`); returns (sites used, partial)."""
     gid_of, ranks = rank_map
     partial, used = False, 0
     per_site = run.site_steps()
     for si, site in enumerate(run.sites):
         one = run.site(site)
+        if visit is not None:
+            visit(site, one)
         c = one.columns
         gid = gid_of(c)
         if si in exec_of:
