@@ -241,6 +241,10 @@ class Engine:
         # `_kept` the conditions a row of it must meet (a step, a rank within the run).
         self.in_place = False
         self._kept: list[str] = []
+        # In place: the sites the row groups' statistics name (each row group one site's),
+        # so the distinct sites need no scan; None when some row is dropped (`_kept`).
+        self._sites_of_row_groups: set[str] | None = None
+        self._rank_keys: np.ndarray | None = None  # `rank_keys`, asked once
 
     def _spill_hint(self) -> str:
         cap = self.con.execute("SELECT current_setting('max_temp_directory_size')").fetchone()
@@ -287,7 +291,8 @@ class Engine:
         from jaxpace.records.parquet_reader import is_parquet
 
         parquet = [f for f in files if is_parquet(f)]
-        jsonl = [f for f in files if f not in set(parquet)]
+        in_parquet = set(parquet)
+        jsonl = [f for f in files if f not in in_parquet]
         headers: list[tuple[dict[str, Any], str]] = []
         drops = Drops()
         skipped: list[str] = []
@@ -296,9 +301,7 @@ class Engine:
         if jsonl:
             self._load_jsonl(jsonl, headers, drops)
         rows = self.con.execute("SELECT count(*) FROM steps").fetchone()[0]
-        sites = tuple(
-            sorted(r[0] for r in self.con.execute("SELECT DISTINCT site FROM steps").fetchall())
-        )
+        sites = tuple(sorted(self._sites_of_row_groups or self._distinct_sites()))
         scan = Scan(tuple(map(str, files)), int(rows), drops, tuple(skipped))
         return Loaded(tuple(headers), sites, scan)
 
@@ -309,14 +312,15 @@ class Engine:
         copy and no sort) when they are the whole run (`alone`) and each row group holds
         one site's rows (`records.format.write_parquet`'s layout), so a query for one site
         reads that site's row groups alone."""
-        good, names, grouped = [], set(), True
+        good, names, grouped, sites = [], set(), True, set()
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
                 headers.append((head[0], f"{f}:header"))
                 good.append(str(f))
                 names |= head[1]
-                grouped &= head[2]
+                grouped &= head[2] is not None
+                sites |= head[2] or set()
         if not good:
             return
         import duckdb
@@ -328,6 +332,7 @@ class Engine:
                 self.con.execute(f"CREATE VIEW steps_raw AS {select}")
                 self.in_place = True
                 self._kept = []  # (`_drop_parquet_rows` adds `kind = STEP` if any is not)
+                self._sites_of_row_groups = sites
                 self._define_view()
             else:
                 self.con.execute(f"INSERT INTO steps {select}")
@@ -343,9 +348,15 @@ class Engine:
             ) from None
         self._drop_parquet_rows(drops)
 
+    def _distinct_sites(self) -> list[str]:
+        return [r[0] for r in self.con.execute("SELECT DISTINCT site FROM steps").fetchall()]
+
     def _define_view(self) -> None:
         """(Re)defines the view `steps`: the rows of `steps_raw` that meet `_kept`."""
         where = " AND ".join(f"({c})" for c in self._kept)
+        if where:  # (a row dropped: its site may be gone)
+            self._sites_of_row_groups = None
+        self._rank_keys = None
         self.con.execute(
             "CREATE OR REPLACE VIEW steps AS SELECT * FROM steps_raw"
             + (f" WHERE {where}" if where else "")
@@ -357,6 +368,7 @@ class Engine:
             self.con.execute("DROP VIEW steps")
             self.con.execute("DROP VIEW steps_raw")
             self.in_place, self._kept = False, []
+        self._sites_of_row_groups = self._rank_keys = None
         self.con.execute(_TABLE_SQL)
 
     def _drop_parquet_rows(self, drops: Drops) -> None:
@@ -603,26 +615,32 @@ class Engine:
         return {k: v[order] for k, v in cols.items()}, order
 
     def rank_keys(self) -> np.ndarray:
-        """The distinct (rank, process, device) triples, (3, K) int64."""
-        got = self._arrays("SELECT DISTINCT rank, process, device FROM steps")
-        return (
-            np.stack([got["rank"], got["process"], got["device"]]).astype(np.int64).reshape(3, -1)
-        )
+        """The distinct (rank, process, device) triples, (3, K) int64 (asked once, until
+        rows are dropped)."""
+        if self._rank_keys is None:
+            got = self._arrays("SELECT DISTINCT rank, process, device FROM steps")
+            self._rank_keys = (
+                np.stack([got["rank"], got["process"], got["device"]])
+                .astype(np.int64)
+                .reshape(3, -1)
+            )
+        return self._rank_keys
 
     def step_ranks(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
         """Per site: its distinct steps (sorted), the distinct ranks at each, its distinct
         ranks in all."""
         # (Rows, not distinct ranks, at each step: a duplicate record, which the report's
         # per-site analysis refuses, counts twice here; count(DISTINCT) is 10x slower.)
-        got = self._arrays(
-            "SELECT site, step, count(*) AS n FROM steps GROUP BY site, step ORDER BY site, step"
+        # One scan for both: per (site, step) its rows, and per (site, rank) a row.
+        both = self._arrays(
+            "SELECT site, coalesce(step, 0) AS step, count(*) AS n, grouping(step) AS by_rank "
+            "FROM steps GROUP BY GROUPING SETS ((site, step), (site, rank)) "
+            "ORDER BY by_rank, site, step"
         )
-        ranks = dict(
-            self.con.execute(
-                "SELECT site, count(*) FROM (SELECT site, rank FROM steps GROUP BY site, rank) "
-                "GROUP BY site"
-            ).fetchall()
-        )
+        by_rank = both["by_rank"].astype(bool)
+        got = {k: v[~by_rank] for k, v in both.items()}
+        names, n_ranks = np.unique(both["site"][by_rank].astype(str), return_counts=True)
+        ranks = dict(zip(names.tolist(), n_ranks.tolist(), strict=True))
         out = {}
         site = got["site"]
         if site.size:
@@ -660,7 +678,8 @@ class Engine:
         return dict(self.con.execute("SELECT site, count(*) FROM steps GROUP BY site").fetchall())
 
     def processes(self) -> np.ndarray:
-        return self._arrays("SELECT DISTINCT process FROM steps ORDER BY process")["process"]
+        """The distinct processes, sorted (from `rank_keys`: one scan for both)."""
+        return np.unique(self.rank_keys()[1])
 
     def drop_ranks_outside(self, bound: int) -> tuple[int, tuple[int, int, int] | None]:
         """Deletes the rows whose rank is outside [0, bound); returns how many and one
@@ -673,6 +692,7 @@ class Engine:
             f"SELECT file, process, step, rank FROM steps WHERE {cond} LIMIT 10000"
         ).fetchall()
         ex = min(some, key=lambda r: (self._path_of.get(int(r[0]), ""), r[2], r[3]))
+        self._rank_keys = None
         if self.in_place:
             self._kept.append(f"NOT ({cond})")
             self._define_view()
@@ -846,24 +866,29 @@ def _parquet_select_sql(files: list[str], names: set[str]) -> str:
     )
 
 
-def _one_site_per_row_group(meta: Any, schema: Any) -> bool:
-    """Whether every row group of a Parquet file holds one site's rows (its `site`
-    statistics' min equal to its max), as `records.format.write_parquet` writes them."""
+def _one_site_per_row_group(meta: Any) -> set[str] | None:
+    """The sites of a Parquet file's row groups when each holds one site's rows (its
+    `site` statistics' min equal to its max, no null), as `records.format.write_parquet`
+    writes them; else None."""
     try:
         col = meta.schema.names.index("site")
     except ValueError:
-        return False
+        return None
+    sites = set()
     for i in range(meta.num_row_groups):
         stats = meta.row_group(i).column(col).statistics
-        if stats is None or not stats.has_min_max or stats.min != stats.max:
-            return False
-    return True
+        if stats is None or not stats.has_min_max or stats.min != stats.max or stats.null_count:
+            return None
+        sites.add(stats.min)
+    return sites
 
 
-def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], set[str], bool] | None:
-    """`(header, its column names, whether each row group holds one site)` of a
-    Parquet records file, its columns' types checked; None (and a note in `skipped`) for
-    a file without its footer."""
+def _parquet_header(
+    path: Path, skipped: list[str]
+) -> tuple[dict[str, Any], set[str], set[str] | None] | None:
+    """`(header, its column names, its sites if each row group holds one site's rows)` of
+    a Parquet records file, its columns' types checked; None (and a note in `skipped`)
+    for a file without its footer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -873,7 +898,7 @@ def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], set
         try:
             pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
-            grouped = _one_site_per_row_group(pf.metadata, schema)
+            grouped = _one_site_per_row_group(pf.metadata)
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
