@@ -57,13 +57,15 @@ MIN_LEAD_S = 1e-3
 REL_LEAD = 0.02  # of the site's median step period: below it a lead is the fleet's own spread
 
 
-def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
+def _grid(recs: Records, k: int, warmup_steps: int, placed=None) -> tuple[np.ndarray, ...]:
     """`(steps, ranks, wait[S, R], arrive_ns[S, R], process[S, R])` of site `k`: its steps
     with two or more ranks after the first `warmup_steps` (at most a quarter of them).
 
     As in the site's own analysis (`stages.site_data`), a rank missing from a step is
     neither late nor early there: its wait is the step's median over the ranks present;
-    its arrival is NaN and its process -1 (left out of the step order)."""
+    its arrival is NaN and its process -1 (left out of the step order). `placed`: the
+    site's (step x rank) grid as its own analysis placed `recs` (`site_data_grid`'s, of
+    records of this site alone), not placed again."""
     c = recs.columns
     sel = c["site"] == k
     c = (
@@ -71,14 +73,17 @@ def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
         if sel.all()
         else {x: c[x][sel] for x in ("step", "rank", "wait_ns", "arrive_ns", "process")}
     )
-    steps, ranks = int_unique(c["step"]), int_unique(c["rank"])
+    if placed is not None:
+        steps, ranks, flat = placed.steps_all, placed.ranks, placed.flat
+    else:
+        steps, ranks = int_unique(c["step"]), int_unique(c["rank"])
+        flat = index_in(steps, c["step"]) * ranks.size + index_in(ranks, c["rank"])
     wait = np.full((steps.size, ranks.size), np.nan)
     arrive = np.full((steps.size, ranks.size), np.nan)
     proc = np.full((steps.size, ranks.size), -1, np.int64)
-    si, ri = index_in(steps, c["step"]), index_in(ranks, c["rank"])
-    wait[si, ri] = c["wait_ns"] / 1e9
-    arrive[si, ri] = c["arrive_ns"]
-    proc[si, ri] = c["process"]
+    wait.reshape(-1)[flat] = c["wait_ns"] / 1e9
+    arrive.reshape(-1)[flat] = c["arrive_ns"]
+    proc.reshape(-1)[flat] = c["process"]
     missing = np.isnan(wait)
     keep = (~missing).sum(axis=1) >= min(2, ranks.size)
     keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
@@ -225,9 +230,10 @@ class SiteTable:
         self.step_order = _StepOrder(self.run, warmup_steps)
         self.done: dict[str, SiteRow] = {}
 
-    def add(self, name: str, one: Records) -> None:
-        """Site `name`'s row from its records `one` (`SiteRecords.site(name)`)."""
-        steps, ranks, wait, arrive, proc = _grid(one, 0, self.warmup_steps)
+    def add(self, name: str, one: Records, placed=None) -> None:
+        """Site `name`'s row from its records `one` (`SiteRecords.site(name)`); `placed`:
+        where they sit in the site's grid, when its analysis placed them (`_grid`)."""
+        steps, ranks, wait, arrive, proc = _grid(one, 0, self.warmup_steps, placed)
         mean = float(np.median(wait.mean(axis=1))) if wait.size else math.nan
         meta = self.info.get(name, {})
         groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from jaxpace.errors import RecordsError
 from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
-from jaxpace.records.site_data import fill_missing, index_in, site_data, site_grid
+from jaxpace.records.site_data import fill_missing, index_in, site_data, site_data_grid
 from jaxpace.report.model import SiteData
 from jaxpace.report.stages.context import run_context
 
@@ -125,14 +126,15 @@ def _by_column(
 
 
 def whole_step(
-    records: Records | SiteRecords, visit: Callable[[str, Records], None] | None = None
+    records: Records | SiteRecords, visit: Callable[[str, Records, Any], None] | None = None
 ) -> tuple[SiteData, list[str], bool]:
     """The whole step's (execution x rank) `SiteData`; returns (data, notes, partial).
 
     With one site this is `site_data` of it. Raises `RecordsError` when no site has a
-    step with records of two ranks. `visit(site, rows)`, when given, is called with each
-    site's rows as they are read (the sites table's `stages.links.SiteTable.add`: the
-    run read once for both)."""
+    step with records of two ranks. `visit(site, rows, grid)`, when given, is called with
+    each site's rows as they are read, and where they sit in its (step x rank) grid (None
+    when the site cannot be analyzed): the sites table's `stages.links.SiteTable.add`,
+    so the run is read, and each site placed, once for both."""
     run = by_site(records)
     if len(run.sites) == 1 and (
         not run.has_execution or run.executions().size == run.site_steps()[0].size
@@ -242,17 +244,19 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
     per_site = run.site_steps()
     for si, site in enumerate(run.sites):
         one = run.site(site)
-        if visit is not None:
-            visit(site, one)
         c = one.columns
         gid = gid_of(c)
         if si in exec_of:
             span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
         try:
-            d, site_notes, p = site_data(one, site)
+            d, site_notes, p, g = site_data_grid(one, site)
         except RecordsError as e:
             notes.append(f"`{site}` left out of the whole step: {e}")
+            if visit is not None:
+                visit(site, one, None)
             continue
+        if visit is not None:
+            visit(site, one, g)
         ctx = run_context(one, site, d)
         if ctx.invariant_over is not None or ctx.no_culprit is not None:
             why = ctx.no_culprit or f"its operand was already invariant over `{ctx.invariant_over}`"
@@ -263,7 +267,6 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
         used += 1
         partial |= p
         notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
-        g = site_grid(one, site, [])
         e = exec_of[si][index_in(per_site[si], d.steps)]
         local, first = np.unique(c["rank"], return_index=True)
         cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
