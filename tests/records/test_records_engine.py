@@ -266,3 +266,19 @@ def test_a_bad_row_read_in_place_is_dropped_and_noted_as_from_the_table(tmp_path
     assert got["native"] == got["older"]
     assert any("negative" in n for n in got["native"]), got["native"]
     assert any("outside the run's ranks" in n for n in got["native"]), got["native"]
+
+
+def test_a_process_file_without_steps_keeps_the_run_read_in_place(tmp_path):
+    """A process that recorded no step writes a file of one empty row group: the rest of
+    the run is still read in place."""
+    from jaxpace.records.by_site import open_run
+    from jaxpace.records.format import records_filename, write_parquet
+
+    run = _multi_site_run()
+    run.write_parquet(tmp_path / "run")
+    [head] = [h for h in run.headers if h["process_index"] == 3]
+    empty = {k: np.zeros(0, v.dtype) for k, v in run.columns.items()}
+    write_parquet(tmp_path / "run" / records_filename(3), head, empty, [])
+    with open_run(tmp_path / "run") as recs:
+        assert recs.engine.in_place
+        assert len(recs) == int((run.columns["process"] != 3).sum())

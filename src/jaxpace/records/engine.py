@@ -876,6 +876,8 @@ def _one_site_per_row_group(meta: Any) -> set[str] | None:
         return None
     sites = set()
     for i in range(meta.num_row_groups):
+        if meta.row_group(i).num_rows == 0:  # (a process that recorded no step)
+            continue
         stats = meta.row_group(i).column(col).statistics
         if stats is None or not stats.has_min_max or stats.min != stats.max or stats.null_count:
             return None

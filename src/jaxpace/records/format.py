@@ -269,7 +269,17 @@ def write_parquet(
     buf = pa.BufferOutputStream()
     if np.any(site_idx[1:] < site_idx[:-1]):  # (rows not yet grouped by site)
         table = table.take(pa.array(_site_order(site_idx)))
-    with pq.ParquetWriter(buf, table.schema, compression="zstd") as writer:
+    # Integers delta-encoded (timestamps and steps advance by small steps within a site):
+    # 9.6 bytes a row where the default dictionary encoding took 21.5 at one site to a row
+    # group (8 ranks x 32 sites x 4096 steps of export rows), and faster to write.
+    ints = [k for k in (*INT_STEP_FIELDS, "device", "execution") if k in arrays]
+    with pq.ParquetWriter(
+        buf,
+        table.schema,
+        compression="zstd",
+        use_dictionary=["site"],
+        column_encoding=dict.fromkeys(ints, "DELTA_BINARY_PACKED"),
+    ) as writer:
         for start, stop in site_row_groups(site_idx):
             writer.write_table(
                 table.slice(start, stop - start), row_group_size=max(stop - start, 1)
