@@ -184,3 +184,27 @@ def test_a_cut_file_and_a_cut_line_among_many_files(tmp_path):
     assert f"{cut}:{len(_lines(cut))}: last line is cut short" in notes
     assert f"{mid}:11: not JSON" in notes
     assert analyze(tmp_path).culprit == 7
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_the_report_reads_each_site_once(tmp_path, fmt, monkeypatch):
+    """The whole step and the sites table take what they need from one pass over the
+    sites (`stages.links.SiteTable`): each site's rows are asked for once per report."""
+    asked: list[str] = []
+    site = _by_site.SiteRecords.site
+
+    def counted(self, name):
+        asked.append(name)
+        return site(self, name)
+
+    monkeypatch.setattr(_by_site.SiteRecords, "site", counted)
+    run = _multi_site(16, 30, 4)
+    getattr(run, f"write_{fmt}")(tmp_path / "run")
+    rep = analyze(tmp_path / "run")
+    assert rep.culprit == 5 and len(rep.sites_table) == 4
+    assert sorted(asked) == sorted(run.sites)
+    # `site=` narrows the step to one site; the sites table still reads every site once,
+    # and the one site once more (its own analysis).
+    asked.clear()
+    analyze(tmp_path / "run", site=run.sites[1])
+    assert sorted(asked) == sorted([*run.sites, run.sites[1]])

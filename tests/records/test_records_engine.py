@@ -8,6 +8,8 @@ with the report's own arrays and is the same from JSONL and from Parquet.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 
 import numpy as np
 import pytest
@@ -66,7 +68,12 @@ def test_the_spill_is_capped_at_half_the_free_space_and_a_run_past_it_fails_clea
     assert 0.4 * free < got < 0.6 * free
     # A run that needs more spill than its cap: a RecordsError that says where and how to
     # fix it, never a full disk or a traceback from DuckDB.
-    synthetic_run(64, 2000, seed=0, ranks_per_process=8).write_parquet(tmp_path / "run")
+    # (Files of an older layout, two sites in one row group: read into the engine's table,
+    # which spills; a run laid out one site to a row group is read in place, no spill.)
+    run = synthetic_run(64, 2000, seed=0, ranks_per_process=8)
+    two = {**run.columns, "site": run.columns["step"] % 2}
+    dataclasses.replace(run, sites=("a", "b"), columns=two).write_parquet(tmp_path / "run")
+    one_row_group_each(tmp_path / "run")
     with pytest.raises(RecordsError, match=r"capped at 2\.0 MiB: .*TMPDIR"):
         open_run(tmp_path / "run", memory_limit="8MB", max_temp_bytes=2 << 20)
 
@@ -154,3 +161,124 @@ def test_a_partial_run_converts_and_keeps_its_loss(tmp_path, run):
     rep = analyze(tmp_path / "pq")
     assert rep.culprit == 9 and rep.partial
     assert any("(step, rank) records" in n for n in rep.notes)
+
+
+def one_row_group_each(run_dir):
+    """Rewrites each Parquet file of `run_dir` as jaxpace wrote them before site row groups:
+    every site's rows in one row group (its header metadata kept)."""
+    import pyarrow.parquet as pq
+
+    for f in sorted(run_dir.glob("*.parquet")):
+        table = pq.read_table(f)
+        pq.write_table(table, f, compression="zstd", row_group_size=1 << 20)
+        assert pq.ParquetFile(f).metadata.num_row_groups == 1
+
+
+def _multi_site_run(sites=3):
+    run = synthetic_run(16, 24, late_rank=5, late_s=0.003, seed=4, ranks_per_process=4)
+    n = len(run)
+    cols = {k: np.concatenate([v] * sites) for k, v in run.columns.items()}
+    # Sites interleaved row by row (as a ring of several sites may be): the writer groups them.
+    order = np.arange(n * sites).reshape(sites, n).T.ravel()
+    cols = {k: v[order] for k, v in cols.items()}
+    cols["site"] = np.tile(np.arange(sites), n)
+    names = tuple(f"model.py:{10 + j}:layer{j}" for j in range(sites))
+    return dataclasses.replace(run, sites=names, columns=cols)
+
+
+def test_the_native_parquet_layout_is_one_site_to_a_row_group(tmp_path):
+    import pyarrow.parquet as pq
+
+    run = _multi_site_run()
+    run.write_parquet(tmp_path / "run")
+    for f in sorted((tmp_path / "run").glob("*.parquet")):
+        meta = pq.ParquetFile(f).metadata
+        col = meta.schema.names.index("site")
+        got = [meta.row_group(i).column(col).statistics for i in range(meta.num_row_groups)]
+        assert [s.min for s in got] == [s.max for s in got] == list(run.sites)
+        assert sum(meta.row_group(i).num_rows for i in range(meta.num_row_groups)) == len(run) // (
+            16 // 4
+        )
+    # Each site's rows keep their own order (a stable grouping).
+    back = load_records(tmp_path / "run")
+    for i in range(len(run.sites)):
+        mine = run.columns["process"] == 0
+        want = run.columns["arrive_ns"][mine & (run.columns["site"] == i)]
+        got_i = back.sites.index(run.sites[i])
+        sel = (back.columns["process"] == 0) & (back.columns["site"] == got_i)
+        assert np.array_equal(back.columns["arrive_ns"][sel], want)
+
+
+def test_a_site_grouped_parquet_run_is_read_in_place_and_reports_the_same(tmp_path):
+    """The natively written run is read from its files (`steps` a view: no table, no sort);
+    the same files in the older layout (one row group of every site) go through the table;
+    both give the report of the JSONL run."""
+    from jaxpace.records.by_site import open_run
+
+    run = _multi_site_run()
+    run.write_parquet(tmp_path / "native")
+    run.write_parquet(tmp_path / "older")
+    one_row_group_each(tmp_path / "older")
+    run.write_jsonl(tmp_path / "js")
+    paths = {}
+    for name in ("native", "older", "js"):
+        with open_run(tmp_path / name) as recs:
+            tables = {
+                r[0]
+                for r in recs.engine.con.execute(
+                    "SELECT table_name FROM duckdb_tables()"
+                ).fetchall()
+            }
+            paths[name] = (recs.engine.in_place, "steps" in tables)
+    assert paths == {"native": (True, False), "older": (False, True), "js": (False, True)}
+    reps = {name: _as_json(analyze(tmp_path / name).to_dict(), tmp_path / name) for name in paths}
+    assert reps["native"] == reps["js"] and reps["older"] == reps["js"]
+    assert json.loads(reps["js"])["culprit"] == 5
+
+
+def _as_json(d: dict, run_dir) -> str:
+    """`Report.to_dict()` as JSON, the run's directory and file names left out."""
+    text = json.dumps(d, sort_keys=True, default=str).replace(str(run_dir), "<run>")
+    return re.sub(r"records-p(\d+)\.(jsonl|parquet)", r"records-p\1", text)
+
+
+def test_a_bad_row_read_in_place_is_dropped_and_noted_as_from_the_table(tmp_path):
+    """A negative wait and a rank outside the run, in natively laid out files: dropped,
+    counted and located as when the files go through the table."""
+    from jaxpace.records.by_site import open_run
+
+    run = _multi_site_run()
+    cols = {k: v.copy() for k, v in run.columns.items()}
+    cols["wait_ns"][7] = -5
+    cols["rank"][11] = 999
+    bad = dataclasses.replace(run, columns=cols)
+    bad.write_parquet(tmp_path / "native")
+    bad.write_parquet(tmp_path / "older")
+    one_row_group_each(tmp_path / "older")
+    got = {}
+    for name in ("native", "older"):
+        rep = analyze(tmp_path / name)
+        assert rep.culprit == 5 and rep.partial
+        got[name] = [n.replace(str(tmp_path / name), "<run>") for n in rep.notes]
+        with open_run(tmp_path / name) as recs:
+            assert recs.engine.in_place == (name == "native")
+            assert len(recs.without_foreign_ranks()) == len(run) - 2
+    assert got["native"] == got["older"]
+    assert any("negative" in n for n in got["native"]), got["native"]
+    assert any("outside the run's ranks" in n for n in got["native"]), got["native"]
+
+
+def test_a_process_file_without_steps_keeps_the_run_read_in_place(tmp_path):
+    """A process that recorded no step writes a file of one empty row group: the rest of
+    the run is still read in place."""
+    from jaxpace.records.by_site import open_run
+    from jaxpace.records.format import records_filename, write_parquet
+
+    run = _multi_site_run()
+    run.write_parquet(tmp_path / "run")
+    [head] = [h for h in run.headers if h["process_index"] == 3]
+    empty = {k: np.zeros(0, v.dtype) for k, v in run.columns.items()}
+    write_parquet(tmp_path / "run" / records_filename(3), head, empty, [])
+    with open_run(tmp_path / "run") as recs:
+        assert recs.engine.in_place
+        assert len(recs) == int((run.columns["process"] != 3).sum())

@@ -3,6 +3,7 @@ execution (issue 47), the hosts named as hosts, and the finding below the line."
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import run_4x2
 
@@ -193,3 +194,26 @@ def test_the_printed_report_says_likely_never_balanced_or_nothing_to_fix():
         assert "Nothing to fix" not in text and "arrivals are balanced" not in text, text
     html = render_html(rep)
     assert "likely: process 1" in html and "Nothing to fix" not in html
+
+
+@pytest.mark.parametrize(
+    "e, cols",
+    [
+        ([0, 2, 3], [0, 1, 2, 3, 4]),  # every rank in order: whole rows
+        ([3, 1], [4, 0, 2]),  # some ranks, out of order
+        ([1, 1, 2], [0, 1, 2, 3, 4]),  # an execution twice (a site run twice a step)
+        ([0, 1], [2, 2, 3]),  # a column twice
+    ],
+)
+def test_the_whole_steps_sums_are_np_add_at_bit_for_bit(e, cols):
+    from jaxpace.report.stages.whole import _add_cells
+
+    rng = np.random.default_rng(0)
+    e, cols = np.array(e), np.array(cols)
+    start = rng.random((4, 5)) * 1e-3
+    x = rng.random((e.size, cols.size)) / 3
+    want = start.copy()
+    np.add.at(want, (e[:, None], cols[None, :]), x)
+    got = start.copy()
+    _add_cells(got, e, cols, x)
+    assert np.array_equal(got, want)

@@ -223,8 +223,8 @@ class _OnDisk(SiteRecords):
         return self._once("rank_keys")
 
     def counts(self) -> np.ndarray:
-        got = self._once("site_counts")
-        return np.array([got.get(s, 0) for s in self.sites], np.int64)
+        got = self._once("step_ranks")  # (its rows per step, summed: no scan of its own)
+        return np.array([int(got[s][1].sum()) if s in got else 0 for s in self.sites], np.int64)
 
     def step_ranks(self) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
         got = self._once("step_ranks")

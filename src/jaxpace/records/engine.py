@@ -231,9 +231,20 @@ class Engine:
             },
         )
         self.con.execute("SET enable_progress_bar = false")
+        # Each file's footer parsed once, not once per query: a run read in place
+        # (`in_place`) is asked one query per site over all its files.
+        self.con.execute("SET parquet_metadata_cache = true")
         self._path_of: dict[int, str] = {}  # `hash(path)` (the table's `file`) -> path
         self.largest_fetch = 0  # the most rows one `site_columns` call returned
         self.executions_numbered = 0  # `number_executions` made `exec_map` when > 0
+        # `steps` is a view over the run's Parquet files, read in place (`_load_parquet`);
+        # `_kept` the conditions a row of it must meet (a step, a rank within the run).
+        self.in_place = False
+        self._kept: list[str] = []
+        # In place: the sites the row groups' statistics name (each row group one site's),
+        # so the distinct sites need no scan; None when some row is dropped (`_kept`).
+        self._sites_of_row_groups: set[str] | None = None
+        self._rank_keys: np.ndarray | None = None  # `rank_keys`, asked once
 
     def _spill_hint(self) -> str:
         cap = self.con.execute("SELECT current_setting('max_temp_directory_size')").fetchone()
@@ -275,52 +286,56 @@ class Engine:
 
     def _load(self, p: Path) -> Loaded:
         files = records_files(p) if p.is_dir() else [p]
-        self.con.execute(_TABLE_SQL)
+        self._new_table()
         self._hash_paths([str(f) for f in files])
         from jaxpace.records.parquet_reader import is_parquet
 
         parquet = [f for f in files if is_parquet(f)]
-        jsonl = [f for f in files if f not in set(parquet)]
+        in_parquet = set(parquet)
+        jsonl = [f for f in files if f not in in_parquet]
         headers: list[tuple[dict[str, Any], str]] = []
         drops = Drops()
         skipped: list[str] = []
         if parquet:
-            self._load_parquet(parquet, headers, skipped, drops)
+            self._load_parquet(parquet, headers, skipped, drops, alone=not jsonl)
         if jsonl:
             self._load_jsonl(jsonl, headers, drops)
         rows = self.con.execute("SELECT count(*) FROM steps").fetchone()[0]
-        sites = tuple(
-            sorted(r[0] for r in self.con.execute("SELECT DISTINCT site FROM steps").fetchall())
-        )
+        sites = tuple(sorted(self._sites_of_row_groups or self._distinct_sites()))
         scan = Scan(tuple(map(str, files)), int(rows), drops, tuple(skipped))
         return Loaded(tuple(headers), sites, scan)
 
-    def _load_parquet(self, files, headers, skipped: list[str], drops: Drops) -> None:
-        good, names = [], set()
+    def _load_parquet(
+        self, files, headers, skipped: list[str], drops: Drops, alone: bool = False
+    ) -> None:
+        """The Parquet `files` into `steps`; read in place (`steps` a view over them, no
+        copy and no sort) when they are the whole run (`alone`) and each row group holds
+        one site's rows (`records.format.write_parquet`'s layout), so a query for one site
+        reads that site's row groups alone."""
+        good, names, grouped, sites = [], set(), True, set()
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
                 headers.append((head[0], f"{f}:header"))
                 good.append(str(f))
                 names |= head[1]
+                grouped &= head[2] is not None
+                sites |= head[2] or set()
         if not good:
             return
-        ints = [f"CAST({k} AS BIGINT)" for k in INT_STEP_FIELDS]
-        nulls = " OR ".join(f"{k} IS NULL" for k in ("site", *INT_STEP_FIELDS, "engaged"))
-        huge = " OR ".join(f"{k} = {_INT64_MIN}" for k in ints)
-        dev = "coalesce(CAST(device AS BIGINT), -1)" if "device" in names else "-1"
-        ex = "CAST(execution AS BIGINT)" if "execution" in names else "NULL"
-        sql = (
-            f"INSERT INTO steps SELECT site, {', '.join(ints)}, engaged, {dev}, {ex}, "
-            "hash(filename), "
-            f"CASE WHEN {nulls} THEN {NULLS} WHEN {huge} THEN {HUGE} "
-            f"WHEN wait_ns < 0 OR delay_ns < 0 THEN {NEGATIVE} ELSE {STEP} END "
-            f"FROM read_parquet({_sql_list(good)}, union_by_name = true, filename = true)"
-        )
         import duckdb
 
+        select = _parquet_select_sql(good, names)
         try:
-            self.con.execute(sql)
+            if alone and grouped:
+                self.con.execute("DROP TABLE steps")
+                self.con.execute(f"CREATE VIEW steps_raw AS {select}")
+                self.in_place = True
+                self._kept = []  # (`_drop_parquet_rows` adds `kind = STEP` if any is not)
+                self._sites_of_row_groups = sites
+                self._define_view()
+            else:
+                self.con.execute(f"INSERT INTO steps {select}")
         except duckdb.OutOfMemoryException as e:
             raise RecordsError(
                 f"the records engine (DuckDB) ran out of room reading the Parquet records: "
@@ -333,10 +348,34 @@ class Engine:
             ) from None
         self._drop_parquet_rows(drops)
 
+    def _distinct_sites(self) -> list[str]:
+        return [r[0] for r in self.con.execute("SELECT DISTINCT site FROM steps").fetchall()]
+
+    def _define_view(self) -> None:
+        """(Re)defines the view `steps`: the rows of `steps_raw` that meet `_kept`."""
+        where = " AND ".join(f"({c})" for c in self._kept)
+        if where:  # (a row dropped: its site may be gone)
+            self._sites_of_row_groups = None
+        self._rank_keys = None
+        self.con.execute(
+            "CREATE OR REPLACE VIEW steps AS SELECT * FROM steps_raw"
+            + (f" WHERE {where}" if where else "")
+        )
+
+    def _new_table(self) -> None:
+        """An empty table `steps` (in place of the view of a run read in place before)."""
+        if self.in_place:
+            self.con.execute("DROP VIEW steps")
+            self.con.execute("DROP VIEW steps_raw")
+            self.in_place, self._kept = False, []
+        self._sites_of_row_groups = self._rank_keys = None
+        self.con.execute(_TABLE_SQL)
+
     def _drop_parquet_rows(self, drops: Drops) -> None:
         """Refuses null values; drops, counts and locates the rows out of range."""
         found = self.con.execute(
-            f"SELECT kind, count(*), min(file) FROM steps WHERE kind > {HEADER} GROUP BY kind"
+            f"SELECT kind, count(*), min(file) FROM {'steps_raw' if self.in_place else 'steps'} "
+            f"WHERE kind > {HEADER} GROUP BY kind"
         ).fetchall()
         for kind, n, file_h in found:
             file = self._path_of[int(file_h)]
@@ -352,7 +391,10 @@ class Engine:
             elif kind == NEGATIVE:
                 drops.negative += int(n)
                 drops.negative_first = drops.negative_first or where
-        if found:
+        if found and self.in_place:  # (the view keeps the steps alone)
+            self._kept.append(f"kind = {STEP}")
+            self._define_view()
+        elif found:
             self.con.execute(f"DELETE FROM steps WHERE kind <> {STEP}")
 
     def _first_row(self, file: str, kind: int) -> int:
@@ -476,8 +518,12 @@ class Engine:
         site = ?` reads only theirs (DuckDB skips the other row groups by their min/max):
         a run larger than the memory limit is spilled, and scanning all of it for every
         site cost 10x the sort (33M rows: 5 s a site against 0.5 s; the sort 18 s). Rows
-        within a site lose their file order (the per-site analysis does not depend on it)."""
+        within a site lose their file order (the per-site analysis does not depend on it).
+        A run read in place (`in_place`) is already one site to a row group: nothing to do."""
         import duckdb
+
+        if self.in_place:
+            return
 
         try:
             self.con.execute("CREATE TABLE steps_by_site AS SELECT * FROM steps ORDER BY site")
@@ -569,26 +615,32 @@ class Engine:
         return {k: v[order] for k, v in cols.items()}, order
 
     def rank_keys(self) -> np.ndarray:
-        """The distinct (rank, process, device) triples, (3, K) int64."""
-        got = self._arrays("SELECT DISTINCT rank, process, device FROM steps")
-        return (
-            np.stack([got["rank"], got["process"], got["device"]]).astype(np.int64).reshape(3, -1)
-        )
+        """The distinct (rank, process, device) triples, (3, K) int64 (asked once, until
+        rows are dropped)."""
+        if self._rank_keys is None:
+            got = self._arrays("SELECT DISTINCT rank, process, device FROM steps")
+            self._rank_keys = (
+                np.stack([got["rank"], got["process"], got["device"]])
+                .astype(np.int64)
+                .reshape(3, -1)
+            )
+        return self._rank_keys
 
     def step_ranks(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
         """Per site: its distinct steps (sorted), the distinct ranks at each, its distinct
         ranks in all."""
         # (Rows, not distinct ranks, at each step: a duplicate record, which the report's
         # per-site analysis refuses, counts twice here; count(DISTINCT) is 10x slower.)
-        got = self._arrays(
-            "SELECT site, step, count(*) AS n FROM steps GROUP BY site, step ORDER BY site, step"
+        # One scan for both: per (site, step) its rows, and per (site, rank) a row.
+        both = self._arrays(
+            "SELECT site, coalesce(step, 0) AS step, count(*) AS n, grouping(step) AS by_rank "
+            "FROM steps GROUP BY GROUPING SETS ((site, step), (site, rank)) "
+            "ORDER BY by_rank, site, step"
         )
-        ranks = dict(
-            self.con.execute(
-                "SELECT site, count(*) FROM (SELECT site, rank FROM steps GROUP BY site, rank) "
-                "GROUP BY site"
-            ).fetchall()
-        )
+        by_rank = both["by_rank"].astype(bool)
+        got = {k: v[~by_rank] for k, v in both.items()}
+        names, n_ranks = np.unique(both["site"][by_rank].astype(str), return_counts=True)
+        ranks = dict(zip(names.tolist(), n_ranks.tolist(), strict=True))
         out = {}
         site = got["site"]
         if site.size:
@@ -626,7 +678,8 @@ class Engine:
         return dict(self.con.execute("SELECT site, count(*) FROM steps GROUP BY site").fetchall())
 
     def processes(self) -> np.ndarray:
-        return self._arrays("SELECT DISTINCT process FROM steps ORDER BY process")["process"]
+        """The distinct processes, sorted (from `rank_keys`: one scan for both)."""
+        return np.unique(self.rank_keys()[1])
 
     def drop_ranks_outside(self, bound: int) -> tuple[int, tuple[int, int, int] | None]:
         """Deletes the rows whose rank is outside [0, bound); returns how many and one
@@ -639,7 +692,12 @@ class Engine:
             f"SELECT file, process, step, rank FROM steps WHERE {cond} LIMIT 10000"
         ).fetchall()
         ex = min(some, key=lambda r: (self._path_of.get(int(r[0]), ""), r[2], r[3]))
-        self.con.execute(f"DELETE FROM steps WHERE {cond}")
+        self._rank_keys = None
+        if self.in_place:
+            self._kept.append(f"NOT ({cond})")
+            self._define_view()
+        else:
+            self.con.execute(f"DELETE FROM steps WHERE {cond}")
         return int(n), (int(ex[1]), int(ex[2]), int(ex[3]))
 
     # ------------------------------------------------------------------ the reduction
@@ -676,7 +734,7 @@ class Engine:
                 "kind": pa.array(np.zeros(n, np.int8), pa.int8()),
             }
         )
-        self.con.execute(_TABLE_SQL)
+        self._new_table()
         self.con.register("records_table", table)
         self.con.execute("INSERT INTO steps SELECT * FROM records_table")
         self.con.unregister("records_table")
@@ -789,9 +847,50 @@ def _execution_array(cols: Any, n: int) -> Any:
     return pa.array(ex, pa.int64(), mask=ex == NO_EXECUTION)
 
 
-def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], set[str]] | None:
-    """`(header, its column names)` of a Parquet records file, its columns' types
-    checked; None (and a note in `skipped`) for a file without its footer."""
+def _parquet_select_sql(files: list[str], names: set[str]) -> str:
+    """The rows of the Parquet `files` as the table `steps`' columns (`names`: the files'
+    column names), each with its `kind`: a step, or why it is dropped (a null, an
+    integer out of int64's range, a negative duration)."""
+    ints = [f"CAST({k} AS BIGINT)" for k in INT_STEP_FIELDS]
+    nulls = " OR ".join(f"{k} IS NULL" for k in ("site", *INT_STEP_FIELDS, "engaged"))
+    huge = " OR ".join(f"{k} = {_INT64_MIN}" for k in ints)
+    dev = "coalesce(CAST(device AS BIGINT), -1)" if "device" in names else "-1"
+    ex = "CAST(execution AS BIGINT)" if "execution" in names else "CAST(NULL AS BIGINT)"
+    return (
+        "SELECT site, "
+        + ", ".join(f"{i} AS {k}" for i, k in zip(ints, INT_STEP_FIELDS, strict=True))
+        + f", engaged, {dev} AS device, {ex} AS execution, hash(filename) AS file, "
+        f"CASE WHEN {nulls} THEN {NULLS} WHEN {huge} THEN {HUGE} "
+        f"WHEN wait_ns < 0 OR delay_ns < 0 THEN {NEGATIVE} ELSE {STEP} END AS kind "
+        f"FROM read_parquet({_sql_list(files)}, union_by_name = true, filename = true)"
+    )
+
+
+def _one_site_per_row_group(meta: Any) -> set[str] | None:
+    """The sites of a Parquet file's row groups when each holds one site's rows (its
+    `site` statistics' min equal to its max, no null), as `records.format.write_parquet`
+    writes them; else None."""
+    try:
+        col = meta.schema.names.index("site")
+    except ValueError:
+        return None
+    sites = set()
+    for i in range(meta.num_row_groups):
+        if meta.row_group(i).num_rows == 0:  # (a process that recorded no step)
+            continue
+        stats = meta.row_group(i).column(col).statistics
+        if stats is None or not stats.has_min_max or stats.min != stats.max or stats.null_count:
+            return None
+        sites.add(stats.min)
+    return sites
+
+
+def _parquet_header(
+    path: Path, skipped: list[str]
+) -> tuple[dict[str, Any], set[str], set[str] | None] | None:
+    """`(header, its column names, its sites if each row group holds one site's rows)` of
+    a Parquet records file, its columns' types checked; None (and a note in `skipped`)
+    for a file without its footer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -799,7 +898,9 @@ def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], set
 
     with open_regular(path, "records file") as f:
         try:
-            schema = pq.ParquetFile(f).schema_arrow
+            pf = pq.ParquetFile(f)
+            schema = pf.schema_arrow
+            grouped = _one_site_per_row_group(pf.metadata)
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
@@ -809,7 +910,7 @@ def _parquet_header(path: Path, skipped: list[str]) -> tuple[dict[str, Any], set
             return None
     header = header_of(schema, str(path))
     check_schema(schema, str(path))
-    return header, set(schema.names)
+    return header, set(schema.names), grouped
 
 
 def read_headers(path: Path) -> list[dict[str, Any]]:

@@ -267,8 +267,49 @@ def write_parquet(
     table = pa.table(arrays).replace_schema_metadata(meta)
     check_replaceable(p, "records")  # before the work of encoding
     buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, compression="zstd", row_group_size=1 << 20)
+    if np.any(site_idx[1:] < site_idx[:-1]):  # (rows not yet grouped by site)
+        table = table.take(pa.array(_site_order(site_idx)))
+    # Integers delta-encoded (timestamps and steps advance by small steps within a site):
+    # 9.6 bytes a row where the default dictionary encoding took 21.5 at one site to a row
+    # group (8 ranks x 32 sites x 4096 steps of export rows), and faster to write.
+    ints = [k for k in (*INT_STEP_FIELDS, "device", "execution") if k in arrays]
+    with pq.ParquetWriter(
+        buf,
+        table.schema,
+        compression="zstd",
+        use_dictionary=["site"],
+        column_encoding=dict.fromkeys(ints, "DELTA_BINARY_PACKED"),
+    ) as writer:
+        for start, stop in site_row_groups(site_idx):
+            writer.write_table(
+                table.slice(start, stop - start), row_group_size=max(stop - start, 1)
+            )
     return write_atomic(p, buf.getvalue().to_pybytes(), what="records", make_parents=True)
+
+
+# The most rows of one row group (a site with more gets several, each of that site alone).
+ROW_GROUP_ROWS = 1 << 20
+
+
+def _site_order(site_idx: np.ndarray) -> np.ndarray:
+    """The rows grouped by site (in `sites` order), each site's rows in their own order."""
+    return np.argsort(site_idx, kind="stable")
+
+
+def site_row_groups(site_idx: np.ndarray) -> list[tuple[int, int]]:
+    """`(start, stop)` of each row group `write_parquet` writes, over the rows grouped by
+    site (`_site_order`): one site's rows alone in each, at most `ROW_GROUP_ROWS`, so
+    that a reader asking for one site (`WHERE site = ?`) skips the others' row groups by
+    their statistics (docs/records.md, "Parquet")."""
+    n = int(site_idx.size)
+    if n == 0:
+        return [(0, 0)]
+    ordered = np.sort(site_idx, kind="stable")
+    cuts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), n]
+    out = []
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        out += [(s, min(s + ROW_GROUP_ROWS, b)) for s in range(a, b, ROW_GROUP_ROWS)]
+    return out
 
 
 def jsonl_step_lines(columns: Mapping[str, np.ndarray], sites: Sequence[str]) -> str:

@@ -304,6 +304,12 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
     come from those ranks only, and at a step a rank is missing from, its values are
     the step's median over the ranks present (neither late nor early there).
     """
+    return site_data_grid(records, site)[:3]
+
+
+def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bool, _Grid]:
+    """`site_data`, and where each record sits in the site's (step x rank) grid (`_Grid`),
+    for the stages that place the same records again (`stages.whole`, `stages.links`)."""
     notes: list[str] = []
     g = _grid(records, site, notes)
     missing = ~g.present
@@ -378,7 +384,7 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
         sync_wait=sync_wait,
         lateness=lateness,
     )
-    return data, notes, partial
+    return data, notes, partial, g
 
 
 def site_groups(records: Records, site: str, ranks: np.ndarray) -> np.ndarray | None:
@@ -441,7 +447,6 @@ def _groups_note(site: str, codes: np.ndarray) -> str:
 
 # The grid helpers `stages.whole` shares (the whole step places each site's records
 # the same way).
-site_grid = _grid
 fill_missing = _fill_missing
 index_in = _index_in
 int_unique = _int_unique

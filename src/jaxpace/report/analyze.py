@@ -74,15 +74,16 @@ def _load(records: Records | str | os.PathLike | Iterable[Mapping[str, Any]]) ->
     return dataclasses.replace(loaded, records=recs)
 
 
-def _step_data(recs: SiteRecords, site: str | None):
+def _step_data(recs: SiteRecords, site: str | None, table: stages.SiteTable | None = None):
     """`(site label, SiteData, notes, partial)`: the whole step (every site folded into
     program executions) unless `site` narrows to one, or no site is evidence (then the
-    busiest one says why: its refusal)."""
+    busiest one says why: its refusal). The whole step hands each site it reads to
+    `table` (the sites table), so the run is read once."""
     whole = len(recs.sites) > 1 or recs.has_execution
     if whole and set(stages.refused_sites(recs)) >= set(recs.sites):
         whole = False
     if site is None and whole:
-        data, notes, partial = stages.whole_step(recs)
+        data, notes, partial = stages.whole_step(recs, table.add if table else None)
         return stages.WHOLE_STEP, data, notes, partial
     site = stages.pick_site(recs, site)
     data, notes, partial = stages.site_data(recs.site(site), site)
@@ -149,7 +150,8 @@ def _analyze(
 ) -> Report:
     """`analyze` of records already loaded (`Loaded.records`: `SiteRecords`)."""
     recs = loaded.records
-    site, data, site_notes, site_partial = _step_data(recs, site)
+    table = _sites_table(loaded, warmup_steps)
+    site, data, site_notes, site_partial = _step_data(recs, site, table)
     if not loaded.timed:
         data, untimed_note = sources.untimed(data)
         site_notes.append(untimed_note)
@@ -213,7 +215,7 @@ def _analyze(
         fleet=culprits.fleet,
         likely=culprits.likely,
     )
-    sites_table = _sites_table(loaded, warmup_steps)
+    sites_table = _site_rows(loaded, table)
     return Report(run, timing, findings, sites_table=sites_table, data=data)
 
 
@@ -229,15 +231,22 @@ def _other_sites_note(recs: SiteRecords, site: str) -> list[str]:
     return [f"analyzed site `{site}`; the records also hold {others} (use `site=`)."]
 
 
-def _sites_table(
-    loaded: sources.Loaded, warmup_steps: int | None
+def _sites_table(loaded: sources.Loaded, warmup_steps: int | None) -> stages.SiteTable | None:
+    """The sites table to fill (`stages.links.SiteTable`), with 2 or more sites; else None."""
+    if len(loaded.records.sites) < 2:
+        return None
+    warmup = DEFAULT_WARMUP_STEPS if warmup_steps is None else warmup_steps
+    return stages.SiteTable(loaded.records, warmup)
+
+
+def _site_rows(
+    loaded: sources.Loaded, table: stages.SiteTable | None
 ) -> tuple[stages.links.SiteRow, ...]:
     """Every site in step order (`stages.links.site_table`), with 2 or more sites; else ().
     A source without arrival times has no step order: `order_s` is NaN, in the records' order."""
-    if len(loaded.records.sites) < 2:
+    if table is None:
         return ()
-    warmup = DEFAULT_WARMUP_STEPS if warmup_steps is None else warmup_steps
-    rows = stages.site_table(loaded.records, warmup)
+    rows = table.rows()
     if not loaded.timed:
         rows = [dataclasses.replace(r, order_s=math.nan) for r in rows]
     return tuple(rows)

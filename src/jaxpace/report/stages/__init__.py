@@ -21,7 +21,7 @@ from jaxpace.report.stages.culprit import (
     rank_culprits,
 )
 from jaxpace.report.stages.decide import decisions
-from jaxpace.report.stages.links import format_site_table, site_table
+from jaxpace.report.stages.links import SiteTable, format_site_table, site_table
 from jaxpace.report.stages.modes import (
     amplification_mode,
     assess_modes,
@@ -82,6 +82,7 @@ __all__ = [
     "run_context",
     "select_steps",
     "site_data",
+    "SiteTable",
     "site_table",
     "straggler_mode",
     "waiting_costs",

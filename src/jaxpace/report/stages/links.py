@@ -42,6 +42,7 @@ __all__ = [
     "GroupLate",
     "LinkWait",
     "SiteRow",
+    "SiteTable",
     "format_site_table",
     "group_columns",
     "late_text",
@@ -56,13 +57,15 @@ MIN_LEAD_S = 1e-3
 REL_LEAD = 0.02  # of the site's median step period: below it a lead is the fleet's own spread
 
 
-def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
+def _grid(recs: Records, k: int, warmup_steps: int, placed=None) -> tuple[np.ndarray, ...]:
     """`(steps, ranks, wait[S, R], arrive_ns[S, R], process[S, R])` of site `k`: its steps
     with two or more ranks after the first `warmup_steps` (at most a quarter of them).
 
     As in the site's own analysis (`stages.site_data`), a rank missing from a step is
     neither late nor early there: its wait is the step's median over the ranks present;
-    its arrival is NaN and its process -1 (left out of the step order)."""
+    its arrival is NaN and its process -1 (left out of the step order). `placed`: the
+    site's (step x rank) grid as its own analysis placed `recs` (`site_data_grid`'s, of
+    records of this site alone), not placed again."""
     c = recs.columns
     sel = c["site"] == k
     c = (
@@ -70,14 +73,17 @@ def _grid(recs: Records, k: int, warmup_steps: int) -> tuple[np.ndarray, ...]:
         if sel.all()
         else {x: c[x][sel] for x in ("step", "rank", "wait_ns", "arrive_ns", "process")}
     )
-    steps, ranks = int_unique(c["step"]), int_unique(c["rank"])
+    if placed is not None:
+        steps, ranks, flat = placed.steps_all, placed.ranks, placed.flat
+    else:
+        steps, ranks = int_unique(c["step"]), int_unique(c["rank"])
+        flat = index_in(steps, c["step"]) * ranks.size + index_in(ranks, c["rank"])
     wait = np.full((steps.size, ranks.size), np.nan)
     arrive = np.full((steps.size, ranks.size), np.nan)
     proc = np.full((steps.size, ranks.size), -1, np.int64)
-    si, ri = index_in(steps, c["step"]), index_in(ranks, c["rank"])
-    wait[si, ri] = c["wait_ns"] / 1e9
-    arrive[si, ri] = c["arrive_ns"]
-    proc[si, ri] = c["process"]
+    wait.reshape(-1)[flat] = c["wait_ns"] / 1e9
+    arrive.reshape(-1)[flat] = c["arrive_ns"]
+    proc.reshape(-1)[flat] = c["process"]
     missing = np.isnan(wait)
     keep = (~missing).sum(axis=1) >= min(2, ranks.size)
     keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
@@ -212,12 +218,58 @@ def _min_lead(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
     return max(MIN_LEAD_S, REL_LEAD * period) if math.isfinite(period) else MIN_LEAD_S
 
 
+class SiteTable:
+    """`site_table` built a site at a time: `add` each site's rows as they are read (the
+    whole step's pass over the sites, `stages.whole.whole_step(visit=...)`), then `rows`
+    reads the sites not added, so a run is read once for both."""
+
+    def __init__(self, recs: Records | SiteRecords, warmup_steps: int = 5) -> None:
+        self.run = by_site(recs)
+        self.warmup_steps = warmup_steps
+        self.info = site_info(self.run)
+        self.step_order = _StepOrder(self.run, warmup_steps)
+        self.done: dict[str, SiteRow] = {}
+
+    def add(self, name: str, one: Records, placed=None) -> None:
+        """Site `name`'s row from its records `one` (`SiteRecords.site(name)`); `placed`:
+        where they sit in the site's grid, when its analysis placed them (`_grid`)."""
+        steps, ranks, wait, arrive, proc = _grid(one, 0, self.warmup_steps, placed)
+        mean = float(np.median(wait.mean(axis=1))) if wait.size else math.nan
+        meta = self.info.get(name, {})
+        groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])
+        links, slow = _links(wait, ranks, meta.get("pairs"))
+        self.done[name] = SiteRow(
+            site=name,
+            kind=meta.get("kind"),
+            groups=groups,
+            steps=int(steps.size),
+            wait_s=mean,
+            share=math.nan,
+            order_s=self.step_order.order((steps, ranks, wait, arrive, proc)),
+            late=_late_in_groups(wait, ranks, groups, _min_lead(steps, arrive)),
+            links=tuple(links),
+            slow_link=slow,
+        )
+
+    def rows(self) -> list[SiteRow]:
+        """Every site's row (the sites not added read now), in step order."""
+        for name in self.run.sites:
+            if name not in self.done:
+                self.add(name, self.run.site(name))
+        rows = [self.done[name] for name in self.run.sites]
+        total = float(np.nansum([r.wait_s for r in rows]))
+        rows = [
+            dataclasses.replace(r, share=r.wait_s / total if total > 0 else math.nan) for r in rows
+        ]
+        return sorted(rows, key=lambda r: (math.isnan(r.order_s), r.order_s))
+
+
 def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteRow]:
     """One `SiteRow` per site of `recs`, in step order (see the module docstring).
 
     Vectorized over steps, ranks and groups (a few array passes per site), so it scales
     with the records, not with a Python loop over them; the sites are read one at a time
-    (`records.by_site`), once each.
+    (`records.by_site`), once each (`SiteTable`: also while the whole step reads them).
 
     Args:
       recs: the run's records (`jaxpace.report.load_records`), or `SiteRecords`.
@@ -226,33 +278,7 @@ def site_table(recs: Records | SiteRecords, warmup_steps: int = 5) -> list[SiteR
     Returns:
       The rows, earliest site in the step first.
     """
-    run = by_site(recs)
-    info = site_info(run)
-    rows = []
-    step_order = _StepOrder(run, warmup_steps)
-    for name in run.sites:
-        steps, ranks, wait, arrive, proc = _grid(run.site(name), 0, warmup_steps)
-        mean = float(np.median(wait.mean(axis=1))) if wait.size else math.nan
-        meta = info.get(name, {})
-        groups = tuple(tuple(int(r) for r in g) for g in meta.get("groups") or [ranks.tolist()])
-        links, slow = _links(wait, ranks, meta.get("pairs"))
-        rows.append(
-            SiteRow(
-                site=name,
-                kind=meta.get("kind"),
-                groups=groups,
-                steps=int(steps.size),
-                wait_s=mean,
-                share=math.nan,
-                order_s=step_order.order((steps, ranks, wait, arrive, proc)),
-                late=_late_in_groups(wait, ranks, groups, _min_lead(steps, arrive)),
-                links=tuple(links),
-                slow_link=slow,
-            )
-        )
-    total = float(np.nansum([r.wait_s for r in rows]))
-    rows = [dataclasses.replace(r, share=r.wait_s / total if total > 0 else math.nan) for r in rows]
-    return sorted(rows, key=lambda r: (math.isnan(r.order_s), r.order_s))
+    return SiteTable(recs, warmup_steps).rows()
 
 
 def late_text(
