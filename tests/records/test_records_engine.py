@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 
 import numpy as np
 import pytest
 
 from jaxpace import cli
+from jaxpace.errors import RecordsError
 from jaxpace.records.engine import Engine
 from jaxpace.records.reader import load_records
 from jaxpace.records.site_data import site_data
@@ -234,6 +236,31 @@ def test_a_site_grouped_parquet_run_is_read_in_place_and_reports_the_same(tmp_pa
     reps = {name: _as_json(analyze(tmp_path / name).to_dict(), tmp_path / name) for name in paths}
     assert reps["native"] == reps["js"] and reps["older"] == reps["js"]
     assert json.loads(reps["js"])["culprit"] == 5
+
+
+@pytest.mark.parametrize("how", ["replaced", "removed"])
+def test_a_file_changed_while_a_run_is_read_in_place_is_named_not_mixed_in(tmp_path, how):
+    """A run read in place is read from its files during the report: a file replaced
+    (a live job's export, its atomic rename) or removed (watch dropping an old window)
+    between two sites' reads is named, instead of mixing two exports in one report or
+    DuckDB's bare IO error."""
+    from jaxpace.records.by_site import open_run
+
+    run = _multi_site_run()
+    run.write_parquet(tmp_path / "native")
+    victim = sorted((tmp_path / "native").glob("*.parquet"))[1]
+    with open_run(tmp_path / "native") as recs:
+        assert recs.engine.in_place
+        first, second = recs.sites[:2]
+        recs.site(first)
+        if how == "replaced":
+            tmp = victim.with_name(victim.name + ".tmp")
+            tmp.write_bytes(victim.read_bytes())
+            os.replace(tmp, victim)  # same bytes, another file
+        else:
+            victim.unlink()
+        with pytest.raises(RecordsError, match=r"changed or was removed while the report"):
+            recs.site(second)
 
 
 def _as_json(d: dict, run_dir) -> str:

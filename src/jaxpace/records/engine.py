@@ -245,6 +245,9 @@ class Engine:
         # so the distinct sites need no scan; None when some row is dropped (`_kept`).
         self._sites_of_row_groups: set[str] | None = None
         self._rank_keys: np.ndarray | None = None  # `rank_keys`, asked once
+        # In place: each file's identity when it was opened (`_file_identity`), checked
+        # after every site's read: the run is read from its files, not from a copy.
+        self._identity: dict[str, tuple[int, int, int] | None] = {}
 
     def _spill_hint(self) -> str:
         cap = self.con.execute("SELECT current_setting('max_temp_directory_size')").fetchone()
@@ -328,6 +331,7 @@ class Engine:
         select = _parquet_select_sql(good, names)
         try:
             if alone and grouped:
+                self._identity = {f: _file_identity(f) for f in good}
                 self.con.execute("DROP TABLE steps")
                 self.con.execute(f"CREATE VIEW steps_raw AS {select}")
                 self.in_place = True
@@ -551,6 +555,18 @@ class Engine:
         self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
         return cols
 
+    def check_unchanged(self) -> None:
+        """Raises `RecordsError` when a file of a run read in place was replaced or removed
+        since it was opened (a live job re-exporting, watch dropping an old window): its
+        sites read before and after would come from different files."""
+        for f, was in self._identity.items():
+            if _file_identity(f) != was:
+                raise RecordsError(
+                    f"`{f}` changed or was removed while the report read the run in place (a "
+                    "job still writing there: the runtime's export, watch's windows). Run "
+                    "the report again, or on a copy of the folder."
+                )
+
     def number_executions(self) -> tuple[int, str | None]:
         """Numbers the rows' raw execution ids (`records.executions`) into the table
         `exec_map` (process, raw id -> execution) from what needs every row, asked as SQL
@@ -752,7 +768,14 @@ class Engine:
         )
 
     def _arrays(self, sql: str, params: list | None = None) -> dict[str, np.ndarray]:
-        cols = self.con.execute(sql, params or []).fetchnumpy()
+        import duckdb
+
+        try:
+            cols = self.con.execute(sql, params or []).fetchnumpy()
+        except duckdb.IOException:
+            self.check_unchanged()  # (a file gone: say which)
+            raise
+        self.check_unchanged()
         return {k: np.asarray(v) for k, v in cols.items()}
 
 
@@ -765,6 +788,16 @@ _JSON_COLUMNS = {
     "execution": "JSON",
     "engaged": "JSON",
 }
+
+
+def _file_identity(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime in ns) of `path`, None when it is gone: an atomic replace
+    (the writers' temporary file and rename) gives a new inode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _jsonl_select_sql(files: list[str]) -> str:
