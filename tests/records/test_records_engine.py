@@ -263,6 +263,22 @@ def test_a_file_changed_while_a_run_is_read_in_place_is_named_not_mixed_in(tmp_p
             recs.site(second)
 
 
+def test_an_engine_that_read_a_run_in_place_then_reads_a_table_stops_watching_the_files(
+    tmp_path,
+):
+    # The files of a run read in place are checked after each query; once the same engine
+    # holds other records in its table, those files are no longer what it reads.
+    run = _multi_site_run()
+    run.write_parquet(tmp_path / "native")
+    with Engine() as e:
+        e.load(tmp_path / "native")
+        assert e.in_place
+        e.open_records(run)
+        for f in (tmp_path / "native").glob("*.parquet"):
+            f.unlink()
+        assert e.site_columns(run.sites[0])["step"].size > 0
+
+
 def _as_json(d: dict, run_dir) -> str:
     """`Report.to_dict()` as JSON, the run's directory and file names left out."""
     text = json.dumps(d, sort_keys=True, default=str).replace(str(run_dir), "<run>")

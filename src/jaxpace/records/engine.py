@@ -246,7 +246,7 @@ class Engine:
         self._sites_of_row_groups: set[str] | None = None
         self._rank_keys: np.ndarray | None = None  # `rank_keys`, asked once
         # In place: each file's identity when it was opened (`_file_identity`), checked
-        # after every site's read: the run is read from its files, not from a copy.
+        # after every query (`_arrays`): the run is read from its files, not from a copy.
         self._identity: dict[str, tuple[int, int, int] | None] = {}
 
     def _spill_hint(self) -> str:
@@ -371,7 +371,7 @@ class Engine:
         if self.in_place:
             self.con.execute("DROP VIEW steps")
             self.con.execute("DROP VIEW steps_raw")
-            self.in_place, self._kept = False, []
+            self.in_place, self._kept, self._identity = False, [], {}
         self._sites_of_row_groups = self._rank_keys = None
         self.con.execute(_TABLE_SQL)
 
@@ -689,9 +689,6 @@ class Engine:
         finally:
             self.con.unregister("kept_steps")
         return got["key"].astype(np.int64), got["first"].astype(np.int64)
-
-    def site_counts(self) -> dict[str, int]:
-        return dict(self.con.execute("SELECT site, count(*) FROM steps GROUP BY site").fetchall())
 
     def processes(self) -> np.ndarray:
         """The distinct processes, sorted (from `rank_keys`: one scan for both)."""
