@@ -13,19 +13,19 @@ above the noise floor:
    percent, so the fleet's own per-rank spread is the yardstick: the rank's
    mean lateness is more than `fleet_threshold(R)` robust standard deviations
    (`fleet_spread`) above the fleet's median. The threshold grows with R so
-   that a healthy fleet (lognormal spread up to `HEALTHY_SIGMA`) names
-   anybody with probability at most `ALPHA`, at every rank count. Below `FLEET_MIN_MEMBERS` ranks a robust
-   spread means little. From 4 ranks, sorted latest first, each of the
-   latest `(R - 1) // 2` is tested against the mean and SD of the ranks
-   *below* it, and the latest j+1 are outliers when stage j (or a later one)
-   exceeds its threshold (a one-sided generalized ESD test: several
-   stragglers do not hide each other); the per-stage thresholds
-   (`SMALL_JOB_THRESHOLDS`) are calibrated by simulation of normal fleets for
-   a family-wise `ALPHA`. At any small R a rank is also an outlier when it is
-   later than the others' median by more than `SMALL_JOB_STEP_FRACTION` of
-   the median step, beyond what a healthy fleet whose devices differ by up
-   to 5% (lognormal sigma, `HEALTHY_SIGMA`) reaches; at 2-3 ranks that is
-   the only rule.
+   that a healthy fleet (lognormal spread up to `HEALTHY_SIGMA`) names anybody
+   with probability at most `ALPHA`, at every rank count. Below
+   `FLEET_MIN_MEMBERS` ranks a robust spread means little. From 4 ranks, sorted
+   latest first, each of the latest `(R - 1) // 2` is tested against the mean
+   and SD of the ranks *below* it, and the latest j+1 are outliers when stage j
+   (or a later one) exceeds its threshold (a one-sided generalized ESD test:
+   several stragglers do not hide each other); the per-stage thresholds
+   (`SMALL_JOB_THRESHOLDS`) are calibrated by simulation of normal fleets for a
+   family-wise `ALPHA`. At any small R a rank is also an outlier when it is
+   later than the others' median by more than `SMALL_JOB_STEP_FRACTION` of the
+   median step, beyond what a healthy fleet whose devices differ by up to 5%
+   (lognormal sigma, `HEALTHY_SIGMA`) reaches; at 2-3 ranks that is the only
+   rule.
 3. **Late throughout a short run.** Below `CONSISTENCY_MAX_STEPS` analyzed
    steps, split into `CONSISTENCY_BLOCKS` consecutive
    blocks of steps (from `CONSISTENCY_MIN_STEPS` steps per block), the rank's
