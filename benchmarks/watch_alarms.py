@@ -118,11 +118,22 @@ def need(step_s: float, window_cost_s: float, budget: float) -> tuple[float, flo
     return per_week, 1.0 / per_week
 
 
-def run(sizes, runs: int, windows: int, seed0: int) -> dict:
+def _run_args(a: tuple[int, int, int]) -> dict:
+    return run_one(*a)
+
+
+def run(sizes, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
     out: dict = {"runs": runs, "windows_per_run": windows, "seed0": seed0, "sizes": {}}
     for P in sizes:
         t0 = time.perf_counter()
-        got = [run_one(P, windows, seed0 + i) for i in range(runs)]
+        todo = [(P, windows, seed0 + i) for i in range(runs)]
+        if jobs > 1:
+            import multiprocessing
+
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                got = pool.map(_run_args, todo, chunksize=8)
+        else:
+            got = [_run_args(a) for a in todo]
         n = sum(g["windows"] for g in got)
         k = sum(g["named"] for g in got)
         onsets = sum(_onsets(g["names"]) for g in got)
@@ -137,6 +148,11 @@ def run(sizes, runs: int, windows: int, seed0: int) -> dict:
             "most_in_one_run": max(g["named"] for g in got),
             "likely": sum(g["likely"] for g in got),
             "runs_with_alarm": sum(g["named"] > 0 for g in got),
+            "alarmed": [
+                {"seed": g["seed"], "named": g["named"], "onsets": _onsets(g["names"])}
+                for g in got
+                if g["named"]
+            ],
             "seconds": round(time.perf_counter() - t0, 1),
         }
         print(f"  {P} processes: {k} named in {n} windows", flush=True)
@@ -202,12 +218,13 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=100, help="healthy jobs per size")
     ap.add_argument("--windows", type=int, default=40, help="windows per job")
     ap.add_argument("--seed0", type=int, default=0, help="first seed (held-out: another range)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes running the jobs")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(DOC))
     args = ap.parse_args(argv)
     if args.runs < 1 or args.windows < 1 or min(args.sizes) < 2:
         ap.error("--runs and --windows must be >= 1 and every size >= 2 processes")
-    res = run(args.sizes, args.runs, args.windows, args.seed0)
+    res = run(args.sizes, args.runs, args.windows, args.seed0, max(args.jobs, 1))
     res["date"] = time.strftime("%Y-%m-%d")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

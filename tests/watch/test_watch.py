@@ -1,6 +1,7 @@
 """`jaxpace.watch` in one process: the window schedule, the profiler's one session, bad input,
 the stall rule and the decision's log line (a fake profiler; no trace is read)."""
 
+import dataclasses
 import inspect
 import math
 
@@ -283,13 +284,14 @@ def test_the_decision_names_the_late_process_and_the_sinks_get_every_step_and_ra
     assert r.culprit_process == 2 and r.culprit_ranks == (4, 5) and r.culprit_host == "h2"
     assert r.windows_pooled >= 1 and r.analyzed_steps >= 5 and 0.015 < r.late_by_s < 0.025
     assert (r.in_a_row, r.since_window) == (2, 1)
-    assert decide(windows, []).culprit_process is None  # no window before it named 2
-    # The window before pointed at process 2 (its `likely`) without naming it: named at once;
-    # pointing at another process does not confirm 2.
+    # No decision before it, but the newest window alone and both windows pooled name 2:
+    # named at once, from the pooled evidence.
+    r = decide(windows, [])
+    assert r.culprit_process == 2 and r.windows_pooled == 2
+    assert (r.in_a_row, r.since_window) == (1, 2)
+    # The window before had 2 as `likely` only: that alone no longer confirms a lone window.
     pointed = WindowResult(window=1, first_step=10, last_step=14, likely=2, windows_pooled=1)
-    assert decide(windows, [pointed]).culprit_process == 2
-    other = WindowResult(window=1, first_step=10, last_step=14, likely=3, windows_pooled=1)
-    assert decide(windows, [other]).culprit_process is None
+    assert decide(windows[1:], [pointed]).culprit_process is None
 
 
 def test_dir_exchange_round_trips_and_refuses_a_symlink(tmp_path):
@@ -738,3 +740,92 @@ def test_one_process_of_8_devices_names_its_late_device_from_a_shard_map_psum():
     assert all(r.analyzed_steps >= 5 for r in hist), hist
     for r in hist[2:]:  # named once two windows in a row name it (`CONFIRM_WINDOWS`)
         assert r.culprit_process == 0 and r.culprit_ranks == (3,), r
+
+
+def _fake_analyze(names_by_windows, also=()):
+    """An `analyze` for `decide` that names `names_by_windows[n]` (or nobody) when given the
+    records of n pooled windows (5 steps each), and then the processes `also` too (their
+    first rank), with process 3 its finding below the line."""
+    import types
+
+    def analyze(recs, warmup_steps=0):
+        n = len(set(recs.columns["step"].tolist())) // 5
+        named = names_by_windows.get(n)
+        ranks = [
+            types.SimpleNamespace(rank=r, process=r // 2, host=f"h{r // 2}", excess_lateness_s=0.01)
+            for r in range(8)
+        ]
+        below = types.SimpleNamespace(process=3, last_fraction=0.9, text="process 3 below")
+        likely = None if named is not None else below
+        culprits = (2 * named, *(2 * p for p in also)) if named is not None else ()
+        return types.SimpleNamespace(
+            culprit_process=named, likely=likely, primary_mode="persistent_straggler",
+            analyzed_steps=5 * n, culprits=culprits, ranks=ranks,
+        )  # fmt: skip
+
+    return analyze
+
+
+def _windows(n):
+    from jaxpace.watch.summary import combine
+
+    out = []
+    for w in range(1, n + 1):
+        got = {p: _summary(p, window=w) for p in range(4)}
+        recs, notes = combine(got, process_count=4, window=w, first=10 * w, last=10 * w + 4,
+                              run_id="t")  # fmt: skip
+        out.append((w, 10 * w, 10 * w + 4, recs, tuple(notes)))
+    return out
+
+
+def test_a_lone_window_naming_a_process_the_pooled_windows_do_not_name_is_only_likely():
+    # The false alarms of healthy fleets (benchmarks/watch_alarms.py): a lone 5-step window
+    # names the fleet's slowest process while the pooled windows put it below the line.
+    from jaxpace.watch.decide import WindowResult, decide, log_line, verdict
+
+    windows = _windows(4)
+    prev = WindowResult(window=3, first_step=30, last_step=34, likely=2, windows_pooled=3)
+    r = decide(windows, [prev], analyze=_fake_analyze({1: 2}))  # pooled (4) names nobody
+    assert r.culprit_process is None and r.candidate == 2 and r.likely == 2, r
+    assert r.windows_pooled == 1 and "nobody named yet" in log_line(r)
+    assert verdict(r, run="t", process_count=4)["confidence"] == "likely"
+    # The pooled windows name it too: named at once.
+    r = decide(windows, [prev], analyze=_fake_analyze({1: 2, 4: 2}))
+    assert r.culprit_process == 2 and r.windows_pooled == 4 and not r.held, r
+    # The pooled windows name another process: this window's decision is the lone one's.
+    r = decide(windows, [prev], analyze=_fake_analyze({1: 2, 4: 1}))
+    assert r.culprit_process is None and r.candidate == 2 and r.windows_pooled == 1, r
+
+
+def test_a_named_process_is_held_while_the_decision_points_at_it_and_released_after():
+    from jaxpace.watch.decide import WindowResult, decide, log_line, verdict
+
+    windows = _windows(4)
+    named = WindowResult(window=3, first_step=30, last_step=34, culprit_process=3,
+                         culprit_host="h3", culprit_ranks=(6, 7), windows_pooled=3,
+                         in_a_row=2, since_window=2, candidate=3)  # fmt: skip
+    # Nobody named this window; process 3 is its finding below the line: still named.
+    r = decide(windows, [named], analyze=_fake_analyze({}))
+    assert r.culprit_process == 3 and r.held and r.since_window == 2 and r.likely is None, r
+    assert r.culprit_ranks == (6, 7) and r.culprit_host == "h3"
+    assert "still named (since window 2)" in log_line(r), log_line(r)
+    v = verdict(r, run="t", process_count=4)
+    assert v["confidence"] == "named" and v["held"] and v["since_window"] == 2
+    # The decision names it again: named (not held), since the same window.
+    r = decide(windows, [named], analyze=_fake_analyze({1: 3}))
+    assert r.culprit_process == 3 and not r.held and r.since_window == 2 and r.windows_pooled == 1
+    # Another process is this window's finding: still held for one window (`quiet` 1; a
+    # decision near the line flips), released at the second in a row.
+    other = WindowResult(**{**named.__dict__, "culprit_process": 0, "culprit_ranks": (0, 1)})
+    r = decide(windows, [other], analyze=_fake_analyze({}))
+    assert r.culprit_process == 0 and r.held and r.quiet == 1 and r.culprit_ranks == (0, 1), r
+    assert "does not point at it (1 of the 2 windows" in log_line(r), log_line(r)
+    assert verdict(r, run="t", process_count=4)["quiet"] == 1
+    r = decide(windows, [dataclasses.replace(r, window=3)], analyze=_fake_analyze({}))
+    assert r.culprit_process is None and r.likely == 3 and not r.held and r.quiet == 0, r
+    # A report naming two processes keeps the one named before (no taking turns).
+    r = decide(windows, [other], analyze=_fake_analyze({1: 3}, also=(0,)))
+    assert r.culprit_process == 0 and not r.held and r.since_window == 2, r
+    # A gap (the window before is not the previous one): nothing is held.
+    gap = WindowResult(**{**named.__dict__, "window": 2})
+    assert decide(windows, [gap], analyze=_fake_analyze({})).culprit_process is None

@@ -26,6 +26,7 @@ from jaxpace.watch.summary import merge
 __all__ = [
     "CONFIRM_WINDOWS",
     "MAX_POOLED",
+    "RELEASE_WINDOWS",
     "VERDICT_VERSION",
     "WindowResult",
     "decide",
@@ -35,11 +36,19 @@ __all__ = [
 
 MAX_POOLED = 8  # windows pooled at most for one decision
 # A process is named once the decisions of this many consecutive windows name it, or when
-# the window before already pointed at it (its `likely`: last in every step, or the
-# report's finding below the line). On healthy fleets (benchmarks/watch_alarms.py, 8
-# processes) one window's decision named someone in 11 of 2,400 windows; the two
-# inspected each from a lone 5-step window.
+# the newest window's decision alone names it and so do the consecutive windows pooled.
+# A lone 5-step window is noisy: on healthy 8-process fleets (benchmarks/watch_alarms.py,
+# seeds 1000-2149) two false alarms came from a lone window naming the fleet's slowest
+# process (last in every step of the window before, below the line) while the 35-40
+# steps pooled put it below the line; "the window before pointed at it" then named it.
+# Once named, a process stays named while each window's decision names it or has it as
+# `likely` (`held`): a slow device near the line, named and not named by turns, raised
+# 2-6 alarms in one run (a scheduler sees each new naming as a new alarm).
 CONFIRM_WINDOWS = 2
+# A held process is released once this many windows in a row neither name it nor have it
+# as likely (one window that does not point at it is not enough: the pooled decision on a
+# device near the line flips from window to window).
+RELEASE_WINDOWS = 2
 VERDICT_VERSION = 1
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 
@@ -70,8 +79,13 @@ class WindowResult:
       in_a_row: consecutive analyzed windows whose decision named the same process
         (`candidate`), this one included (0 when this one's named nobody); the
         process is named (`culprit_process`) from `CONFIRM_WINDOWS` on, or at once
-        when the window before had it as `likely`.
-      since_window: the first of those windows (None when nobody is named).
+        when the newest window alone and the consecutive windows pooled both name it.
+      since_window: the first window of the naming (None when nobody is named).
+      held: the process stays named from the window before: this window's decision
+        has it as `likely` (or as a candidate) without naming it on its own, or is the
+        first of `RELEASE_WINDOWS` in a row that do not point at it (`quiet`).
+      quiet: windows in a row, this one included, whose decision did not point at the
+        held process (0 when it did, or when nothing is held).
       candidate: the process this window's decision named, confirmed or not (a
         candidate not yet confirmed is also `likely`).
       last_fraction: the share in [0, 1] of analyzed steps in which the named
@@ -97,6 +111,8 @@ class WindowResult:
     last_fraction: float = math.nan
     notes: tuple[str, ...] = ()
     candidate: int | None = None
+    held: bool = False
+    quiet: int = 0
 
 
 def _likely(recs: Records) -> tuple[int | None, float]:
@@ -151,20 +167,34 @@ def decide(
         run.insert(0, entry[3])
         busy.insert(0, frozenset(entry[5]) if len(entry) > 5 else frozenset())
     likely, frac = _likely(recs)
-    rep = None
-    pooled = 0
-    for n in sorted({1, len(run)}):  # the newest alone, then every consecutive one kept
+    prev = history[-1] if history and history[-1].window == w - 1 else None
+    named_before = prev.culprit_process if prev is not None else None
+
+    def run_analysis(n: int) -> Any:
+        return analyze(merge(run[-n:], run_id=recs.run_id or "watch"), warmup_steps=0)
+
+    # The newest window alone, then (when it names nobody, or names somebody the windows
+    # before have not) every consecutive one kept: at most two analyses a window.
+    # A report may name several processes (several outliers): the one named or proposed
+    # the window before is kept, so two near-equal devices do not take turns.
+    prefer = (named_before, prev.candidate if prev is not None else None)
+    rep, pooled, by_pool, alone = None, 0, False, None
+    for n in sorted({1, len(run)}):
         try:
-            rep = analyze(merge(run[-n:], run_id=recs.run_id or "watch"), warmup_steps=0)
+            got = run_analysis(n)
         except Exception as e:  # noqa: BLE001 - a window that cannot be analyzed is partial
             notes = (*notes, f"analysis failed on {n} windows: {type(e).__name__}: {e}")
             break
-        pooled = n
-        if rep.culprit_process is not None:
-            break
+        if rep is None:  # the newest alone
+            rep, pooled = got, n
+            alone = _pick(got, prefer)
+            if alone is not None and alone in prefer:
+                break  # confirmed by the windows before: no second analysis
+        elif alone is None or alone in _processes(got):
+            rep, pooled, by_pool = got, n, alone is not None
     if rep is None:
         return dataclasses.replace(base, notes=notes, partial=True, likely=likely)
-    named = rep.culprit_process
+    named = _pick(rep, prefer)
     likely_text = ""
     if named is None and rep.likely is not None:  # the report's finding below the line
         likely, frac = rep.likely.process, rep.likely.last_fraction
@@ -180,13 +210,24 @@ def decide(
             f"when {overlapped} of the {pooled} pooled windows began; it is not named from "
             "them (a larger `every` leaves that work room between windows).",
         )
-        named, likely = None, named
+        named, likely, by_pool = None, named, False
     candidate = named
+    busy_now = overlapped > 0
     in_a_row, since = _streak(history, candidate, w)
-    prev = history[-1] if history else None
-    pointed = prev is not None and prev.window == w - 1 and prev.likely == candidate
-    if named is not None and in_a_row < CONFIRM_WINDOWS and not pointed:  # not yet: likely
+    held = False
+    if named is not None and named == named_before:  # still named
+        since = prev.since_window if prev.since_window is not None else since
+    elif named is not None and in_a_row < CONFIRM_WINDOWS and not by_pool:  # not yet: likely
         named, likely, likely_text = None, candidate, ""
+    quiet = 0
+    if named is None and named_before is not None and not busy_now:
+        points = named_before in (candidate, likely) or named_before in _processes(rep)
+        quiet = 0 if points else prev.quiet + 1
+        if quiet < RELEASE_WINDOWS:  # held: named before, not released yet
+            named, held, since = named_before, True, prev.since_window
+            likely, likely_text = None, ""
+        else:
+            quiet = 0
     who = named if named is not None else likely
     ranks, host, late = _process_figures(rep, who, tuple(rep.culprits) if single else ())
     return dataclasses.replace(
@@ -206,6 +247,8 @@ def decide(
         last_fraction=frac if who is not None else math.nan,
         notes=notes,
         candidate=candidate,
+        held=held,
+        quiet=quiet,
     )
 
 
@@ -230,6 +273,22 @@ def _streak(history: Sequence[WindowResult], named: int | None, w: int) -> tuple
     if prev is not None and prev.candidate == named and prev.window == w - 1:
         return prev.in_a_row + 1, prev.since_window
     return 1, w
+
+
+def _processes(rep: Any) -> tuple[int, ...]:
+    """The processes the report names: its culprit process, then those of its culprit
+    ranks (a report may name several outliers), in order; () when it names nobody."""
+    if rep.culprit_process is None:
+        return ()
+    of = {r.rank: r.process for r in rep.ranks}
+    found = [rep.culprit_process, *(of.get(c) for c in rep.culprits)]
+    return tuple(dict.fromkeys(int(p) for p in found if p is not None))
+
+
+def _pick(rep: Any, prefer: Sequence[int | None]) -> int | None:
+    """The process the report names, preferring the first of `prefer` it also names."""
+    named = _processes(rep)
+    return next((p for p in prefer if p is not None and p in named), rep.culprit_process)
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -258,6 +317,18 @@ def log_line(r: WindowResult) -> str:
     late = f"{r.late_by_s * 1e3:.1f} ms" if math.isfinite(r.late_by_s) else "?"
     pooled = f" ({r.windows_pooled} windows pooled)" if r.windows_pooled > 1 else ""
     partial = " [partial: " + "; ".join(r.notes[:3]) + "]" if r.partial else ""
+    if r.culprit_process is not None and r.held:
+        where = f"host {r.culprit_host}, {_ranks_text(r.culprit_ranks)}"
+        why = (
+            "this window's decision points at it without naming it"
+            if not r.quiet
+            else f"this window's decision does not point at it ({r.quiet} of the "
+            f"{RELEASE_WINDOWS} windows in a row that release it)"
+        )
+        return (
+            f"{head}process {r.culprit_process} ({where}) late by {late}, still named (since "
+            f"window {r.since_window}): {why}{pooled}{partial}"
+        )
     if r.culprit_process is not None:
         where = f"host {r.culprit_host}, {_ranks_text(r.culprit_ranks)}"
         row = "window" if r.in_a_row == 1 else "window in a row"
@@ -306,7 +377,9 @@ def verdict(r: WindowResult, *, run: str, process_count: int) -> dict[str, Any]:
     """The machine-readable verdict (version `VERDICT_VERSION`) for a scheduler or a script.
 
     `confidence`: `"named"` (the report's decisions on `CONFIRM_WINDOWS`
-    consecutive windows name the process), `"likely"` (named by this window's
+    consecutive windows name the process, or the newest window's decision and
+    the pooled windows' both do; it stays named, `held`, while each window's
+    decision names it or has it as likely), `"likely"` (named by this window's
     decision only, `candidate`; or the report's finding below the line; or last
     in every step of the newest window, not significant yet) or `"none"`.
     """
@@ -335,5 +408,7 @@ def verdict(r: WindowResult, *, run: str, process_count: int) -> dict[str, Any]:
         "partial": r.partial,
         "likely_text": r.likely_text,
         "candidate": r.candidate,
+        "held": r.held,
+        "quiet": r.quiet,
         "notes": list(r.notes[:8]),
     }

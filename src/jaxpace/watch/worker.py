@@ -601,6 +601,8 @@ def _from_verdict(v: dict) -> _decide.WindowResult | None:
             ),
             notes=tuple(str(n) for n in v.get("notes", [])),
             candidate=int(v["candidate"]) if v.get("candidate") is not None else None,
+            held=bool(v.get("held", False)),
+            quiet=int(v.get("quiet", 0)),
         )
     except (KeyError, TypeError, ValueError):
         return None
