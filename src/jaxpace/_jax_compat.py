@@ -20,6 +20,7 @@ __all__ = [
     "distributed_client",
     "inside_remat",
     "is_unknown_tracer",
+    "profile_session",
     "profiler_stop_collect",
     "reduction_axes",
 ]
@@ -84,6 +85,31 @@ def distributed_client() -> Any:
         return distributed.global_state.client
     except Exception:  # noqa: BLE001 - internal API; the canary test catches a move
         return None
+
+
+class _ProfileDataExport:
+    """`export(data, log_dir)`: writes a stopped session's `ProfileData` as `stop_trace`
+    would have (`jax.profiler.export_profile_data`), on any thread."""
+
+    @staticmethod
+    def export(data: Any, log_dir: str) -> None:
+        import jax
+
+        jax.profiler.export_profile_data(data, log_dir)
+
+
+def profile_session(options: Any) -> tuple[Any, Any] | None:
+    """`(session, exporter)`: a `jax.profiler.ProfileSession` that collects without writing
+    (no `log_dir`: its `stop()` returns the `ProfileData`; not started yet), and the object
+    whose `export(data, log_dir)` writes it later; None on a JAX without that public API
+    (0.10: then `start_trace` and `profiler_stop_collect`). Its `start()` raises "Profile has
+    already been started" while another session runs, as `start_trace` does."""
+    import jax
+
+    cls = getattr(jax.profiler, "ProfileSession", None)
+    if cls is None or not hasattr(jax.profiler, "export_profile_data"):
+        return None
+    return cls(log_dir=None, profiler_options=options), _ProfileDataExport
 
 
 def profiler_stop_collect() -> tuple[Any, bytes, str] | None:

@@ -47,3 +47,10 @@ def test_the_path_names_a_late_process_and_the_block_is_written_between_its_mark
 def test_onsets_count_a_process_named_window_after_window_once():
     assert alarms._onsets([None, 3, 3, 3, None, 3, 2, 2]) == 3
     assert alarms._onsets([None] * 5) == 0
+
+
+def test_jobs_run_the_same_seeds_in_parallel_with_the_same_result():
+    one = alarms.run([4], 3, 3, 7, jobs=1)["sizes"]["4"]
+    two = alarms.run([4], 3, 3, 7, jobs=2)["sizes"]["4"]
+    one.pop("seconds"), two.pop("seconds")
+    assert one == two and one["windows"] == 9

@@ -560,7 +560,15 @@ def _lower_priority() -> None:
 def _costs(summaries: dict[int, dict], analysis_s: float) -> dict[str, float | None]:
     """The window's costs, seconds: per edge the largest over processes; the analysis here."""
     out: dict[str, float | None] = {"analysis_s": round(analysis_s, 4)}
-    for k in ("pre_block_s", "start_trace_s", "end_block_s", "stop_trace_s", "summarize_s"):
+    keys = (
+        "pre_block_s",
+        "start_trace_s",
+        "end_block_s",
+        "stop_trace_s",
+        "export_s",
+        "summarize_s",
+    )
+    for k in keys:
         vals = []
         for s in summaries.values():
             v = s.get(k, (s.get("costs") or {}).get(k))

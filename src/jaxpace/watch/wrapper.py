@@ -99,6 +99,7 @@ class Watched:
         self._stopped = False
         self._closed = False
         self._open: tuple[int, str | None, str | None] | None = None  # window, dir, why skipped
+        self._session: tuple[Any, Any] | None = None  # the window's ProfileSession, exporter
         self._worker: Worker | None = None
         self._tmp: str | None = None
         self._lock = threading.Lock()
@@ -194,10 +195,15 @@ class Watched:
         self._costs["busy_at_start"] = float(worker is not None and worker.busy)
         t0 = time.perf_counter()
         try:
-            self._profiler.start_trace(d, **self._trace_kwargs)
+            self._session = self._new_session()
+            if self._session is not None:  # collect now, write the files on watch's thread
+                self._session[0].start()
+            else:
+                self._profiler.start_trace(d, **self._trace_kwargs)
             self._costs["start_trace_s"] = time.perf_counter() - t0
             self._open = (window, d, None)
         except Exception as e:  # noqa: BLE001 - the program's own session, or a profiler fault
+            self._session = None
             busy = "already" in str(e).lower()
             why = (
                 f"process {self._process}: the program's own jax.profiler session is active; "
@@ -217,7 +223,7 @@ class Watched:
         if d is not None:
             t0 = time.perf_counter()
             try:
-                export = self._stop_profiler()
+                export = self._stop_profiler(d)
                 self._costs["stop_trace_s"] = time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - the window is then partial
                 why = f"process {self._process}: jax.profiler.stop_trace failed ({e})"
@@ -233,13 +239,29 @@ class Watched:
         if self._worker is not None and not self._worker.submit(job):
             say(f"jaxpace watch: steps {first}-{last}: analysis behind; window dropped here")
 
-    def _stop_profiler(self) -> tuple[Any, bytes, str] | None:
-        """Stops the window's profiler session on this (the step's) thread. With
-        `jax.profiler`: only the collection; `(session, xspace, dir)` for the background
-        thread to write the trace files (`session.export`), the conversion off the step.
-        Otherwise (another profiler, or a JAX whose profiler state moved) `stop_trace()`."""
+    def _new_session(self) -> tuple[Any, Any] | None:
+        """With `jax.profiler` on a JAX with its public `ProfileSession`: one that collects
+        without writing, and its exporter (`_jax_compat.profile_session`); else None."""
         import jax
 
+        if self._profiler is not jax.profiler:
+            return None
+        from jaxpace._jax_compat import profile_session
+
+        return profile_session(self._trace_kwargs.get("profiler_options"))
+
+    def _stop_profiler(self, d: str) -> tuple[Any, Any, str] | None:
+        """Stops the window's profiler session on this (the step's) thread. With
+        `jax.profiler`: only the collection; `(exporter, data, d)` for the background
+        thread to write the trace files into `d` (`exporter.export(data, d)`), the
+        conversion off the step: a public `ProfileSession` (newer JAX), else the session
+        state's internals (`_jax_compat.profiler_stop_collect`). Otherwise (another
+        profiler, or a JAX whose profiler state moved) `stop_trace()`."""
+        import jax
+
+        if self._session is not None:  # a public ProfileSession (newer JAX)
+            (session, exporter), self._session = self._session, None
+            return exporter, session.stop(), d
         if self._profiler is jax.profiler:
             from jaxpace._jax_compat import profiler_stop_collect
 
