@@ -130,7 +130,7 @@ def run(sizes, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
         if jobs > 1:
             import multiprocessing
 
-            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            with multiprocessing.get_context("spawn").Pool(jobs) as pool:
                 got = pool.map(_run_args, todo, chunksize=8)
         else:
             got = [_run_args(a) for a in todo]

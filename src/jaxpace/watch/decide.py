@@ -168,33 +168,10 @@ def decide(
         busy.insert(0, frozenset(entry[5]) if len(entry) > 5 else frozenset())
     likely, frac = _likely(recs)
     prev = history[-1] if history and history[-1].window == w - 1 else None
-    named_before = prev.culprit_process if prev is not None else None
-
-    def run_analysis(n: int) -> Any:
-        return analyze(merge(run[-n:], run_id=recs.run_id or "watch"), warmup_steps=0)
-
-    # The newest window alone, then (when it names nobody, or names somebody the windows
-    # before have not) every consecutive one kept: at most two analyses a window.
-    # A report may name several processes (several outliers): the one named or proposed
-    # the window before is kept, so two near-equal devices do not take turns.
-    prefer = (named_before, prev.candidate if prev is not None else None)
-    rep, pooled, by_pool, alone = None, 0, False, None
-    for n in sorted({1, len(run)}):
-        try:
-            got = run_analysis(n)
-        except Exception as e:  # noqa: BLE001 - a window that cannot be analyzed is partial
-            notes = (*notes, f"analysis failed on {n} windows: {type(e).__name__}: {e}")
-            break
-        if rep is None:  # the newest alone
-            rep, pooled = got, n
-            alone = _pick(got, prefer)
-            if alone is not None and alone in prefer:
-                break  # confirmed by the windows before: no second analysis
-        elif alone is None or alone in _processes(got):
-            rep, pooled, by_pool = got, n, alone is not None
+    rep, pooled, by_pool, notes = _analyses(run, recs.run_id or "watch", prev, notes, analyze)
     if rep is None:
         return dataclasses.replace(base, notes=notes, partial=True, likely=likely)
-    named = _pick(rep, prefer)
+    named = _pick(rep, _preferred(prev))
     likely_text = ""
     if named is None and rep.likely is not None:  # the report's finding below the line
         likely, frac = rep.likely.process, rep.likely.last_fraction
@@ -212,22 +189,12 @@ def decide(
         )
         named, likely, by_pool = None, named, False
     candidate = named
-    busy_now = overlapped > 0
     in_a_row, since = _streak(history, candidate, w)
-    held = False
-    if named is not None and named == named_before:  # still named
-        since = prev.since_window if prev.since_window is not None else since
-    elif named is not None and in_a_row < CONFIRM_WINDOWS and not by_pool:  # not yet: likely
-        named, likely, likely_text = None, candidate, ""
-    quiet = 0
-    if named is None and named_before is not None and not busy_now:
-        points = named_before in (candidate, likely) or named_before in _processes(rep)
-        quiet = 0 if points else prev.quiet + 1
-        if quiet < RELEASE_WINDOWS:  # held: named before, not released yet
-            named, held, since = named_before, True, prev.since_window
-            likely, likely_text = None, ""
-        else:
-            quiet = 0
+    named, likely, since, held, quiet = _naming(
+        rep, prev, candidate, likely, in_a_row, since, by_pool, busy_now=overlapped > 0
+    )
+    if named is not None or likely == candidate:
+        likely_text = ""
     who = named if named is not None else likely
     ranks, host, late = _process_figures(rep, who, tuple(rep.culprits) if single else ())
     return dataclasses.replace(
@@ -250,6 +217,70 @@ def decide(
         held=held,
         quiet=quiet,
     )
+
+
+def _preferred(prev: WindowResult | None) -> tuple[int | None, int | None]:
+    """The processes a report naming several keeps: the one named the window before, then
+    the one its decision proposed."""
+    return (prev.culprit_process, prev.candidate) if prev is not None else (None, None)
+
+
+def _analyses(
+    run: list[Records], run_id: str, prev: WindowResult | None, notes: tuple, analyze: Any
+) -> tuple[Any, int, bool, tuple]:
+    """`(report, windows pooled, named by the pool, notes)`: the newest window alone, then
+    (when it names nobody, or somebody the windows before have not) every consecutive
+    window kept: at most two analyses a window. `named by the pool`: the pooled windows
+    name the process the newest alone names (that confirms it). Report None: the newest
+    window could not be analyzed (the note says why)."""
+    prefer = _preferred(prev)
+    rep, pooled, by_pool, alone = None, 0, False, None
+    for n in sorted({1, len(run)}):
+        try:
+            got = analyze(merge(run[-n:], run_id=run_id), warmup_steps=0)
+        except Exception as e:  # noqa: BLE001 - a window that cannot be analyzed is partial
+            notes = (*notes, f"analysis failed on {n} windows: {type(e).__name__}: {e}")
+            break
+        if rep is None:  # the newest alone
+            rep, pooled = got, n
+            alone = _pick(got, prefer)
+            if alone is not None and alone in prefer:
+                break  # confirmed by the windows before: no second analysis
+        elif alone is None or alone in _processes(got):
+            rep, pooled, by_pool = got, n, alone is not None
+    return rep, pooled, by_pool, notes
+
+
+def _naming(
+    rep: Any,
+    prev: WindowResult | None,
+    candidate: int | None,
+    likely: int | None,
+    in_a_row: int,
+    since: int | None,
+    by_pool: bool,
+    busy_now: bool,
+) -> tuple[int | None, int | None, int | None, bool, int]:
+    """`(named, likely, since, held, quiet)` from this window's decision (`candidate`,
+    `likely`) and the window before: named from `CONFIRM_WINDOWS` in a row or when the
+    pooled windows confirm a lone window's naming (`by_pool`); a process named before is
+    kept (since its first window) and held while the decision points at it, released after
+    `RELEASE_WINDOWS` in a row that do not."""
+    named_before = prev.culprit_process if prev is not None else None
+    named = candidate
+    if named is not None and named == named_before:  # still named
+        since = prev.since_window if prev.since_window is not None else since
+    elif named is not None and in_a_row < CONFIRM_WINDOWS and not by_pool:  # not yet: likely
+        named, likely = None, candidate
+    held, quiet = False, 0
+    if named is None and named_before is not None and not busy_now:
+        points = named_before in (candidate, likely) or named_before in _processes(rep)
+        quiet = 0 if points else prev.quiet + 1
+        if quiet < RELEASE_WINDOWS:  # held: named before, not released yet
+            named, likely, held, since = named_before, None, True, prev.since_window
+        else:
+            quiet = 0
+    return named, likely, since, held, quiet
 
 
 def _process_figures(
