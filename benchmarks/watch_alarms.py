@@ -118,10 +118,6 @@ def need(step_s: float, window_cost_s: float, budget: float) -> tuple[float, flo
     return per_week, 1.0 / per_week
 
 
-def _run_args(a: tuple[int, int, int]) -> dict:
-    return run_one(*a)
-
-
 def run(sizes, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
     out: dict = {"runs": runs, "windows_per_run": windows, "seed0": seed0, "sizes": {}}
     for P in sizes:
@@ -131,9 +127,9 @@ def run(sizes, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
             import multiprocessing
 
             with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-                got = pool.map(_run_args, todo, chunksize=8)
+                got = pool.starmap(run_one, todo, chunksize=8)
         else:
-            got = [_run_args(a) for a in todo]
+            got = [run_one(*a) for a in todo]
         n = sum(g["windows"] for g in got)
         k = sum(g["named"] for g in got)
         onsets = sum(_onsets(g["names"]) for g in got)
