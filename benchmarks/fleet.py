@@ -115,7 +115,11 @@ def end_to_end(seeds: int = 6) -> list[dict]:
         for seed in range(seeds):
             run_ = simulate_records(sc, nodes=R // 8, steps=STEPS[R], seed=seed)
             rep = analyze(run_.records, expected_transfer_s=run_.expected_transfer_s)
-            named += bool(rep.culprits or rep.late_groups or rep.primary_mode != "balanced")
+            named += bool(
+                rep.culprits
+                or rep.late_groups
+                or rep.primary_mode not in ("balanced", "likely_straggler")
+            )
             f = Faults(late_ranks=(seed,), late_s=8 * spread * T_S)
             run_ = simulate_records(sc, nodes=R // 8, steps=STEPS[R], seed=seed, faults=f)
             found += analyze(run_.records, expected_transfer_s=run_.expected_transfer_s).culprits[

@@ -328,6 +328,8 @@ def _diagnosis_lines(rep, rows, losses, same_params: bool, paths: dict[str, str]
         f"{rep.rank_stats(culprit).excess_lateness_s * 1e3:.1f} ms later than a typical rank, "
         f"last to arrive in {rep.rank_stats(culprit).last_fraction:.0%} of steps."
         if culprit is not None
+        else f"No culprit named with confidence, but {rep.likely.text}."
+        if rep.likely is not None
         else "No persistent culprit: arrivals are balanced."
     )
     detected = sorted(
@@ -337,7 +339,11 @@ def _diagnosis_lines(rep, rows, losses, same_params: bool, paths: dict[str, str]
     mode_lines = [f"  {m.name} (score {m.score:.2f}): {m.evidence[0]}" for m in detected]
     return [
         verdict,
-        "Failure modes detected:" if mode_lines else "Failure mode: balanced.",
+        "Failure modes detected:"
+        if mode_lines
+        else "Failure mode: none detected; not balanced (a likely straggler, below the line)."
+        if rep.likely is not None
+        else "Failure mode: balanced.",
         *mode_lines,
         f"Pacing moved {exch['early_sync_wait_ms'] - on['early_sync_wait_ms']:.1f} ms/step of "
         "the early ranks' waiting-in-collective into bounded sleeps. Job step: measure only "

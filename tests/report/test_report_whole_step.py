@@ -108,6 +108,11 @@ def test_a_small_job_one_process_always_last_is_likely_not_balanced():
     assert "likely: process 1" in lk.text and "24% of the step" in lk.text
     assert "balanced" not in lk.text.lower()
     assert rep.to_dict()["likely"]["process"] == 1
+    # The run is not called balanced anywhere: not its primary mode, not its verdict.
+    assert rep.primary_mode == "likely_straggler"
+    assert not rep.mode("balanced").detected
+    assert "not balanced" in rep.mode("balanced").evidence[0]
+    assert not any(m.detected for m in rep.failure_modes)
 
 
 def test_a_balanced_run_has_no_likely():
@@ -192,8 +197,13 @@ def test_the_printed_report_says_likely_never_balanced_or_nothing_to_fix():
     for text in ("\n".join(summary_lines(rep)), "\n".join(summary_lines(rep, verbose=True))):
         assert "likely: process 1" in text, text
         assert "Nothing to fix" not in text and "arrivals are balanced" not in text, text
+        assert "none (balanced)" not in text and "primary balanced" not in text, text
+        assert "primary failure mode              balanced" not in text, text
     html = render_html(rep)
     assert "likely: process 1" in html and "Nothing to fix" not in html
+    from jaxpace.report.reach import forecast_support
+
+    assert "likely" in forecast_support(rep)[2]  # why no lognormal: not "too few ranks"
 
 
 @pytest.mark.parametrize(

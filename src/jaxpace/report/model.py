@@ -30,6 +30,7 @@ __all__ = [
     "GroupFinding",
     "GroupLate",
     "IterationStats",
+    "LIKELY_MODE",
     "Likely",
     "LinkWait",
     "PacingEffect",
@@ -56,6 +57,9 @@ FAILURE_MODES = (
     "topology_contention",
     "balanced",
 )
+# The primary mode of a run where no mode is detected but a rank or process is last in
+# most steps below the line this size names (`Findings.likely`): never "balanced".
+LIKELY_MODE = "likely_straggler"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -550,7 +554,9 @@ class Findings:
       culprit_process: its process (or a process whose ranks are late together).
       noise_floor_s: excess lateness below this is not called late.
       failure_modes: one `FailureMode` per name in `FAILURE_MODES`.
-      primary_mode: the detected mode with the highest score, or "balanced".
+      primary_mode: the detected mode that costs the most (else with the highest score);
+        with none detected, `LIKELY_MODE` ("likely_straggler") when `likely` is set, else
+        "balanced".
       culprits: every individual culprit rank, latest first (`culprit` is the first).
       late_groups: groups of ranks late together (`GroupFinding`), most significant first.
       costs: GPU-hours spent waiting for each culprit and late group (`WaitingCost`).

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jaxpace.report.model import LIKELY_MODE
+
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
 
@@ -43,7 +45,11 @@ def forecast_support(report: Report) -> tuple[int, bool, str]:
             + (
                 "a persistent straggler is not lognormal noise"
                 if report.culprit is not None
+                else "a rank last in most steps (likely, below the line) is not lognormal noise"
+                if report.primary_mode == LIKELY_MODE
                 else f"{report.num_ranks} ranks are too few to fit it"
+                if report.num_ranks < 8
+                else f"the primary mode is {report.primary_mode}"
             )  # fmt: skip
             + ")"
         )

@@ -392,6 +392,7 @@ _MODE_WORDS = {
     "topology_contention": "transfers, not arrivals, vary",
     "locality": "a group of ranks is later than the rest, below the line",
     "persistent_straggler": "one rank is later than the rest, below the line",
+    "likely_straggler": "one process is last in most steps, below the line",
     "balanced": "arrivals balanced",
 }
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import jaxpace.report.render.tables as tables
 from jaxpace.report.fleet_view import LATE_LEGEND, fleet_short
+from jaxpace.report.model import LIKELY_MODE
 
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
@@ -115,7 +116,14 @@ def _modes(report: Report, verbose: bool) -> list[Block]:
             for m in report.failure_modes
             if m.detected and m.name != "balanced"
         ]
-        text = ", ".join(found) if found else "none (balanced)"
+        likely = getattr(report, "likely", None)
+        if found:
+            text = ", ".join(found)
+        elif report.primary_mode == LIKELY_MODE and likely is not None:
+            who = f"process {likely.process}" if likely.kind == "process" else f"rank {likely.rank}"
+            text = f"none named with confidence; {who} likely, below the line (not balanced)"
+        else:
+            text = "none (balanced)"
         return [Prose(f"primary {report.primary_mode}; detected: {text}", lead="Failure modes: ")]
     out: list[Block] = [Line("Failure modes")]
     for m in report.failure_modes:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from jaxpace.diagnosis.culprit import CONSISTENCY_MAX_STEPS
 from jaxpace.diagnosis.stats import num_text, p_text
 from jaxpace.report.fleet_view import below_line
-from jaxpace.report.model import FailureMode, PeriodicOutliers, WaitingCost
+from jaxpace.report.model import LIKELY_MODE, FailureMode, PeriodicOutliers, WaitingCost
 from jaxpace.report.render.text import format_ms, ranges
 from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, rank_evidence
 
@@ -81,7 +81,8 @@ def decisions(
             f"{periodic.dominant_fraction:.0%} of them): periodic extra work such as eval or "
             "checkpointing, not a fabric problem; excluded from the analysis."
         )
-    if not out or primary == "balanced" and not c.culprit_indices and not c.groups:
+    quiet = primary in ("balanced", LIKELY_MODE)
+    if not out or quiet and not c.culprit_indices and not c.groups:
         if c.rank_stats:
             out.append(_nobody(c, R, n))
     return tuple(out)

@@ -14,9 +14,11 @@ from jaxpace.records.reader import Records
 from jaxpace.report.fleet_view import below_line
 from jaxpace.report.model import (
     FAILURE_MODES,
+    LIKELY_MODE,
     FailureMode,
     GroupFinding,
     IterationStats,
+    Likely,
     SiteData,
 )
 from jaxpace.report.render.text import format_ms, ranges
@@ -358,21 +360,28 @@ def contention_mode(
     return FailureMode("topology_contention", score, score >= 0.5, tuple(ev_t), cost)
 
 
-def classify(modes: Mapping[str, FailureMode]) -> tuple[tuple[FailureMode, ...], str]:
-    """Adds the `balanced` verdict; returns (all modes in `FAILURE_MODES` order, primary)."""
+def classify(
+    modes: Mapping[str, FailureMode], likely: Likely | None = None
+) -> tuple[tuple[FailureMode, ...], str]:
+    """Adds the `balanced` verdict; returns (all modes in `FAILURE_MODES` order, primary).
+
+    With nothing detected but a `likely` finding (a rank or process last in most steps,
+    below the line this size names), the run is not balanced: the verdict is not
+    detected, says so, and the primary mode is `LIKELY_MODE`.
+    """
     others = [modes[k] for k in FAILURE_MODES[:-1]]
-    any_detected = any(m.detected for m in others)
+    detected = [m for m in others if m.detected]
+    below = likely is not None and not detected
+    if detected:
+        why = "not balanced: " + ", ".join(m.name for m in detected)
+    elif below:
+        why = f"not balanced, though nobody is named with confidence: {likely.text}"
+    else:
+        why = "no failure mode stands out"
     balanced = FailureMode(
-        "balanced",
-        float(1.0 - max(m.score for m in others)),
-        not any_detected,
-        (
-            "no failure mode stands out"
-            if not any_detected
-            else "not balanced: " + ", ".join(m.name for m in others if m.detected),
-        ),
+        "balanced", float(1.0 - max(m.score for m in others)), not detected and not below, (why,)
     )
-    return (*others, balanced), _primary([m for m in others if m.detected])
+    return (*others, balanced), LIKELY_MODE if below else _primary(detected)
 
 
 def _primary(detected: list[FailureMode]) -> str:
@@ -419,4 +428,4 @@ def assess_modes(
             data, sel, iteration.mean_s, expected_transfer_s, groups
         ),
     }
-    return classify(modes)
+    return classify(modes, None if refused else c.likely)
