@@ -60,7 +60,7 @@ def _load(source, monkeypatch, *, fast: bool):
     """(Records or None, (exception type, message) or None) of one path."""
     with monkeypatch.context() as m:
         if not fast:  # every file the careful way
-            m.setattr(_engine, "_ends_with_newline", lambda path: False)
+            m.setattr(_engine, "ends_with_newline", lambda path: False)
         try:
             return load_records(source), None
         except Exception as e:  # the same exception, whatever it is, from both
@@ -79,13 +79,49 @@ def _same(a: Records, b: Records) -> None:
         assert getattr(a, f) == getattr(b, f), f
 
 
+def _in_place(source):
+    """(the run read as the report reads it, `by_site.open_run`: JSONL files alone through
+    `jsonl_arrow` into Parquet, read in place; its rows per site, or the error)."""
+    from jaxpace.records.by_site import open_run
+
+    try:
+        with open_run(source) as run:
+            return run.meta, {s: run.site(s).columns for s in run.sites}, None
+    except Exception as e:
+        return None, None, (type(e), str(e))
+
+
+def _rows(cols: dict) -> np.ndarray:
+    """A site's rows as a sorted (rows x columns) array: the same rows in any order."""
+    keys = ["step", "rank", "process", "arrive_ns", "done_ns", "wait_ns", "delay_ns", "device"]
+    a = np.stack([cols[k].astype(np.int64) for k in keys] + [cols["engaged"].astype(np.int64)])
+    return a[:, np.lexsort(a[::-1])] if a.size else a
+
+
+def _same_in_place(source, want: Records | None, want_err) -> None:
+    """The report's way of reading the run gives the careful reader's rows (each site's,
+    in any order), headers, notes and partial flag, or its error."""
+    meta, sites, err = _in_place(source)
+    assert err == want_err
+    if want is None:
+        return
+    assert meta.headers == want.headers
+    assert tuple(sorted(sites)) == tuple(sorted(want.sites))
+    assert (meta.notes, meta.partial) == (want.notes, want.partial)
+    for name, cols in sites.items():
+        sel = want.columns["site"] == want.sites.index(name)
+        ref = {k: v[sel] for k, v in want.columns.items()}
+        np.testing.assert_array_equal(_rows(cols), _rows(ref), err_msg=name)
+
+
 def _check(source, monkeypatch):
-    """The fast path matches the careful one; returns the careful one's result."""
+    """The fast paths match the careful one; returns the careful one's result."""
     want, want_err = _load(source, monkeypatch, fast=False)
     got, got_err = _load(source, monkeypatch, fast=True)
     assert got_err == want_err
     if want is not None:
         _same(got, want)
+    _same_in_place(source, want, want_err)
     return want, want_err
 
 
@@ -514,3 +550,29 @@ def test_a_cap_below_the_writer_lines_is_kept(tmp_path, monkeypatch):
     path = _write(tmp_path / "r.jsonl", header, b"\n", GOOD2, long_site, GOOD2)
     _, err = _load(path, monkeypatch, fast=False)
     assert err is not None and "r.jsonl:4: line is longer than" in err[1]
+
+
+def test_a_jsonl_run_alone_is_read_in_place_each_bad_file_the_careful_way(tmp_path, monkeypatch):
+    """The report's reading of a JSONL run (`open_run`): clean files through pyarrow's parser,
+    a file with a bad line through the careful reader (its line dropped and located), the
+    whole run then read in place from Parquet files the engine removes when closed."""
+    from jaxpace.records.by_site import open_run
+
+    recs = load_records(synthetic_records(6, 40, ranks_per_process=2, seed=3))
+    recs.write_jsonl(tmp_path / "run")
+    bad = tmp_path / "run" / "records-p1.jsonl"
+    lines = bad.read_bytes().splitlines(keepends=True)
+    bad.write_bytes(b"".join([*lines[:5], HOSTILE["float"], *lines[5:]]))
+    careful = []
+    read_checked = jsonl_checked.read_checked
+    monkeypatch.setattr(
+        jsonl_checked, "read_checked", lambda p: careful.append(Path(p).name) or read_checked(p)
+    )
+    with open_run(tmp_path / "run") as run:
+        assert run.engine.in_place  # read in place, not into a table
+        temp = run.engine._jsonl_dirs[0]
+        assert sorted(p.suffix for p in temp.iterdir()) == [".parquet"] * 3
+        assert len(run) == len(recs)  # the bad line dropped, every good one kept
+        assert any("records-p1.jsonl:6" in n for n in run.notes) and run.partial
+    assert careful == ["records-p1.jsonl"]  # the other two files: pyarrow alone
+    assert not temp.exists()

@@ -2,7 +2,9 @@
 
 One module holds the SQL. `Engine.load` reads a run's files into the table
 `steps` (held in memory up to the engine's limit, spilled to its temporary
-directory beyond it): Parquet as is (each file's footer, header
+directory beyond it), or reads it in place: a natively written Parquet run from its
+files, a JSONL run alone from the Parquet files `records.jsonl_arrow` writes of it in
+the temporary directory. Into the table: Parquet as is (each file's footer, header
 and column types checked first; a file without its footer skipped and noted); JSONL
 through `read_json` over all files at once, its values typed as JSON and checked in
 SQL (an integer field must be an integer literal: DuckDB's own integer columns take
@@ -42,7 +44,7 @@ import numpy as np
 from jaxpace.errors import RecordsError
 from jaxpace.records import jsonl_checked
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS, records_files
-from jaxpace.records.jsonl_checked import Drops, first_line, read_checked
+from jaxpace.records.jsonl_checked import Drops, ends_with_newline, first_line, read_checked
 from jaxpace.records.safe_io import open_regular
 
 __all__ = ["Engine", "Loaded", "Reduction", "Scan", "connect"]
@@ -235,6 +237,7 @@ class Engine:
         # (`in_place`) is asked one query per site over all its files.
         self.con.execute("SET parquet_metadata_cache = true")
         self._path_of: dict[int, str] = {}  # `hash(path)` (the table's `file`) -> path
+        self._jsonl_dirs: list[Path] = []  # JSONL runs read as Parquet (`_jsonl_in_place`)
         self.largest_fetch = 0  # the most rows one `site_columns` call returned
         self.executions_numbered = 0  # `number_executions` made `exec_map` when > 0
         # `steps` is a view over the run's Parquet files, read in place (`_load_parquet`);
@@ -258,6 +261,8 @@ class Engine:
 
     def close(self) -> None:
         self.con.close()
+        for d in self._jsonl_dirs:
+            shutil.rmtree(d, ignore_errors=True)
         if self._own_tmp:
             shutil.rmtree(self.temp_directory, ignore_errors=True)
 
@@ -269,9 +274,14 @@ class Engine:
 
     # ------------------------------------------------------------------ reading
 
-    def load(self, path: str | os.PathLike) -> Loaded:
+    def load(self, path: str | os.PathLike, *, file_order: bool = False) -> Loaded:
         """Reads the records files of `path` (a run directory or one file, Parquet or
         JSONL) into the table `steps`; returns their headers, sites and what was dropped.
+
+        A run of JSONL files alone is read file by file into Parquet files of the
+        engine's temporary directory (`records.jsonl_arrow`), then in place as a native
+        run, each file's rows grouped by site; `file_order` keeps each file's rows in
+        its own order instead (a table, as a run of both formats is read).
 
         Raises:
           RecordsError: a file that is not records (no header, a Parquet file without a
@@ -280,14 +290,14 @@ class Engine:
         import duckdb
 
         try:
-            return self._load(Path(path))
+            return self._load(Path(path), file_order)
         except duckdb.Error as e:
             raise RecordsError(
                 f"the records engine (DuckDB) could not read {path}: "
                 f"{str(e).splitlines()[0][:300].rstrip('.')}. {self._spill_hint()}"
             ) from None
 
-    def _load(self, p: Path) -> Loaded:
+    def _load(self, p: Path, file_order: bool = False) -> Loaded:
         files = records_files(p) if p.is_dir() else [p]
         self._new_table()
         self._hash_paths([str(f) for f in files])
@@ -301,7 +311,9 @@ class Engine:
         skipped: list[str] = []
         if parquet:
             self._load_parquet(parquet, headers, skipped, drops, alone=not jsonl)
-        if jsonl:
+        if jsonl and not parquet and not file_order:
+            self._jsonl_in_place(jsonl, headers, skipped, drops)
+        elif jsonl:
             self._load_jsonl(jsonl, headers, drops)
         rows = self.con.execute("SELECT count(*) FROM steps").fetchone()[0]
         sites = tuple(sorted(self._sites_of_row_groups or self._distinct_sites()))
@@ -376,6 +388,9 @@ class Engine:
             self.con.execute("DROP VIEW steps_raw")
             self.in_place, self._kept, self._identity = False, [], {}
         self._sites_of_row_groups = self._rank_keys = None
+        for d in self._jsonl_dirs:  # (a JSONL run read before: its view is gone)
+            shutil.rmtree(d, ignore_errors=True)
+        self._jsonl_dirs = []
         self.con.execute(_TABLE_SQL)
 
     def _drop_parquet_rows(self, drops: Drops) -> None:
@@ -429,12 +444,44 @@ class Engine:
                 drops.empty.append(str(f))
                 continue
             headers.append((header, where))
-            (fast if _ends_with_newline(f) else careful).append(f)
+            (fast if ends_with_newline(f) else careful).append(f)
         careful += self._jsonl_fast(fast)
         for f in sorted(careful, key=files.index):
             checked = read_checked(f)
             drops.merge(checked.drops)
             self._insert_columns(checked.columns, str(f))
+
+    def _jsonl_in_place(self, files: list[Path], headers, skipped: list[str], drops) -> None:
+        """JSONL files alone: each to a Parquet file of the temporary directory, one site
+        to a row group (`jsonl_arrow.to_parquet`), then read in place from there; the
+        rows' `file` names the JSONL file. When those files cannot be written (a full
+        disk, a file-size limit), the run is read into the table instead."""
+        import pyarrow as pa
+
+        from jaxpace.records.jsonl_arrow import to_parquet
+
+        try:
+            out = Path(tempfile.mkdtemp(prefix="jsonl-", dir=self.temp_directory))
+            self._jsonl_dirs.append(out)
+            threads = self.con.execute("SELECT current_setting('threads')").fetchone()[0]
+            done = to_parquet(files, out, int(threads))
+        except (OSError, pa.ArrowException):
+            self._new_table()  # (removes what was written)
+            return self._load_jsonl(files, headers, drops)
+        temps: dict[str, str] = {}  # the Parquet file -> its JSONL file
+        for f, (dst, header, where, checked) in zip(files, done, strict=True):
+            if dst is None:
+                drops.empty.append(str(f))
+                continue
+            headers.append((header, where))
+            if checked is not None:
+                drops.merge(checked)
+            temps[str(dst)] = str(f)
+        if not temps:
+            return
+        self._hash_paths(list(temps))
+        self._path_of = {h: temps.get(t, t) for h, t in self._path_of.items()}
+        self._load_parquet([Path(t) for t in temps], [], skipped, drops, alone=True)
 
     def _jsonl_fast(self, files: list[Path]) -> list[Path]:
         """Inserts the files `read_json` reads cleanly; returns the others."""
@@ -856,16 +903,6 @@ def _file_in_error(message: str, files: list[Path]) -> Path | None:
         if str(f) == m.group(1):
             return f
     return None
-
-
-def _ends_with_newline(path: Path) -> bool:
-    """Whether the file's last byte is a newline (a file cut short mid-line is not)."""
-    with open_regular(path, "records file") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() == 0:
-            return True
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
 
 
 def _execution_array(cols: Any, n: int) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,15 @@ from jaxpace.errors import RecordsError
 from jaxpace.records.format import INT_STEP_FIELDS, NO_EXECUTION
 from jaxpace.records.safe_io import open_regular
 
-__all__ = ["MAX_ABS_INT", "MAX_LINE_BYTES", "CheckedFile", "Drops", "first_line", "read_checked"]
+__all__ = [
+    "MAX_ABS_INT",
+    "MAX_LINE_BYTES",
+    "CheckedFile",
+    "Drops",
+    "ends_with_newline",
+    "first_line",
+    "read_checked",
+]
 
 # Longest records line accepted. A step line is ~200 bytes and a header with
 # rank groups for 1024 ranks well under 1 MiB; a longer line is not a records
@@ -154,6 +163,16 @@ def _parse_header(raw: bytes, where: str) -> dict[str, Any]:
             "not look like a jaxpace records file (docs/records.md)."
         )
     return dict(rec)
+
+
+def ends_with_newline(path: Path) -> bool:
+    """Whether the file's last byte is a newline (a file cut short mid-line is not)."""
+    with open_regular(path, "records file") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def first_line(path: Path) -> tuple[dict[str, Any] | None, str, int]:

@@ -603,7 +603,7 @@ def _load_files(path: Path) -> Records:
 
     files = run_files(path)
     with Engine() as e:
-        loaded = e.load(path)
+        loaded = e.load(path, file_order=True)
         cols, _ = e.all_columns([str(f) for f in files])
         meta = run_meta(
             loaded.headers,
