@@ -391,6 +391,25 @@ def test_long_valid_lines_longer_than_a_chunk(tmp_path, monkeypatch):
     assert err is None and len(want) == 7
 
 
+def test_lines_longer_than_pyarrows_block_and_than_the_cap(tmp_path, monkeypatch):
+    """A valid line longer than pyarrow's block (1 MiB) but within `MAX_LINE_BYTES` gives the
+    careful reader's rows; in a file whose longest line is over the cap pyarrow reads
+    nothing (the careful reader refuses it, naming the line)."""
+    from jaxpace.records import jsonl_arrow
+
+    long = _line(_step(step=3, site="s" * (jsonl_arrow._BLOCK_BYTES + 100)))
+    assert jsonl_arrow._BLOCK_BYTES < len(long) < jsonl_checked.MAX_LINE_BYTES
+    path = _write(tmp_path / "records-p0.jsonl", _header(), GOOD, long, GOOD2)
+    want, err = _check(path, monkeypatch)
+    assert err is None and len(want) == 3
+    over = _line(_step(step=4, site="s" * jsonl_checked.MAX_LINE_BYTES))
+    path = _write(tmp_path / "over" / "records-p0.jsonl", _header(), GOOD, over, GOOD2)
+    assert jsonl_arrow.read_clean(path) is None
+    want, err = _load(path, monkeypatch, fast=False)
+    assert err is not None and "records-p0.jsonl:3: line is longer than" in err[1]
+    _same_in_place(path, want, err)  # (the report's reading refuses it the same way)
+
+
 def test_errors_name_the_same_file_and_line_across_files(tmp_path, monkeypatch):
     d = tmp_path / "run"
     _write(d / "records-p0.jsonl", _header(0, 3), GOOD, GOOD2)
