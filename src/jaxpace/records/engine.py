@@ -56,6 +56,11 @@ _TABLE_SQL = (
     + ", ".join(f"{k} BIGINT" for k in INT_STEP_FIELDS)
     + ", engaged BOOLEAN, device BIGINT, execution BIGINT, file UBIGINT, kind TINYINT)"
 )
+# The columns a site's fetch leaves out when the run says what they hold
+# (`Engine.site_columns`): these two when no row has a delay or is engaged (most runs), and
+# `process` and `device` when each rank has one (process, device).
+ZERO_UNLESS_USED = ("delay_ns", "engaged")
+PER_RANK = ("process", "device")
 # `kind` of a row while loading: a step kept, a header line, or why it is dropped.
 STEP, HEADER, BAD, NULLS, HUGE, NEGATIVE = 0, 1, 2, 3, 4, 5
 _INT64_MIN = "-9223372036854775808"
@@ -248,6 +253,10 @@ class Engine:
         # so the distinct sites need no scan; None when some row is dropped (`_kept`).
         self._sites_of_row_groups: set[str] | None = None
         self._rank_keys: np.ndarray | None = None  # `rank_keys`, asked once
+        # In place: the columns of `ZERO_UNLESS_USED` the row groups' statistics show zero
+        # (false) in every row; None: not known without a scan (`_site_fill` asks once).
+        self._zero_in_stats: set[str] | None = None
+        self._fill: _Fill | None = None  # what `site_columns` leaves out (`_site_fill`)
         # In place: each file's identity when it was opened (`_file_identity`), checked
         # after every query (`_arrays`): the run is read from its files, not from a copy.
         self._identity: dict[str, tuple[int, int, int] | None] = {}
@@ -328,6 +337,7 @@ class Engine:
         one site's rows (`records.format.write_parquet`'s layout), so a query for one site
         reads that site's row groups alone."""
         good, names, grouped, sites, layouts = [], set(), True, set(), set()
+        zero = set(ZERO_UNLESS_USED)
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
@@ -337,6 +347,7 @@ class Engine:
                 grouped &= head[2] is not None
                 sites |= head[2] or set()
                 layouts.add(head[3])
+                zero &= head[4]
         if not good:
             return
         import duckdb
@@ -352,6 +363,7 @@ class Engine:
                 self.in_place = True
                 self._kept = []  # (`_drop_parquet_rows` adds `kind = STEP` if any is not)
                 self._sites_of_row_groups = sites
+                self._zero_in_stats = zero
                 self._define_view()
             else:
                 self.con.execute(f"INSERT INTO steps {select}")
@@ -375,7 +387,7 @@ class Engine:
         where = " AND ".join(f"({c})" for c in self._kept)
         if where:  # (a row dropped: its site may be gone)
             self._sites_of_row_groups = None
-        self._rank_keys = None
+        self._rank_keys = self._fill = None
         self.con.execute(
             "CREATE OR REPLACE VIEW steps AS SELECT * FROM steps_raw"
             + (f" WHERE {where}" if where else "")
@@ -387,7 +399,7 @@ class Engine:
             self.con.execute("DROP VIEW steps")
             self.con.execute("DROP VIEW steps_raw")
             self.in_place, self._kept, self._identity = False, [], {}
-        self._sites_of_row_groups = self._rank_keys = None
+        self._sites_of_row_groups = self._rank_keys = self._fill = self._zero_in_stats = None
         for d in self._jsonl_dirs:  # (a JSONL run read before: its view is gone)
             shutil.rmtree(d, ignore_errors=True)
         self._jsonl_dirs = []
@@ -589,21 +601,51 @@ class Engine:
                 f"{str(e).splitlines()[0][:300].rstrip('.')}. {self._spill_hint()}"
             ) from None
 
-    def site_columns(self, site: str) -> dict[str, np.ndarray]:
+    def site_columns(self, site: str, on: Any = None) -> dict[str, np.ndarray]:
         """The rows of one site as NumPy columns (`STEP_COLUMNS`, and `execution` numbered
-        0, 1, ... once `number_executions` has made the map)."""
+        0, 1, ... once `number_executions` has made the map), asked on the connection `on`
+        (a `fetch_cursor`, in another thread) or the engine's own.
+
+        A column the run says enough about is not fetched but filled in, the same values
+        and dtype (`_Fill`): `delay_ns` and `engaged` when no row of the run has a delay or
+        is engaged, `process` and `device` from `rank_keys` when each rank has one (process,
+        device). A site's query over 1024 Parquet files costs per column fetched."""
+        fill = self._site_fill()
+        asked = [k for k in STEP_COLUMNS if k not in fill.left_out]
         if self.executions_numbered:
-            cols = self._arrays(
-                f"SELECT {', '.join('s.' + k for k in STEP_COLUMNS)}, m.ex AS execution "
-                "FROM steps s JOIN exec_map m USING (process, execution) WHERE s.site = $1",
-                [site],
+            sql = (
+                f"SELECT {', '.join('s.' + k for k in asked)}, m.ex AS execution "
+                "FROM steps s JOIN exec_map m USING (process, execution) WHERE s.site = $1"
             )
         else:
-            cols = self._arrays(
-                f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE site = $1", [site]
-            )
+            sql = f"SELECT {', '.join(asked)} FROM steps WHERE site = $1"
+        cols = fill.filled(self._arrays(sql, [site], on))
         self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
         return cols
+
+    def fetch_cursor(self) -> Any:
+        """A second connection to the engine's database, for `site_columns(site, on=...)` in
+        another thread while this one works (DuckDB runs a query without the GIL). What
+        the fetch leaves out is decided here first, on the engine's own connection."""
+        self._site_fill()
+        cur = self.con.cursor()
+        cur.execute("SET parquet_metadata_cache = true")  # (a per-connection setting)
+        return cur
+
+    def _site_fill(self) -> _Fill:
+        """What `site_columns` leaves out and fills in (asked once, until rows are dropped):
+        the zero columns from the row groups' statistics of a run read in place (no scan),
+        else from one query; the per-rank columns from `rank_keys`."""
+        if self._fill is None:
+            zero = self._zero_in_stats
+            if zero is None:
+                used = self.con.execute(
+                    "SELECT coalesce(bool_or(delay_ns <> 0), false), "
+                    "coalesce(bool_or(engaged), false) FROM steps"
+                ).fetchone()
+                zero = {k for k, u in zip(ZERO_UNLESS_USED, used, strict=True) if not u}
+            self._fill = _Fill.of(self.rank_keys(), zero)
+        return self._fill
 
     def check_unchanged(self) -> None:
         """Raises `RecordsError` when a file of a run read in place was replaced or removed
@@ -755,7 +797,7 @@ class Engine:
             f"SELECT file, process, step, rank FROM steps WHERE {cond} LIMIT 10000"
         ).fetchall()
         ex = min(some, key=lambda r: (self._path_of.get(int(r[0]), ""), r[2], r[3]))
-        self._rank_keys = None
+        self._rank_keys = self._fill = None
         if self.in_place:
             self._kept.append(f"NOT ({cond})")
             self._define_view()
@@ -814,16 +856,67 @@ class Engine:
             ranks=self._arrays(PER_RANK_SQL),
         )
 
-    def _arrays(self, sql: str, params: list | None = None) -> dict[str, np.ndarray]:
+    def _arrays(
+        self, sql: str, params: list | None = None, on: Any = None
+    ) -> dict[str, np.ndarray]:
         import duckdb
 
         try:
-            cols = self.con.execute(sql, params or []).fetchnumpy()
+            cols = (self.con if on is None else on).execute(sql, params or []).fetchnumpy()
         except duckdb.IOException:
             self.check_unchanged()  # (a file gone: say which)
             raise
         self.check_unchanged()
         return {k: np.asarray(v) for k, v in cols.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fill:
+    """The columns a site's fetch leaves out (`Engine.site_columns`), and their values.
+
+    Attributes:
+      zero: the columns zero (false) in every row of the run (of `ZERO_UNLESS_USED`).
+      lo: the least rank, when each rank has one (process, device) (else None: fetched).
+      process, device: each rank's process and device (-1: none), indexed by `rank - lo`
+        (a table over the span of the ranks) or, ranks far apart, by `ranks`' order.
+      ranks: the sorted distinct ranks when they are far apart (looked up with
+        `searchsorted`), else None.
+    """
+
+    zero: frozenset[str]
+    lo: int | None = None
+    process: np.ndarray | None = None
+    device: np.ndarray | None = None
+    ranks: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, keys: np.ndarray, zero: set[str]) -> _Fill:
+        """From the (rank, process, device) triples `keys` ((3, K), `Engine.rank_keys`)."""
+        ranks, first = np.unique(keys[0], return_index=True)
+        if not ranks.size or ranks.size != keys.shape[1]:  # (a rank of two (process, device))
+            return cls(frozenset(zero))
+        lo, span = int(ranks[0]), int(ranks[-1]) - int(ranks[0]) + 1
+        proc, dev = keys[1][first], keys[2][first]
+        if span > 4 * ranks.size + 4096:  # (ranks far apart: looked up, not tabled)
+            return cls(frozenset(zero), lo, proc, dev, ranks)
+        table = np.zeros((2, span), np.int64)
+        table[:, ranks - lo] = proc, dev
+        return cls(frozenset(zero), lo, table[0], table[1])
+
+    @property
+    def left_out(self) -> frozenset[str]:
+        return self.zero | (frozenset(PER_RANK) if self.lo is not None else frozenset())
+
+    def filled(self, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The fetched columns `got` with the left-out ones filled in, in `STEP_COLUMNS`
+        order (then `execution`, when fetched)."""
+        rank = got["rank"]
+        if self.lo is not None:
+            at = np.searchsorted(self.ranks, rank) if self.ranks is not None else rank - self.lo
+            got["process"], got["device"] = self.process[at], self.device[at]
+        for k in self.zero:
+            got[k] = np.zeros(rank.size, bool if k == "engaged" else np.int64)
+        return {k: got[k] for k in (*STEP_COLUMNS, *(["execution"] if "execution" in got else []))}
 
 
 # The JSONL step fields typed as JSON (their text as written), checked below.
@@ -957,12 +1050,30 @@ def _one_site_per_row_group(meta: Any) -> set[str] | None:
     return sites
 
 
+def _zero_in_statistics(meta: Any) -> set[str]:
+    """The columns of `ZERO_UNLESS_USED` a Parquet file's row-group statistics show zero
+    (false) in every row it keeps: their max at most 0 (a row with a negative delay is
+    dropped). A column without statistics in some row group is not among them."""
+    out = set()
+    for k in ZERO_UNLESS_USED:
+        try:
+            col = meta.schema.names.index(k)
+        except ValueError:
+            continue
+        stats = [meta.row_group(i).column(col).statistics for i in range(meta.num_row_groups)
+                 if meta.row_group(i).num_rows]  # fmt: skip
+        if all(s is not None and s.has_min_max and not s.max > 0 for s in stats):
+            out.add(k)
+    return out
+
+
 def _parquet_header(
     path: Path, skipped: list[str]
-) -> tuple[dict[str, Any], set[str], set[str] | None, tuple] | None:
+) -> tuple[dict[str, Any], set[str], set[str] | None, tuple, set[str]] | None:
     """`(header, its column names, its sites if each row group holds one site's rows, its
-    columns' (name, type) in order)` of a Parquet records file, its columns' types
-    checked; None (and a note in `skipped`) for a file without its footer."""
+    columns' (name, type) in order, the columns its statistics show zero in every row
+    (`_zero_in_statistics`))` of a Parquet records file, its columns' types checked; None
+    (and a note in `skipped`) for a file without its footer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -973,6 +1084,7 @@ def _parquet_header(
             pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
             grouped = _one_site_per_row_group(pf.metadata)
+            zero = _zero_in_statistics(pf.metadata)
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
@@ -982,7 +1094,7 @@ def _parquet_header(
             return None
     header = header_of(schema, str(path))
     check_schema(schema, str(path))
-    return header, set(schema.names), grouped, tuple((x.name, str(x.type)) for x in schema)
+    return header, set(schema.names), grouped, tuple((x.name, str(x.type)) for x in schema), zero
 
 
 def read_headers(path: Path) -> list[dict[str, Any]]:
