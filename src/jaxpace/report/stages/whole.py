@@ -242,8 +242,8 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
     gid_of, ranks = rank_map
     partial, used = False, 0
     per_site = run.site_steps()
-    for si, site in enumerate(run.sites):
-        one = run.site(site)
+    # (Each site's rows fetched while the one before is worked on: `sites_in_order`.)
+    for si, (site, one) in enumerate(run.sites_in_order(run.sites)):
         c = one.columns
         gid = gid_of(c)
         if si in exec_of:
