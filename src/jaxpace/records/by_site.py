@@ -6,7 +6,7 @@ The report's heavy work never holds every row: it asks for one site's rows
 small summary (each site's steps, the (rank, process, device) triples, the rows
 per site). Records on disk are read by the engine (`records.engine`: one
 `WHERE site = ?` query per site over the run's table), so the peak memory is one
-site's rows plus the sums; records already in memory (`Records`, record dicts,
+site's rows plus the sums (two sites' rows in a pass that fetches ahead, below); records already in memory (`Records`, record dicts,
 `Pacer.records()`, another source's reader) are sliced by site, giving the same
 rows, so both give the same report.
 
@@ -53,7 +53,7 @@ class SiteRecords:
 
     Attributes:
       largest_fetch: the most rows one `site` call has returned (peak memory is one
-        site's rows: the tests read it).
+        site's rows, two in `sites_in_order`: the tests read it).
     """
 
     def __init__(self, meta: Records, sites: tuple[str, ...], rows: int) -> None:
