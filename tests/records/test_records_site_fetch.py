@@ -165,3 +165,38 @@ def test_a_pass_given_up_part_way_leaves_no_thread_and_the_run_reads_on(tmp_path
         assert sizes == [len(run) // 3] * 3
         assert disk.largest_fetch == disk.engine.largest_fetch == len(run) // 3
         assert not _fetch_threads()
+
+
+def test_the_scan_for_dropped_rows_runs_only_where_the_statistics_allow_one(tmp_path, monkeypatch):
+    """A natively written run whose row-group statistics show no null, no huge value and
+    no negative wait or delay is not scanned for rows to drop; a negative wait, or a file
+    without the statistics of a column, is scanned (and the bad row dropped)."""
+    import pyarrow.parquet as pq
+
+    scans: list[str] = []
+    drop = Engine._drop_parquet_rows
+
+    def counted(self, drops):
+        scans.append("scan")
+        return drop(self, drops)
+
+    monkeypatch.setattr(Engine, "_drop_parquet_rows", counted)
+    run = _run()
+    cols = {k: v.copy() for k, v in run.columns.items()}
+    cols["wait_ns"][7] = -5
+    run.write_parquet(tmp_path / "clean")
+    dataclasses.replace(run, columns=cols).write_parquet(tmp_path / "negative")
+    run.write_parquet(tmp_path / "unstated")
+    f = tmp_path / "unstated" / "records-p0.parquet"
+    table = pq.read_table(f)
+    stated = [c for c in table.column_names if c != "wait_ns"]
+    pq.write_table(table, f, row_group_size=table.num_rows // 3, write_statistics=stated)
+    for name, scanned, rows in (
+        ("clean", 0, len(run)),
+        ("negative", 1, len(run) - 1),
+        ("unstated", 1, len(run)),
+    ):
+        scans.clear()
+        with open_run(tmp_path / name) as disk:
+            assert disk.engine.in_place, name
+            assert len(disk) == rows and len(scans) == scanned, name

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -335,19 +335,21 @@ class Engine:
         """The Parquet `files` into `steps`; read in place (`steps` a view over them, no
         copy and no sort) when they are the whole run (`alone`) and each row group holds
         one site's rows (`records.format.write_parquet`'s layout), so a query for one site
-        reads that site's row groups alone."""
+        reads that site's row groups alone. The rows are scanned for the ones to drop only
+        when the files' statistics do not rule them out (`_every_row_a_step`)."""
         good, names, grouped, sites, layouts = [], set(), True, set(), set()
-        zero = set(ZERO_UNLESS_USED)
+        zero, clean = set(ZERO_UNLESS_USED), True
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
-                headers.append((head[0], f"{f}:header"))
+                headers.append((head.header, f"{f}:header"))
                 good.append(str(f))
-                names |= head[1]
-                grouped &= head[2] is not None
-                sites |= head[2] or set()
-                layouts.add(head[3])
-                zero &= head[4]
+                names |= head.names
+                grouped &= head.sites is not None
+                sites |= head.sites or set()
+                layouts.add(head.layout)
+                zero &= head.zero
+                clean &= head.clean
         if not good:
             return
         import duckdb
@@ -377,7 +379,8 @@ class Engine:
                 f"cannot read the Parquet records ({str(e).splitlines()[0][:200]}); expected "
                 "the columns of docs/records.md, integers within int64."
             ) from None
-        self._drop_parquet_rows(drops)
+        if not clean:  # (else every row is a step: no scan to find the others)
+            self._drop_parquet_rows(drops)
 
     def _distinct_sites(self) -> list[str]:
         return [r[0] for r in self.con.execute("SELECT DISTINCT site FROM steps").fetchall()]
@@ -1050,6 +1053,32 @@ def _one_site_per_row_group(meta: Any) -> set[str] | None:
     return sites
 
 
+def _every_row_a_step(meta: Any) -> bool:
+    """Whether a Parquet file's row-group statistics show that no row is dropped
+    (`_drop_parquet_rows`): no null in a step column, every integer within (-2^63, 2^63)
+    (so none is int64's least, the mark of a huge value, and none fails the cast), no
+    negative wait or delay. False when some statistic is missing: the rows are scanned."""
+    cols = meta.schema.names
+    for k in ("site", *INT_STEP_FIELDS, "engaged"):
+        if k not in cols:
+            return False
+        i = cols.index(k)
+        for g in range(meta.num_row_groups):
+            if not meta.row_group(g).num_rows:
+                continue
+            st = meta.row_group(g).column(i).statistics
+            if st is None or not st.has_null_count or st.null_count:
+                return False
+            if k in INT_STEP_FIELDS and not (
+                st.has_min_max
+                and st.min > -(1 << 63)
+                and st.max < (1 << 63)
+                and (st.min >= 0 or k not in ("wait_ns", "delay_ns"))
+            ):
+                return False
+    return True
+
+
 def _zero_in_statistics(meta: Any) -> set[str]:
     """The columns of `ZERO_UNLESS_USED` a Parquet file's row-group statistics show zero
     (false) in every row it keeps: their max at most 0 (a row with a negative delay is
@@ -1067,13 +1096,29 @@ def _zero_in_statistics(meta: Any) -> set[str]:
     return out
 
 
-def _parquet_header(
-    path: Path, skipped: list[str]
-) -> tuple[dict[str, Any], set[str], set[str] | None, tuple, set[str]] | None:
-    """`(header, its column names, its sites if each row group holds one site's rows, its
-    columns' (name, type) in order, the columns its statistics show zero in every row
-    (`_zero_in_statistics`))` of a Parquet records file, its columns' types checked; None
-    (and a note in `skipped`) for a file without its footer."""
+class _ParquetHead(NamedTuple):
+    """What a Parquet records file's footer says (`_parquet_header`).
+
+    Attributes:
+      header: its jaxpace header.
+      names: its column names.
+      sites: its sites, if each row group holds one site's rows (else None).
+      layout: its columns' (name, type) in order.
+      zero: the columns its statistics show zero in every row (`_zero_in_statistics`).
+      clean: its statistics show every row a step (`_every_row_a_step`).
+    """
+
+    header: dict[str, Any]
+    names: set[str]
+    sites: set[str] | None
+    layout: tuple
+    zero: set[str]
+    clean: bool
+
+
+def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
+    """What a Parquet records file's footer says (`_ParquetHead`), its columns' types
+    checked; None (and a note in `skipped`) for a file without its footer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1085,6 +1130,7 @@ def _parquet_header(
             schema = pf.schema_arrow
             grouped = _one_site_per_row_group(pf.metadata)
             zero = _zero_in_statistics(pf.metadata)
+            clean = _every_row_a_step(pf.metadata)
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
@@ -1094,7 +1140,8 @@ def _parquet_header(
             return None
     header = header_of(schema, str(path))
     check_schema(schema, str(path))
-    return header, set(schema.names), grouped, tuple((x.name, str(x.type)) for x in schema), zero
+    layout = tuple((x.name, str(x.type)) for x in schema)
+    return _ParquetHead(header, set(schema.names), grouped, layout, zero, clean)
 
 
 def read_headers(path: Path) -> list[dict[str, Any]]:
