@@ -1034,66 +1034,74 @@ def _parquet_select_sql(files: list[str], names: set[str], by_name: bool = True)
     )
 
 
-def _one_site_per_row_group(meta: Any) -> set[str] | None:
+class _Stats(NamedTuple):
+    """One column's statistics in one row group, read once (pyarrow decodes `min` and
+    `max` again on every access)."""
+
+    min: Any
+    max: Any
+    null_count: int | None  # (None: not written)
+
+
+def _statistics(meta: Any) -> dict[str, list[_Stats | None]]:
+    """Each step column's statistics (None where a row group has no min and max) in each
+    row group that has rows (a process that recorded no step has none), read once per
+    file."""
+    names = meta.schema.names
+    cols = {k: names.index(k) for k in ("site", *INT_STEP_FIELDS, "engaged") if k in names}
+    out: dict[str, list[_Stats | None]] = {k: [] for k in cols}
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        if not rg.num_rows:
+            continue
+        for k, i in cols.items():
+            st = rg.column(i).statistics
+            ok = st is not None and st.has_min_max
+            nulls = st.null_count if ok and st.has_null_count else None
+            out[k].append(_Stats(st.min, st.max, nulls) if ok else None)
+    return out
+
+
+def _one_site_per_row_group(stats: dict[str, list[_Stats | None]]) -> set[str] | None:
     """The sites of a Parquet file's row groups when each holds one site's rows (its
     `site` statistics' min equal to its max, no null), as `records.format.write_parquet`
-    writes them; else None."""
-    try:
-        col = meta.schema.names.index("site")
-    except ValueError:
+    writes them; else None. `stats`: the file's `_statistics`."""
+    if "site" not in stats:
         return None
     sites = set()
-    for i in range(meta.num_row_groups):
-        if meta.row_group(i).num_rows == 0:  # (a process that recorded no step)
-            continue
-        stats = meta.row_group(i).column(col).statistics
-        if stats is None or not stats.has_min_max or stats.min != stats.max or stats.null_count:
+    for st in stats["site"]:
+        if st is None or st.min != st.max or st.null_count:
             return None
-        sites.add(stats.min)
+        sites.add(st.min)
     return sites
 
 
-def _every_row_a_step(meta: Any) -> bool:
-    """Whether a Parquet file's row-group statistics show that no row is dropped
-    (`_drop_parquet_rows`): no null in a step column, every integer within (-2^63, 2^63)
-    (so none is int64's least, the mark of a huge value, and none fails the cast), no
-    negative wait or delay. False when some statistic is missing: the rows are scanned."""
-    cols = meta.schema.names
+def _every_row_a_step(stats: dict[str, list[_Stats | None]]) -> bool:
+    """Whether a Parquet file's row-group statistics (`_statistics`) show that no row is
+    dropped (`_drop_parquet_rows`): no null in a step column, every integer within
+    (-2^63, 2^63) (so none is int64's least, the mark of a huge value, and none fails the
+    cast), no negative wait or delay. False when some statistic is missing: the rows are
+    scanned."""
     for k in ("site", *INT_STEP_FIELDS, "engaged"):
-        if k not in cols:
-            return False
-        i = cols.index(k)
-        for g in range(meta.num_row_groups):
-            if not meta.row_group(g).num_rows:
-                continue
-            st = meta.row_group(g).column(i).statistics
-            if st is None or not st.has_null_count or st.null_count:
+        least = 0 if k in ("wait_ns", "delay_ns") else -(1 << 63) + 1
+        for st in stats.get(k, [None]):
+            if st is None or st.null_count != 0:
                 return False
-            if k in INT_STEP_FIELDS and not (
-                st.has_min_max
-                and st.min > -(1 << 63)
-                and st.max < (1 << 63)
-                and (st.min >= 0 or k not in ("wait_ns", "delay_ns"))
-            ):
+            if k in INT_STEP_FIELDS and not (least <= st.min and st.max < (1 << 63)):
                 return False
     return True
 
 
-def _zero_in_statistics(meta: Any) -> set[str]:
-    """The columns of `ZERO_UNLESS_USED` a Parquet file's row-group statistics show zero
-    (false) in every row it keeps: their max at most 0 (a row with a negative delay is
-    dropped). A column without statistics in some row group is not among them."""
-    out = set()
-    for k in ZERO_UNLESS_USED:
-        try:
-            col = meta.schema.names.index(k)
-        except ValueError:
-            continue
-        stats = [meta.row_group(i).column(col).statistics for i in range(meta.num_row_groups)
-                 if meta.row_group(i).num_rows]  # fmt: skip
-        if all(s is not None and s.has_min_max and not s.max > 0 for s in stats):
-            out.add(k)
-    return out
+def _zero_in_statistics(stats: dict[str, list[_Stats | None]]) -> set[str]:
+    """The columns of `ZERO_UNLESS_USED` a Parquet file's row-group statistics
+    (`_statistics`) show zero (false) in every row it keeps: their max at most 0 (a row
+    with a negative delay is dropped). A column without statistics in some row group is
+    not among them."""
+    return {
+        k
+        for k in ZERO_UNLESS_USED
+        if k in stats and all(s is not None and not s.max > 0 for s in stats[k])
+    }
 
 
 class _ParquetHead(NamedTuple):
@@ -1128,9 +1136,10 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
         try:
             pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
-            grouped = _one_site_per_row_group(pf.metadata)
-            zero = _zero_in_statistics(pf.metadata)
-            clean = _every_row_a_step(pf.metadata)
+            stats = _statistics(pf.metadata)
+            grouped = _one_site_per_row_group(stats)
+            zero = _zero_in_statistics(stats)
+            clean = _every_row_a_step(stats)
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
