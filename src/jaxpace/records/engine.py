@@ -613,7 +613,9 @@ class Engine:
         and dtype (`_Fill`): `delay_ns` and `engaged` when no row of the run has a delay or
         is engaged, `process` and `device` from `rank_keys` when each rank has one (process,
         device). A site's query over 1024 Parquet files costs per column fetched."""
-        fill = self._site_fill()
+        # (Another thread asks on its own connection alone: it never decides the fill,
+        # and fetches every column if rows were dropped since `fetch_cursor` decided it.)
+        fill = self._site_fill() if on is None else self._fill or _Fill(frozenset())
         asked = [k for k in STEP_COLUMNS if k not in fill.left_out]
         if self.executions_numbered:
             sql = (
