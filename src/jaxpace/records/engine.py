@@ -521,11 +521,17 @@ class Engine:
                 else:
                     refused.append(bad)
                     rest.remove(bad)
+        # (These files' rows alone: a run's Parquet rows, already in the table, have no
+        # header row and were all deleted here when both formats were read together.)
+        paths = {str(f) for f in files}
+        own = [h for h, f in self._path_of.items() if f in paths]
         flagged = {
             self._path_of[int(r[0])]
             for r in self.con.execute(
-                f"SELECT file FROM steps GROUP BY file HAVING count(*) FILTER (WHERE kind = {HEADER}) <> 1 "
-                f"OR count(*) FILTER (WHERE kind <> {STEP} AND kind <> {HEADER}) > 0"
+                "SELECT file FROM steps WHERE file IN (SELECT unnest($1::UBIGINT[])) "
+                f"GROUP BY file HAVING count(*) FILTER (WHERE kind = {HEADER}) <> 1 "
+                f"OR count(*) FILTER (WHERE kind <> {STEP} AND kind <> {HEADER}) > 0",
+                [own],
             ).fetchall()
         }
         if flagged:
