@@ -6,9 +6,16 @@ The report's heavy work never holds every row: it asks for one site's rows
 small summary (each site's steps, the (rank, process, device) triples, the rows
 per site). Records on disk are read by the engine (`records.engine`: one
 `WHERE site = ?` query per site over the run's table), so the peak memory is one
-site's rows plus the sums; records already in memory (`Records`, record dicts,
+site's rows plus the sums (two sites' rows in a pass that fetches ahead, below); records already in memory (`Records`, record dicts,
 `Pacer.records()`, another source's reader) are sliced by site, giving the same
 rows, so both give the same report.
+
+A pass over the sites in order (`SiteRecords.sites_in_order`) on disk fetches the next
+site on a second DuckDB connection in one background thread while the caller works on
+the current one (DuckDB runs a query without the GIL): one site ahead, no more, so the
+rows held are the caller's site and the next one (twice one site's rows, where a lone
+`site` call holds one). A fetch that fails raises its error where the caller takes
+that site; `close` stops a fetch in flight and waits for its thread.
 """
 
 from __future__ import annotations
@@ -16,11 +23,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import weakref
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxpace.errors import RecordsError
 from jaxpace.records.reader import (
     Records,
     foreign_ranks_note,
@@ -43,7 +53,7 @@ class SiteRecords:
 
     Attributes:
       largest_fetch: the most rows one `site` call has returned (peak memory is one
-        site's rows: the tests read it).
+        site's rows, two in `sites_in_order`: the tests read it).
     """
 
     def __init__(self, meta: Records, sites: tuple[str, ...], rows: int) -> None:
@@ -84,6 +94,12 @@ class SiteRecords:
         self.largest_fetch = max(self.largest_fetch, n)
         cols["site"] = np.zeros(n, np.int64)
         return dataclasses.replace(self.meta, sites=(name,), columns=cols)
+
+    def sites_in_order(self, names: Iterable[str]) -> Iterator[tuple[str, Records]]:
+        """`(name, site(name))` for each of `names` in turn; on disk the next site is
+        fetched while the caller works on this one (the module's docstring)."""
+        for name in names:
+            yield name, self.site(name)
 
     def _columns(self, name: str) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -196,7 +212,8 @@ class _OnDisk(SiteRecords):
     def __init__(self, engine: Any, meta: Records, sites: tuple[str, ...], rows: int) -> None:
         super().__init__(meta, sites, rows)
         self.engine = engine
-        self._close = weakref.finalize(self, engine.close)
+        self._fetching: set[_Prefetch] = set()  # the passes of `sites_in_order` under way
+        self._close = weakref.finalize(self, _close_run, engine, self._fetching)
         self._memo: dict[str, Any] = {}  # the summaries, asked once
 
     @property
@@ -212,7 +229,33 @@ class _OnDisk(SiteRecords):
         return self._memo[what]
 
     def _columns(self, name: str) -> dict[str, np.ndarray]:
+        for ahead in self._fetching:  # (fetched ahead by a pass of `sites_in_order`)
+            if ahead.name == name:
+                return ahead.result()
         return self.engine.site_columns(name)
+
+    def sites_in_order(self, names: Iterable[str]) -> Iterator[tuple[str, Records]]:
+        names = list(names)
+        if len(names) < 2:
+            yield from super().sites_in_order(names)
+            return
+        ahead = _Prefetch(self.engine)
+        self._fetching.add(ahead)
+        try:
+            for i, name in enumerate(names):
+                if ahead.stopped:
+                    raise RecordsError(
+                        "the run was closed while its sites were being read; open it again "
+                        "(`records.by_site.open_run`) to read them."
+                    )
+                one = self.site(name)  # (fetched while the caller worked on the one before)
+                if i + 1 < len(names):
+                    ahead.start(names[i + 1])
+                yield name, one
+                del one  # (the caller's reference is the only one left)
+        finally:
+            ahead.stop()
+            self._fetching.discard(ahead)
 
     def site_steps(self) -> dict[int, np.ndarray]:
         got = {s: v[0] for s, v in self._once("step_ranks").items()}
@@ -251,6 +294,49 @@ class _OnDisk(SiteRecords):
 
     def close(self) -> None:
         self._close()
+
+
+class _Prefetch:
+    """One site's rows fetched ahead: `Engine.site_columns` on a second connection (the
+    engine's `fetch_cursor`), in one background thread, one fetch at a time."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.cursor = engine.fetch_cursor()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="jaxpace-site-fetch")
+        self.pending: Future | None = None
+        self.name: str | None = None  # the site `pending` fetches
+        self.stopped = False
+
+    def start(self, name: str) -> None:
+        self.pending = self.pool.submit(self.engine.site_columns, name, self.cursor)
+        self.name = name
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The rows of the site `start` asked for; its fetch's error, if it raised one."""
+        pending, self.pending, self.name = self.pending, None, None
+        return pending.result()
+
+    def stop(self) -> None:
+        """Interrupts a fetch in flight and waits for the thread to end; idempotent."""
+        if self.stopped:
+            return
+        self.stopped = True
+        pending, self.pending, self.name = self.pending, None, None
+        if pending is not None and not pending.cancel():
+            while not pending.done():  # (an interrupt before the query starts is lost)
+                self.cursor.interrupt()
+                wait([pending], timeout=0.05)
+        self.pool.shutdown(wait=True)
+        self.cursor.close()
+
+
+def _close_run(engine: Any, fetching: set[_Prefetch]) -> None:
+    """Stops the passes under way, then closes the engine (`_OnDisk.close`, or its
+    finalizer)."""
+    for ahead in list(fetching):
+        ahead.stop()
+    engine.close()
 
 
 def _least(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -56,6 +56,11 @@ _TABLE_SQL = (
     + ", ".join(f"{k} BIGINT" for k in INT_STEP_FIELDS)
     + ", engaged BOOLEAN, device BIGINT, execution BIGINT, file UBIGINT, kind TINYINT)"
 )
+# The columns a site's fetch leaves out when the run says what they hold
+# (`Engine.site_columns`): these two when no row has a delay or is engaged (most runs), and
+# `process` and `device` when each rank has one (process, device).
+ZERO_UNLESS_USED = ("delay_ns", "engaged")
+PER_RANK = ("process", "device")
 # `kind` of a row while loading: a step kept, a header line, or why it is dropped.
 STEP, HEADER, BAD, NULLS, HUGE, NEGATIVE = 0, 1, 2, 3, 4, 5
 _INT64_MIN = "-9223372036854775808"
@@ -248,6 +253,10 @@ class Engine:
         # so the distinct sites need no scan; None when some row is dropped (`_kept`).
         self._sites_of_row_groups: set[str] | None = None
         self._rank_keys: np.ndarray | None = None  # `rank_keys`, asked once
+        # In place: the columns of `ZERO_UNLESS_USED` the row groups' statistics show zero
+        # (false) in every row; None: not known without a scan (`_site_fill` asks once).
+        self._zero_in_stats: set[str] | None = None
+        self._fill: _Fill | None = None  # what `site_columns` leaves out (`_site_fill`)
         # In place: each file's identity when it was opened (`_file_identity`), checked
         # after every query (`_arrays`): the run is read from its files, not from a copy.
         self._identity: dict[str, tuple[int, int, int] | None] = {}
@@ -326,17 +335,21 @@ class Engine:
         """The Parquet `files` into `steps`; read in place (`steps` a view over them, no
         copy and no sort) when they are the whole run (`alone`) and each row group holds
         one site's rows (`records.format.write_parquet`'s layout), so a query for one site
-        reads that site's row groups alone."""
+        reads that site's row groups alone. The rows are scanned for the ones to drop only
+        when the files' statistics do not rule them out (`_every_row_a_step`)."""
         good, names, grouped, sites, layouts = [], set(), True, set(), set()
+        zero, clean = set(ZERO_UNLESS_USED), True
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
-                headers.append((head[0], f"{f}:header"))
+                headers.append((head.header, f"{f}:header"))
                 good.append(str(f))
-                names |= head[1]
-                grouped &= head[2] is not None
-                sites |= head[2] or set()
-                layouts.add(head[3])
+                names |= head.names
+                grouped &= head.sites is not None
+                sites |= head.sites or set()
+                layouts.add(head.layout)
+                zero &= head.zero
+                clean &= head.clean
         if not good:
             return
         import duckdb
@@ -352,6 +365,7 @@ class Engine:
                 self.in_place = True
                 self._kept = []  # (`_drop_parquet_rows` adds `kind = STEP` if any is not)
                 self._sites_of_row_groups = sites
+                self._zero_in_stats = zero
                 self._define_view()
             else:
                 self.con.execute(f"INSERT INTO steps {select}")
@@ -365,7 +379,8 @@ class Engine:
                 f"cannot read the Parquet records ({str(e).splitlines()[0][:200]}); expected "
                 "the columns of docs/records.md, integers within int64."
             ) from None
-        self._drop_parquet_rows(drops)
+        if not clean:  # (else every row is a step: no scan to find the others)
+            self._drop_parquet_rows(drops)
 
     def _distinct_sites(self) -> list[str]:
         return [r[0] for r in self.con.execute("SELECT DISTINCT site FROM steps").fetchall()]
@@ -375,7 +390,7 @@ class Engine:
         where = " AND ".join(f"({c})" for c in self._kept)
         if where:  # (a row dropped: its site may be gone)
             self._sites_of_row_groups = None
-        self._rank_keys = None
+        self._rank_keys = self._fill = None
         self.con.execute(
             "CREATE OR REPLACE VIEW steps AS SELECT * FROM steps_raw"
             + (f" WHERE {where}" if where else "")
@@ -387,7 +402,7 @@ class Engine:
             self.con.execute("DROP VIEW steps")
             self.con.execute("DROP VIEW steps_raw")
             self.in_place, self._kept, self._identity = False, [], {}
-        self._sites_of_row_groups = self._rank_keys = None
+        self._sites_of_row_groups = self._rank_keys = self._fill = self._zero_in_stats = None
         for d in self._jsonl_dirs:  # (a JSONL run read before: its view is gone)
             shutil.rmtree(d, ignore_errors=True)
         self._jsonl_dirs = []
@@ -506,11 +521,17 @@ class Engine:
                 else:
                     refused.append(bad)
                     rest.remove(bad)
+        # (These files' rows alone: a run's Parquet rows, already in the table, have no
+        # header row and were all deleted here when both formats were read together.)
+        paths = {str(f) for f in files}
+        own = [h for h, f in self._path_of.items() if f in paths]
         flagged = {
             self._path_of[int(r[0])]
             for r in self.con.execute(
-                f"SELECT file FROM steps GROUP BY file HAVING count(*) FILTER (WHERE kind = {HEADER}) <> 1 "
-                f"OR count(*) FILTER (WHERE kind <> {STEP} AND kind <> {HEADER}) > 0"
+                "SELECT file FROM steps WHERE file IN (SELECT unnest($1::UBIGINT[])) "
+                f"GROUP BY file HAVING count(*) FILTER (WHERE kind = {HEADER}) <> 1 "
+                f"OR count(*) FILTER (WHERE kind <> {STEP} AND kind <> {HEADER}) > 0",
+                [own],
             ).fetchall()
         }
         if flagged:
@@ -589,21 +610,53 @@ class Engine:
                 f"{str(e).splitlines()[0][:300].rstrip('.')}. {self._spill_hint()}"
             ) from None
 
-    def site_columns(self, site: str) -> dict[str, np.ndarray]:
+    def site_columns(self, site: str, on: Any = None) -> dict[str, np.ndarray]:
         """The rows of one site as NumPy columns (`STEP_COLUMNS`, and `execution` numbered
-        0, 1, ... once `number_executions` has made the map)."""
+        0, 1, ... once `number_executions` has made the map), asked on the connection `on`
+        (a `fetch_cursor`, in another thread) or the engine's own.
+
+        A column the run says enough about is not fetched but filled in, the same values
+        and dtype (`_Fill`): `delay_ns` and `engaged` when no row of the run has a delay or
+        is engaged, `process` and `device` from `rank_keys` when each rank has one (process,
+        device). A site's query over 1024 Parquet files costs per column fetched."""
+        # (Another thread asks on its own connection alone: it never decides the fill,
+        # and fetches every column if rows were dropped since `fetch_cursor` decided it.)
+        fill = self._site_fill() if on is None else self._fill or _Fill(frozenset())
+        asked = [k for k in STEP_COLUMNS if k not in fill.left_out]
         if self.executions_numbered:
-            cols = self._arrays(
-                f"SELECT {', '.join('s.' + k for k in STEP_COLUMNS)}, m.ex AS execution "
-                "FROM steps s JOIN exec_map m USING (process, execution) WHERE s.site = $1",
-                [site],
+            sql = (
+                f"SELECT {', '.join('s.' + k for k in asked)}, m.ex AS execution "
+                "FROM steps s JOIN exec_map m USING (process, execution) WHERE s.site = $1"
             )
         else:
-            cols = self._arrays(
-                f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE site = $1", [site]
-            )
+            sql = f"SELECT {', '.join(asked)} FROM steps WHERE site = $1"
+        cols = fill.filled(self._arrays(sql, [site], on))
         self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
         return cols
+
+    def fetch_cursor(self) -> Any:
+        """A second connection to the engine's database, for `site_columns(site, on=...)` in
+        another thread while this one works (DuckDB runs a query without the GIL). What
+        the fetch leaves out is decided here first, on the engine's own connection."""
+        self._site_fill()
+        cur = self.con.cursor()
+        cur.execute("SET parquet_metadata_cache = true")  # (a per-connection setting)
+        return cur
+
+    def _site_fill(self) -> _Fill:
+        """What `site_columns` leaves out and fills in (asked once, until rows are dropped):
+        the zero columns from the row groups' statistics of a run read in place (no scan),
+        else from one query; the per-rank columns from `rank_keys`."""
+        if self._fill is None:
+            zero = self._zero_in_stats
+            if zero is None:
+                used = self.con.execute(
+                    "SELECT coalesce(bool_or(delay_ns <> 0), false), "
+                    "coalesce(bool_or(engaged), false) FROM steps"
+                ).fetchone()
+                zero = {k for k, u in zip(ZERO_UNLESS_USED, used, strict=True) if not u}
+            self._fill = _Fill.of(self.rank_keys(), zero)
+        return self._fill
 
     def check_unchanged(self) -> None:
         """Raises `RecordsError` when a file of a run read in place was replaced or removed
@@ -755,7 +808,7 @@ class Engine:
             f"SELECT file, process, step, rank FROM steps WHERE {cond} LIMIT 10000"
         ).fetchall()
         ex = min(some, key=lambda r: (self._path_of.get(int(r[0]), ""), r[2], r[3]))
-        self._rank_keys = None
+        self._rank_keys = self._fill = None
         if self.in_place:
             self._kept.append(f"NOT ({cond})")
             self._define_view()
@@ -814,16 +867,67 @@ class Engine:
             ranks=self._arrays(PER_RANK_SQL),
         )
 
-    def _arrays(self, sql: str, params: list | None = None) -> dict[str, np.ndarray]:
+    def _arrays(
+        self, sql: str, params: list | None = None, on: Any = None
+    ) -> dict[str, np.ndarray]:
         import duckdb
 
         try:
-            cols = self.con.execute(sql, params or []).fetchnumpy()
+            cols = (self.con if on is None else on).execute(sql, params or []).fetchnumpy()
         except duckdb.IOException:
             self.check_unchanged()  # (a file gone: say which)
             raise
         self.check_unchanged()
         return {k: np.asarray(v) for k, v in cols.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fill:
+    """The columns a site's fetch leaves out (`Engine.site_columns`), and their values.
+
+    Attributes:
+      zero: the columns zero (false) in every row of the run (of `ZERO_UNLESS_USED`).
+      lo: the least rank, when each rank has one (process, device) (else None: fetched).
+      process, device: each rank's process and device (-1: none), indexed by `rank - lo`
+        (a table over the span of the ranks) or, ranks far apart, by `ranks`' order.
+      ranks: the sorted distinct ranks when they are far apart (looked up with
+        `searchsorted`), else None.
+    """
+
+    zero: frozenset[str]
+    lo: int | None = None
+    process: np.ndarray | None = None
+    device: np.ndarray | None = None
+    ranks: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, keys: np.ndarray, zero: set[str]) -> _Fill:
+        """From the (rank, process, device) triples `keys` ((3, K), `Engine.rank_keys`)."""
+        ranks, first = np.unique(keys[0], return_index=True)
+        if not ranks.size or ranks.size != keys.shape[1]:  # (a rank of two (process, device))
+            return cls(frozenset(zero))
+        lo, span = int(ranks[0]), int(ranks[-1]) - int(ranks[0]) + 1
+        proc, dev = keys[1][first], keys[2][first]
+        if span > 4 * ranks.size + 4096:  # (ranks far apart: looked up, not tabled)
+            return cls(frozenset(zero), lo, proc, dev, ranks)
+        table = np.zeros((2, span), np.int64)
+        table[:, ranks - lo] = proc, dev
+        return cls(frozenset(zero), lo, table[0], table[1])
+
+    @property
+    def left_out(self) -> frozenset[str]:
+        return self.zero | (frozenset(PER_RANK) if self.lo is not None else frozenset())
+
+    def filled(self, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The fetched columns `got` with the left-out ones filled in, in `STEP_COLUMNS`
+        order (then `execution`, when fetched)."""
+        rank = got["rank"]
+        if self.lo is not None:
+            at = np.searchsorted(self.ranks, rank) if self.ranks is not None else rank - self.lo
+            got["process"], got["device"] = self.process[at], self.device[at]
+        for k in self.zero:
+            got[k] = np.zeros(rank.size, bool if k == "engaged" else np.int64)
+        return {k: got[k] for k in (*STEP_COLUMNS, *(["execution"] if "execution" in got else []))}
 
 
 # The JSONL step fields typed as JSON (their text as written), checked below.
@@ -938,30 +1042,98 @@ def _parquet_select_sql(files: list[str], names: set[str], by_name: bool = True)
     )
 
 
-def _one_site_per_row_group(meta: Any) -> set[str] | None:
+class _Stats(NamedTuple):
+    """One column's statistics in one row group, read once (pyarrow decodes `min` and
+    `max` again on every access)."""
+
+    min: Any
+    max: Any
+    null_count: int | None  # (None: not written)
+
+
+def _statistics(meta: Any) -> dict[str, list[_Stats | None]]:
+    """Each step column's statistics (None where a row group has no min and max) in each
+    row group that has rows (a process that recorded no step has none), read once per
+    file."""
+    names = meta.schema.names
+    cols = {k: names.index(k) for k in ("site", *INT_STEP_FIELDS, "engaged") if k in names}
+    out: dict[str, list[_Stats | None]] = {k: [] for k in cols}
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        if not rg.num_rows:
+            continue
+        for k, i in cols.items():
+            st = rg.column(i).statistics
+            ok = st is not None and st.has_min_max
+            nulls = st.null_count if ok and st.has_null_count else None
+            out[k].append(_Stats(st.min, st.max, nulls) if ok else None)
+    return out
+
+
+def _one_site_per_row_group(stats: dict[str, list[_Stats | None]]) -> set[str] | None:
     """The sites of a Parquet file's row groups when each holds one site's rows (its
     `site` statistics' min equal to its max, no null), as `records.format.write_parquet`
-    writes them; else None."""
-    try:
-        col = meta.schema.names.index("site")
-    except ValueError:
+    writes them; else None. `stats`: the file's `_statistics`."""
+    if "site" not in stats:
         return None
     sites = set()
-    for i in range(meta.num_row_groups):
-        if meta.row_group(i).num_rows == 0:  # (a process that recorded no step)
-            continue
-        stats = meta.row_group(i).column(col).statistics
-        if stats is None or not stats.has_min_max or stats.min != stats.max or stats.null_count:
+    for st in stats["site"]:
+        if st is None or st.min != st.max or st.null_count:
             return None
-        sites.add(stats.min)
+        sites.add(st.min)
     return sites
 
 
-def _parquet_header(
-    path: Path, skipped: list[str]
-) -> tuple[dict[str, Any], set[str], set[str] | None, tuple] | None:
-    """`(header, its column names, its sites if each row group holds one site's rows, its
-    columns' (name, type) in order)` of a Parquet records file, its columns' types
+def _every_row_a_step(stats: dict[str, list[_Stats | None]]) -> bool:
+    """Whether a Parquet file's row-group statistics (`_statistics`) show that no row is
+    dropped (`_drop_parquet_rows`): no null in a step column, every integer within
+    (-2^63, 2^63) (so none is int64's least, the mark of a huge value, and none fails the
+    cast), no negative wait or delay. False when some statistic is missing: the rows are
+    scanned."""
+    for k in ("site", *INT_STEP_FIELDS, "engaged"):
+        least = 0 if k in ("wait_ns", "delay_ns") else -(1 << 63) + 1
+        for st in stats.get(k, [None]):
+            if st is None or st.null_count != 0:
+                return False
+            if k in INT_STEP_FIELDS and not (least <= st.min and st.max < (1 << 63)):
+                return False
+    return True
+
+
+def _zero_in_statistics(stats: dict[str, list[_Stats | None]]) -> set[str]:
+    """The columns of `ZERO_UNLESS_USED` a Parquet file's row-group statistics
+    (`_statistics`) show zero (false) in every row it keeps: their max at most 0 (a row
+    with a negative delay is dropped). A column without statistics in some row group is
+    not among them."""
+    return {
+        k
+        for k in ZERO_UNLESS_USED
+        if k in stats and all(s is not None and not s.max > 0 for s in stats[k])
+    }
+
+
+class _ParquetHead(NamedTuple):
+    """What a Parquet records file's footer says (`_parquet_header`).
+
+    Attributes:
+      header: its jaxpace header.
+      names: its column names.
+      sites: its sites, if each row group holds one site's rows (else None).
+      layout: its columns' (name, type) in order.
+      zero: the columns its statistics show zero in every row (`_zero_in_statistics`).
+      clean: its statistics show every row a step (`_every_row_a_step`).
+    """
+
+    header: dict[str, Any]
+    names: set[str]
+    sites: set[str] | None
+    layout: tuple
+    zero: set[str]
+    clean: bool
+
+
+def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
+    """What a Parquet records file's footer says (`_ParquetHead`), its columns' types
     checked; None (and a note in `skipped`) for a file without its footer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -972,7 +1144,10 @@ def _parquet_header(
         try:
             pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
-            grouped = _one_site_per_row_group(pf.metadata)
+            stats = _statistics(pf.metadata)
+            grouped = _one_site_per_row_group(stats)
+            zero = _zero_in_statistics(stats)
+            clean = _every_row_a_step(stats)
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
@@ -982,7 +1157,8 @@ def _parquet_header(
             return None
     header = header_of(schema, str(path))
     check_schema(schema, str(path))
-    return header, set(schema.names), grouped, tuple((x.name, str(x.type)) for x in schema)
+    layout = tuple((x.name, str(x.type)) for x in schema)
+    return _ParquetHead(header, set(schema.names), grouped, layout, zero, clean)
 
 
 def read_headers(path: Path) -> list[dict[str, Any]]:

@@ -13,8 +13,8 @@ folds a program whose only collective runs several times an execution.
 
 A rank's lateness in a step is the sum, over the step's collectives, of its
 lateness within each collective's group (`site_data`). The sites are read one at a
-time (`records.by_site`): the peak memory is one site's rows plus the (execution x
-rank) sums. A rank that took part in
+time (`records.by_site`, the next fetched while one is worked on): the peak memory
+is two sites' rows plus the (execution x rank) sums. A rank that took part in
 only some of a step's collectives (records lost, or not a member) is estimated
 from those it took part in: its mean lateness over them times the number of
 collectives in the step, so a missing collective never makes it look less late.
@@ -242,8 +242,8 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
     gid_of, ranks = rank_map
     partial, used = False, 0
     per_site = run.site_steps()
-    for si, site in enumerate(run.sites):
-        one = run.site(site)
+    # (Each site's rows fetched while the one before is worked on: `sites_in_order`.)
+    for si, (site, one) in enumerate(run.sites_in_order(run.sites)):
         c = one.columns
         gid = gid_of(c)
         if si in exec_of:

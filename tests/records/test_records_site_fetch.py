@@ -1,0 +1,226 @@
+"""Issue 46: a site's rows on disk are fetched without the columns the run already says,
+and the next site is fetched ahead while the caller works, giving the same rows.
+
+A site's columns from the engine equal those of the same run in memory (same names in
+the same order, dtypes and values) when no row has a delay, when some rows have a delay
+or are engaged, and when a rank's rows come from two processes; the columns left out of
+the query are the ones the run says, whether it is read in place or into the table. A fetch ahead that fails raises the same
+`RecordsError` where the caller takes that site; `close` with a fetch in flight
+returns and leaves no thread, as does a pass given up part way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+from jaxpace.errors import RecordsError
+from jaxpace.records.by_site import by_site, open_run
+from jaxpace.records.engine import STEP_COLUMNS, Engine
+from jaxpace.records.reader import load_records
+from jaxpace.records.synthetic import synthetic_run
+
+_THREAD = "jaxpace-site-fetch"
+
+
+def _run(sites: int = 3, used: bool = False, moved: bool = False):
+    """16 ranks (4 to a process) over `sites` sites; `used`: rank 5 delayed every third step
+    and every rank engaged from step 10; `moved`: rank 3's rows from step 12 on recorded by
+    process 1 (its file), so rank 3 has two (process, device) pairs."""
+    run = synthetic_run(16, 24, late_rank=5, late_s=0.003, seed=4, ranks_per_process=4)
+    n = len(run)
+    cols = {k: np.concatenate([v] * sites) for k, v in run.columns.items()}
+    cols["site"] = np.repeat(np.arange(sites), n)
+    if used:
+        cols["delay_ns"] = np.where((cols["rank"] == 5) & (cols["step"] % 3 == 0), 1000, 0)
+        cols["engaged"] = cols["step"] >= 10
+    if moved:
+        cols["process"] = np.where((cols["rank"] == 3) & (cols["step"] >= 12), 1, cols["process"])
+    names = tuple(f"model.py:{10 + j}:layer{j}" for j in range(sites))
+    return dataclasses.replace(run, sites=names, columns=cols)
+
+
+def _sorted(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    order = np.lexsort([cols[k] for k in reversed(STEP_COLUMNS)])
+    return {k: v[order] for k, v in cols.items()}
+
+
+def _fetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(_THREAD)]
+
+
+@pytest.mark.parametrize(
+    ("used", "moved", "left_out"),
+    [
+        (False, False, {"delay_ns", "engaged", "process", "device"}),
+        (True, False, {"process", "device"}),
+        (False, True, {"delay_ns", "engaged"}),
+        (True, True, set()),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "mixed"])
+def test_a_sites_columns_on_disk_are_those_in_memory_whatever_is_left_out_of_the_query(
+    tmp_path, monkeypatch, fmt, used, moved, left_out
+):
+    """Parquet and JSONL alone are read in place (the zero columns known from the row
+    groups' statistics), Parquet and JSONL mixed into the table (known from a query)."""
+    run = _run(used=used, moved=moved)
+    d = tmp_path / fmt
+    getattr(run, f"write_{'parquet' if fmt == 'mixed' else fmt}")(d)
+    if fmt == "mixed":  # (process 0's file as JSONL)
+        run.write_jsonl(tmp_path / "js")
+        (d / "records-p0.parquet").unlink()
+        shutil.copy(tmp_path / "js" / "records-p0.jsonl", d)
+    asked: list[str] = []
+    arrays = Engine._arrays
+
+    def spied(self, sql, params=None, on=None):
+        asked.append(sql)
+        return arrays(self, sql, params, on)
+
+    monkeypatch.setattr(Engine, "_arrays", spied)
+    mem = by_site(load_records(d))
+    with open_run(d) as disk:
+        assert disk.engine.in_place == (fmt != "mixed")
+        assert len(disk) == len(mem) == len(run)
+        passes = [dict(disk.sites_in_order(disk.sites)), {s: disk.site(s) for s in disk.sites}]
+        for got in passes:
+            assert list(got) == list(mem.sites) == list(run.sites)
+            for name, one in got.items():
+                a, b = one.columns, mem.site(name).columns
+                assert list(a) == [*STEP_COLUMNS, "site"]  # (the order it always had)
+                assert set(a) == set(b)
+                a, b = _sorted(a), _sorted(b)
+                for k in a:
+                    assert a[k].dtype == b[k].dtype, k
+                    np.testing.assert_array_equal(a[k], b[k], err_msg=f"{name} {k}")
+    site_queries = [q for q in asked if "WHERE site = $1" in q]
+    assert len(site_queries) == 2 * len(run.sites)
+    for q in site_queries:
+        fetched = set(q.split("SELECT ", 1)[1].split(" FROM ", 1)[0].split(", "))
+        assert fetched == set(STEP_COLUMNS) - left_out
+
+
+def test_a_fetch_ahead_that_fails_raises_the_same_records_error_where_the_site_is_taken(
+    tmp_path, monkeypatch
+):
+    d = tmp_path / "pq"
+    _run().write_parquet(d)
+    target = d / "records-p1.parquet"
+    site_columns = Engine.site_columns
+    fetched_in: list[threading.Thread] = []
+
+    def replaced_first(self, site, on=None):
+        if on is not None:  # (the fetch ahead: a live job re-exports a file just then)
+            fetched_in.append(threading.current_thread())
+            shutil.copy2(target, d / "new.tmp")
+            os.replace(d / "new.tmp", target)
+        return site_columns(self, site, on)
+
+    monkeypatch.setattr(Engine, "site_columns", replaced_first)
+    with open_run(d) as disk:
+        passing = disk.sites_in_order(disk.sites)
+        first, _ = next(passing)  # (read here; the next site's fetch starts in the thread)
+        assert first == disk.sites[0]
+        with pytest.raises(RecordsError, match="changed or was removed") as ahead:
+            next(passing)
+        assert fetched_in and fetched_in[0] is not threading.main_thread()
+        assert not _fetch_threads()
+        with pytest.raises(RecordsError) as here:
+            disk.site(disk.sites[1])
+        assert str(ahead.value) == str(here.value)
+
+
+def test_close_with_a_fetch_in_flight_returns_and_leaves_no_thread(tmp_path, monkeypatch):
+    d = tmp_path / "pq"
+    _run().write_parquet(d)
+    site_columns = Engine.site_columns
+    started = threading.Event()
+
+    def slow(self, site, on=None):
+        if on is not None:  # (a query that runs for minutes unless interrupted)
+            started.set()
+            on.execute("SELECT sum(x * x) FROM range(100000000000) t(x)").fetchall()
+        return site_columns(self, site, on)
+
+    monkeypatch.setattr(Engine, "site_columns", slow)
+    disk = open_run(d)
+    passing = disk.sites_in_order(disk.sites)
+    next(passing)
+    assert started.wait(120)  # (the thread runs its query: no hang if it never does)
+    disk.close()
+    assert not _fetch_threads()
+    with pytest.raises(RecordsError, match="closed while its sites were being read"):
+        next(passing)
+
+
+def test_a_pass_given_up_part_way_leaves_no_thread_and_the_run_reads_on(tmp_path):
+    d = tmp_path / "pq"
+    run = _run()
+    run.write_parquet(d)
+    with open_run(d) as disk:
+        passing = disk.sites_in_order(disk.sites)
+        name, _ = next(passing)
+        passing.close()  # (as a loop left by `break` or an error)
+        assert name == disk.sites[0] and not _fetch_threads()
+        sizes = [len(one) for _, one in disk.sites_in_order(disk.sites)]
+        assert sizes == [len(run) // 3] * 3
+        assert disk.largest_fetch == disk.engine.largest_fetch == len(run) // 3
+        assert not _fetch_threads()
+
+
+def test_the_scan_for_dropped_rows_runs_only_where_the_statistics_allow_one(tmp_path, monkeypatch):
+    """A natively written run whose row-group statistics show no null, no huge value and
+    no negative wait or delay is not scanned for rows to drop; a negative wait, or a file
+    without the statistics of a column, is scanned (and the bad row dropped)."""
+    import pyarrow.parquet as pq
+
+    scans: list[str] = []
+    drop = Engine._drop_parquet_rows
+
+    def counted(self, drops):
+        scans.append("scan")
+        return drop(self, drops)
+
+    monkeypatch.setattr(Engine, "_drop_parquet_rows", counted)
+    run = _run()
+    cols = {k: v.copy() for k, v in run.columns.items()}
+    cols["wait_ns"][7] = -5
+    run.write_parquet(tmp_path / "clean")
+    dataclasses.replace(run, columns=cols).write_parquet(tmp_path / "negative")
+    run.write_parquet(tmp_path / "unstated")
+    f = tmp_path / "unstated" / "records-p0.parquet"
+    table = pq.read_table(f)
+    stated = [c for c in table.column_names if c != "wait_ns"]
+    pq.write_table(table, f, row_group_size=table.num_rows // 3, write_statistics=stated)
+    for name, scanned, rows in (
+        ("clean", 0, len(run)),
+        ("negative", 1, len(run) - 1),
+        ("unstated", 1, len(run)),
+    ):
+        scans.clear()
+        with open_run(tmp_path / name) as disk:
+            assert disk.engine.in_place, name
+            assert len(disk) == rows and len(scans) == scanned, name
+
+
+def test_a_run_of_parquet_and_jsonl_files_together_keeps_every_row(tmp_path):
+    """The JSONL fast path's check of its files (one header each) once looked at every
+    file's rows in the table: the Parquet files' rows, with no header row, were deleted
+    without a note (288 of 1152 rows kept here)."""
+    run = _run()
+    d = tmp_path / "mixed"
+    run.write_parquet(d)
+    run.write_jsonl(tmp_path / "js")
+    (d / "records-p0.parquet").unlink()
+    shutil.copy(tmp_path / "js" / "records-p0.jsonl", d)
+    recs = load_records(d)
+    assert len(recs) == len(run) and not recs.partial
+    with open_run(d) as disk:
+        assert len(disk) == len(run)
+        assert sorted(np.unique(disk.rank_keys()[1]).tolist()) == [0, 1, 2, 3]
