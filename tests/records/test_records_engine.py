@@ -21,7 +21,7 @@ from jaxpace.records.engine import Engine
 from jaxpace.records.reader import load_records
 from jaxpace.records.site_data import site_data
 from jaxpace.records.sources.synthetic import write_inspector_logs, write_xprof_traces
-from jaxpace.records.synthetic import synthetic_run
+from jaxpace.records.synthetic import synthetic_run, synthetic_step_records
 from jaxpace.report import analyze
 
 
@@ -152,6 +152,39 @@ def test_convert_any_source_to_parquet_reads_back_the_same(tmp_path, run, capsys
     assert "does not exist" in capsys.readouterr().err
     assert cli.main(["convert", str(tmp_path / "js"), str(tmp_path / "js")]) == 2
     assert "is the input directory" in capsys.readouterr().err
+
+
+def test_convert_writes_the_same_files_with_or_without_pyarrows_parser(tmp_path, monkeypatch):
+    """`jaxpace convert` reads a clean one-process JSONL file with pyarrow's parser
+    (`convert._convert_clean`) and writes what `load_records(f).write_parquet` writes:
+    the same bytes, file for file. A file it cannot take (a bad line, execution ids)
+    goes through `load_records`."""
+    import pyarrow.parquet as pq
+
+    from jaxpace.records import convert as _convert
+
+    recs = load_records(
+        synthetic_step_records(8, 30, 3, late_s={5: 0.004}, ranks_per_process=2, seed=4)
+    )
+    recs.write_jsonl(tmp_path / "js")
+    bad = tmp_path / "js" / "records-p2.jsonl"
+    lines = bad.read_bytes().splitlines(keepends=True)
+    bad.write_bytes(
+        b"".join([*lines[:4], lines[4].replace(b'"step":', b'"step":1.5,"x":'), *lines[5:]])
+    )
+    fast = []
+    clean = _convert._convert_clean
+    monkeypatch.setattr(_convert, "_convert_clean", lambda f, d: fast.append(f.name) or clean(f, d))
+    assert cli.main(["convert", str(tmp_path / "js"), str(tmp_path / "a")]) == 0
+    assert sorted(fast) == sorted(f.name for f in (tmp_path / "js").iterdir())
+    monkeypatch.setattr(_convert, "_convert_clean", lambda f, d: None)  # every file the old way
+    assert cli.main(["convert", str(tmp_path / "js"), str(tmp_path / "b")]) == 0
+    names = sorted(f.name for f in (tmp_path / "a").iterdir())
+    assert names == sorted(f.name for f in (tmp_path / "b").iterdir()) and len(names) == 4
+    for n in names:
+        a, b = pq.read_table(tmp_path / "a" / n), pq.read_table(tmp_path / "b" / n)
+        assert a.equals(b) and a.schema.metadata == b.schema.metadata, n
+    assert clean(bad, tmp_path / "c") is None  # (its bad line: the careful reader's)
 
 
 def test_a_partial_run_converts_and_keeps_its_loss(tmp_path, run):

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from jaxpace.errors import JaxpaceError, RecordsError
@@ -23,6 +24,8 @@ __all__ = ["cli_main", "configure_parser", "convert"]
 
 # Inputs of this many bytes or more show a progress bar (on a terminal).
 _PROGRESS_BYTES = 64 << 20
+# Files converted at a time (pyarrow's parser and Parquet writer release the GIL).
+_THREADS = 2
 
 
 def _progress(total: int, show: bool):
@@ -89,15 +92,62 @@ def convert(
         else (len(files) > 1 and total >= _PROGRESS_BYTES and sys.stderr.isatty())
     )
     written: list[Path] = []
-    with _progress(len(files), show) as bar:
+
+    def one(f: Path) -> list[Path]:
+        fast = _convert_clean(f, dst)
+        return [fast] if fast is not None else load_records(f).write_parquet(dst)
+
+    with _progress(len(files), show) as bar, ThreadPoolExecutor(_THREADS) as pool:
         task = bar.add_task(f"converting {src}", total=len(files))
-        for f in files:
-            recs = load_records(f)
-            for w in recs.write_parquet(dst):
+        for paths in pool.map(one, files):
+            for w in paths:
                 if w not in written:
                     written.append(w)
             bar.advance(task)
     return sorted(written)
+
+
+def _convert_clean(f: Path, dst: Path) -> Path | None:
+    """A JSONL records file of one process that pyarrow's parser reads cleanly
+    (`jsonl_arrow.read_clean`), written as `load_records(f).write_parquet(dst)` writes it
+    (the same header checks, rows and layout) without the engine; None for any other file
+    (read by `load_records`: a Parquet file, a bad line, several processes)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from jaxpace.records.format import FORMAT_VERSION, INT_STEP_FIELDS, records_filename
+    from jaxpace.records.format import write_parquet as write
+    from jaxpace.records.jsonl_arrow import read_clean
+    from jaxpace.records.jsonl_checked import ends_with_newline, first_line
+    from jaxpace.records.parquet_reader import is_parquet
+    from jaxpace.records.reader import run_meta
+
+    if is_parquet(f) or not ends_with_newline(f):
+        return None
+    header, where, _ = first_line(f)
+    table = read_clean(f) if header is not None else None
+    if table is None or table.num_rows == 0:
+        return None
+    if table.column("execution").null_count < table.num_rows:
+        return None  # (raw execution ids: `load_records` numbers them)
+    proc = table.column("process")
+    p = pc.min(proc).as_py()
+    if p != pc.max(proc).as_py() or p != header.get("process_index"):
+        return None
+    meta = run_meta([(header, where)], [], [str(f)], np.array([p], np.int64), table.num_rows)
+    names = np.array(sorted(set(pc.unique(table.column("site")).to_pylist())), dtype=object)
+    site = np.asarray(table.column("site").to_numpy(zero_copy_only=False), dtype=object)
+    cols = {k: table.column(k).to_numpy() for k in INT_STEP_FIELDS}
+    cols["site"] = np.searchsorted(names, site).astype(np.int64)
+    cols["engaged"] = table.column("engaged").to_numpy(zero_copy_only=False).astype(bool)
+    cols["device"] = pc.fill_null(table.column("device"), -1).to_numpy()
+    head = meta.headers[0]
+    head = {
+        **head,
+        "format": head.get("format", FORMAT_VERSION),
+        "granularity": head.get("granularity", meta.granularity),
+    }
+    return Path(write(dst / records_filename(p), head, cols, tuple(names.tolist())))
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
