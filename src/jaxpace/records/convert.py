@@ -1,8 +1,9 @@
 """`jaxpace convert IN OUT`: any source the report reads, to the native records format (Parquet).
 
-jaxpace's JSONL records become one Parquet file per input file (per process), each
-through the records reader (so a bad line is dropped, counted and located, as
-the report would); `jax.profiler` traces and NCCL Inspector logs go through their
+jaxpace's JSONL records become one Parquet file per input file (per process), two
+files at a time: a clean file of one process through pyarrow's parser
+(`records.jsonl_arrow`), any other through the records reader (so a bad line is
+dropped, counted and located, as the report would), the same bytes either way; `jax.profiler` traces and NCCL Inspector logs go through their
 readers and become one Parquet file per process, whose headers keep the source's
 label and whether it has arrival times (`source`, `source_label`, `timed`), so the
 report reads the converted run as it read the original. A progress bar shows on
