@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxpace import _text
-from jaxpace.diagnosis.earliness import earliness
 from jaxpace.errors import RecordsError
 from jaxpace.records.reader import Records
 
@@ -109,12 +108,15 @@ def pick_site(recs: Any, site: str | None) -> str:
 class _Grid(NamedTuple):
     """Where each record of one site sits in the (step x rank) grid."""
 
-    sel: np.ndarray  # records of the site
-    flat: np.ndarray  # their flat grid index
+    at: np.ndarray  # (S * R,) the row (of the records' columns) in each cell; -1: none
+    full: bool  # every cell has a record
     steps_all: np.ndarray  # (S,) every step seen
     ranks: np.ndarray  # (R,)
     complete: np.ndarray  # (S,) the steps used: two or more ranks reported them
     present: np.ndarray  # (S', R) which rank reported each used step
+    # The columns `site_data_grid` placed for every step, for `stages.links` (None before).
+    wait_s: np.ndarray | None = None  # (S, R) seconds, NaN where missing
+    process: np.ndarray | None = None  # (S, R) -1 where missing
 
 
 # A rank missing from more than this share of the used steps is named in the notes.
@@ -130,13 +132,20 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
     """
     c = records.columns
     sel = c["site"] == records.sites.index(site)
-    step, rank = c["step"][sel], c["rank"][sel]
+    rows = None if sel.all() else np.flatnonzero(sel)  # (one site: no copy)
+    step, rank = (c["step"], c["rank"]) if rows is None else (c["step"][rows], c["rank"][rows])
     ranks = _int_unique(rank)
     steps_all = _int_unique(step)
     R, S = ranks.size, steps_all.size
     flat = _index_in(steps_all, step) * R + _index_in(ranks, rank)
-    counts = np.bincount(flat, minlength=S * R)
-    if counts.max() > 1:
+    # Each cell's row: a gather per column (`_dense`) instead of a scatter, and the
+    # duplicate check (a cell written twice holds fewer rows than there are records).
+    at = np.full(S * R, -1, np.intp)
+    at[flat] = np.arange(step.size) if rows is None else rows
+    filled = at >= 0
+    n_filled = int(np.count_nonzero(filled))
+    if n_filled < step.size:
+        counts = np.bincount(flat, minlength=S * R)
         dup = np.flatnonzero(counts > 1)
         s_dup, r_dup = divmod(int(dup[0]), R)
         raise RecordsError(
@@ -144,7 +153,7 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
             f"of rank {int(ranks[r_dup])} appears {int(counts[dup[0]])} times. Each (site, "
             "step, rank) must appear once; did two files come from the same process?"
         )
-    present = (counts > 0).reshape(S, R)
+    present = filled.reshape(S, R)
     n_present = present.sum(axis=1)
     used = n_present >= min(2, R)  # (a one-rank run: its steps, nothing to compare)
     if not used.any():
@@ -154,7 +163,7 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
             "whole run (every process's file)."
         )
     notes.extend(_coverage_notes(site, steps_all, ranks, present, used))
-    return _Grid(sel, flat, steps_all, ranks, used, present[used])
+    return _Grid(at, n_filled == S * R, steps_all, ranks, used, present[used])
 
 
 def _coverage_notes(
@@ -244,14 +253,22 @@ def _index_in(uniq: np.ndarray, a: np.ndarray) -> np.ndarray:
     return lut[a - uniq[0]]
 
 
+def grid_column(
+    records: Records, g: _Grid, col: str, dtype: type = np.int64, fill: Any = 0
+) -> np.ndarray:
+    """Column `col` of the site as an (every step x rank) array, `fill` where missing."""
+    a = records.columns[col][g.at]  # (a missing cell's -1 picks the last row: filled below)
+    a = a.astype(dtype, copy=False)
+    if not g.full:
+        a[g.at < 0] = fill
+    return a.reshape(g.steps_all.size, g.ranks.size)
+
+
 def _dense(
     records: Records, g: _Grid, col: str, dtype: type = np.int64, fill: Any = 0
 ) -> np.ndarray:
     """Column `col` of the site as a (used steps x rank) array, `fill` where missing."""
-    a = np.full(g.steps_all.size * g.ranks.size, fill, dtype)
-    column = records.columns[col]
-    a[g.flat] = column if g.sel.all() else column[g.sel]  # (one site: no copy)
-    a = a.reshape(g.steps_all.size, g.ranks.size)
+    a = grid_column(records, g, col, dtype, fill)
     return a if g.complete.all() else a[g.complete]
 
 
@@ -290,6 +307,11 @@ def _own_clock(records: Records, g: _Grid, missing: np.ndarray) -> tuple[np.ndar
     """(arrive, done) in seconds since each rank's own first arrival, NaN where missing
     (int64 until each rank's origin is subtracted: only differences on one clock matter)."""
     arrive_i, done_i = _dense(records, g, "arrive_ns"), _dense(records, g, "done_ns")
+    if not missing.any():  # (the same numbers, without the masks)
+        origin_ns = arrive_i.min(axis=0, keepdims=True)
+        arrive_i -= origin_ns
+        done_i -= origin_ns
+        return arrive_i / 1e9, done_i / 1e9
     origin_ns = np.where(missing, np.iinfo(np.int64).max, arrive_i).min(axis=0, keepdims=True)
     arrive = np.where(missing, np.nan, (arrive_i - origin_ns) / 1e9)
     return arrive, np.where(missing, np.nan, (done_i - origin_ns) / 1e9)
@@ -316,7 +338,8 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
     partial = bool(not g.complete.all() or missing.any())
     nan = np.nan
     arrive, done = _own_clock(records, g, missing)
-    wait = _dense(records, g, "wait_ns", np.float64, nan) / 1e9
+    wait_all = grid_column(records, g, "wait_ns", np.float64, nan) / 1e9
+    wait = wait_all if g.complete.all() else wait_all[g.complete]
     delay = _dense(records, g, "delay_ns", np.float64, nan) / 1e9
     engaged = _dense(records, g, "engaged", bool).any(axis=1)
     steps = g.steps_all[g.complete]
@@ -336,8 +359,8 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
         consecutive[:] = False
     compute = np.full(arrive.shape, np.nan)
     step_time = np.full(arrive.shape, np.nan)
-    compute[1:] = arrive[1:] - done[:-1]
-    step_time[1:] = done[1:] - done[:-1]
+    np.subtract(arrive[1:], done[:-1], out=compute[1:])
+    np.subtract(done[1:], done[:-1], out=step_time[1:])
     compute[~consecutive] = np.nan
     step_time[~consecutive] = np.nan
     if steps.size > 1 and phases == 1 and not consecutive[1:].any():
@@ -347,7 +370,8 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
         )
     # Time in the collective before it could finish; its minimum is the transfer,
     # and each rank's earliness beyond that minimum is its sync wait.
-    entered = np.maximum(wait - delay, 0.0)
+    entered = wait - delay
+    np.maximum(entered, 0.0, out=entered)
     codes = site_groups(records, site, g.ranks)
     if codes is None:
         if missing.any():
@@ -355,8 +379,11 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
             transfer = np.nanmin(entered, axis=1)
             sync_wait = entered - transfer[:, None]
         else:
+            # `earliness(entered)`: every value here is finite and >= 0 (no NaN to leave
+            # out), so it is the difference from the step's least, the same numbers.
             lateness = wait.max(axis=1, keepdims=True) - wait
-            transfer, sync_wait = entered.min(axis=1), earliness(entered, axis=-1)
+            transfer = entered.min(axis=1)
+            sync_wait = entered - transfer[:, None]
     else:
         lateness, transfer, sync_wait = _within_groups(wait, entered, codes)
         notes.append(_groups_note(site, codes))
@@ -365,8 +392,8 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
             missing, lateness, sync_wait, wait, delay, compute, step_time
         )
     # Each rank's process: from any of its records.
-    proc_grid = _dense(records, g, "process", np.int64, -1)
-    processes = proc_grid.max(axis=0)
+    proc_all = grid_column(records, g, "process", np.int64, -1)
+    processes = (proc_all if g.complete.all() else proc_all[g.complete]).max(axis=0)
     host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in records.headers}
     data = SiteData(
         steps=steps,
@@ -384,7 +411,7 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
         sync_wait=sync_wait,
         lateness=lateness,
     )
-    return data, notes, partial, g
+    return data, notes, partial, g._replace(wait_s=wait_all, process=proc_all)
 
 
 def site_groups(records: Records, site: str, ranks: np.ndarray) -> np.ndarray | None:

@@ -34,7 +34,14 @@ import numpy as np
 
 from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
-from jaxpace.records.site_data import group_columns, index_in, int_unique, rank_columns, site_info
+from jaxpace.records.site_data import (
+    grid_column,
+    group_columns,
+    index_in,
+    int_unique,
+    rank_columns,
+    site_info,
+)
 from jaxpace.report.model import GroupLate, LinkWait, SiteRow
 from jaxpace.report.render.text import format_ms
 
@@ -73,21 +80,25 @@ def _grid(recs: Records, k: int, warmup_steps: int, placed=None) -> tuple[np.nda
         if sel.all()
         else {x: c[x][sel] for x in ("step", "rank", "wait_ns", "arrive_ns", "process")}
     )
-    if placed is not None:
-        steps, ranks, flat = placed.steps_all, placed.ranks, placed.flat
+    if placed is not None and placed.wait_s is not None:  # (its analysis built two)
+        steps, ranks, wait, proc = placed.steps_all, placed.ranks, placed.wait_s, placed.process
+        arrive = grid_column(recs, placed, "arrive_ns", np.float64, np.nan)
     else:
         steps, ranks = int_unique(c["step"]), int_unique(c["rank"])
         flat = index_in(steps, c["step"]) * ranks.size + index_in(ranks, c["rank"])
-    wait = np.full((steps.size, ranks.size), np.nan)
-    arrive = np.full((steps.size, ranks.size), np.nan)
-    proc = np.full((steps.size, ranks.size), -1, np.int64)
-    wait.reshape(-1)[flat] = c["wait_ns"] / 1e9
-    arrive.reshape(-1)[flat] = c["arrive_ns"]
-    proc.reshape(-1)[flat] = c["process"]
-    missing = np.isnan(wait)
-    keep = (~missing).sum(axis=1) >= min(2, ranks.size)
+        wait = np.full((steps.size, ranks.size), np.nan)
+        arrive = np.full((steps.size, ranks.size), np.nan)
+        proc = np.full((steps.size, ranks.size), -1, np.int64)
+        wait.reshape(-1)[flat] = c["wait_ns"] / 1e9
+        arrive.reshape(-1)[flat] = c["arrive_ns"]
+        proc.reshape(-1)[flat] = c["process"]
+    if placed is not None:  # (the steps with two or more ranks: the analysis' own)
+        keep = placed.complete.copy()
+    else:
+        keep = (~np.isnan(wait)).sum(axis=1) >= min(2, ranks.size)
     keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
-    wait, missing = wait[keep], missing[keep]
+    wait = wait[keep]
+    missing = np.isnan(wait)
     if missing.any():
         med = np.nanmedian(wait, axis=1)
         wait = np.where(missing, med[:, None], wait)
@@ -135,16 +146,20 @@ def _late_of_size(
     """
     G, m = members.shape
     n = wait.shape[0]
-    w = wait[:, members]  # (n, G, m)
+    if members.size == wait.shape[1] and (members.reshape(-1) == np.arange(members.size)).all():
+        w = wait.reshape(n, G, m)  # (every rank, in order: no copy)
+    else:
+        w = wait[:, members]  # (n, G, m)
     latest = np.argmin(w, axis=2)
-    counts = (latest[:, :, None] == np.arange(m)).sum(axis=0)  # (G, m)
+    # How often each member is the latest: (G, m), a count per (group, member).
+    counts = np.bincount((latest + m * np.arange(G)).reshape(-1), minlength=G * m).reshape(G, m)
     j = np.argmax(counts, axis=1)
     g = np.arange(G)
     wj = w[:, g, j]
     others = w.copy()
     others[:, g, j] = np.inf
-    others.sort(axis=2)  # the m - 1 others first
     lo, hi = (m - 2) // 2, (m - 1) // 2
+    others.partition((lo, hi), axis=2)  # the m - 1 others' middle two (the median) in place
     lead = (others[:, :, lo] + others[:, :, hi]) / 2 - wj
     med = np.median(lead, axis=0)
     out: list[GroupLate | None] = [None] * G
@@ -203,13 +218,35 @@ class _StepOrder:
         self.keys, self.first = run.first_arrivals(kept)
 
     def order(self, g: tuple[np.ndarray, ...]) -> float:
-        ok = (g[4] >= 0).ravel()  # (a rank missing from a step: left out)
-        steps = np.broadcast_to(g[0][:, None], g[4].shape).ravel()[ok]
-        key = steps.astype(np.int64) * (1 << 32) + g[4].ravel()[ok]
-        if not key.size:
+        ok = g[4] >= 0  # (a rank missing from a step: left out)
+        if not ok.any():
             return math.nan
-        arrive = g[3].ravel()[ok]
-        return float(np.median(arrive - self.first[np.searchsorted(self.keys, key)])) / 1e9
+        first = self._first_of(g[0], g[4])
+        if first is None:
+            steps = np.broadcast_to(g[0][:, None], g[4].shape)[ok]
+            first = self.first[
+                np.searchsorted(self.keys, steps.astype(np.int64) * (1 << 32) + g[4][ok])
+            ]
+        else:
+            first = first if ok.all() else first[ok]
+        arrive = g[3] if ok.all() else g[3][ok]
+        return float(np.median((arrive - first).reshape(-1))) / 1e9
+
+    def _first_of(self, steps: np.ndarray, proc: np.ndarray) -> np.ndarray | None:
+        """The first arrival of each cell's (step, process), (S, R), by a (step x process)
+        table of `first` (a lookup per cell instead of a search in `keys`); None when the
+        processes are too many for a table or a cell's key is not in `keys` (the caller
+        searches then, as it always did)."""
+        P = int(proc.max()) + 1
+        if steps.size * P > 4 * proc.size + 1024:
+            return None
+        kstep, kproc = self.keys >> 32, self.keys & ((1 << 32) - 1)
+        row = np.searchsorted(steps, kstep).clip(0, max(steps.size - 1, 0))
+        mine = (steps[row] == kstep) & (kproc < P)
+        table = np.full((steps.size, P), np.nan)
+        table[row[mine], kproc[mine]] = self.first[mine]
+        out = table[np.arange(steps.size)[:, None], proc]  # (-1: the last column; left out)
+        return out if not np.isnan(out[proc >= 0]).any() else None
 
 
 def _min_lead(steps: np.ndarray, arrive_ns: np.ndarray) -> float:

@@ -37,7 +37,13 @@ import numpy as np
 from jaxpace.errors import RecordsError
 from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
-from jaxpace.records.site_data import fill_missing, index_in, site_data, site_data_grid
+from jaxpace.records.site_data import (
+    fill_missing,
+    index_in,
+    int_unique,
+    site_data,
+    site_data_grid,
+)
 from jaxpace.report.model import SiteData
 from jaxpace.report.stages.context import run_context
 
@@ -292,7 +298,10 @@ def _add_cells(acc: np.ndarray, e: np.ndarray, cols: np.ndarray, x: np.ndarray) 
     if np.unique(e).size != e.size or np.unique(cols).size != cols.size:
         np.add.at(acc, (e[:, None], cols[None, :]), x)
     elif cols.size == acc.shape[1] and np.array_equal(cols, np.arange(cols.size)):
-        acc[e] += x
+        if e.size and e[-1] - e[0] == e.size - 1 and (np.diff(e) == 1).all():
+            acc[e[0] : e[-1] + 1] += x  # (a range of rows: in place, no copy of them)
+        else:
+            acc[e] += x
     else:
         acc[np.ix_(e, cols)] += x
 
@@ -344,12 +353,25 @@ class _Span:
     def add(self, c: dict[str, np.ndarray], e: np.ndarray, steps_u: np.ndarray, col) -> None:
         """One site's rows: `e` the execution of each of its `steps_u`, `col` each row's
         rank column."""
-        ex = e[index_in(steps_u, c["step"])]
+        row = index_in(steps_u, c["step"])
         gap = np.flatnonzero(np.diff(steps_u) != 1) + 1  # first step after a gap
         self.breaks[e[gap]] = True
-        np.minimum.at(self.origin, col, c["arrive_ns"])
-        np.minimum.at(self.first, (ex, col), c["arrive_ns"])
-        np.maximum.at(self.done, (ex, col), c["done_ns"])
+        placed = _place(row, col, steps_u.size) if row.size else None
+        if placed is None:  # (a cell twice, or few cells filled: record by record)
+            ex = e[row]
+            np.minimum.at(self.origin, col, c["arrive_ns"])
+            np.minimum.at(self.first, (ex, col), c["arrive_ns"])
+            np.maximum.at(self.done, (ex, col), c["done_ns"])
+            return
+        at, missing, cols = placed
+        arrive = _cells(c["arrive_ns"], at, missing, self._HI)
+        done = _cells(c["done_ns"], at, missing, self._LO)
+        # Integer least and greatest: exact in any order, and the fill (the extreme of
+        # int64) never wins over a record.
+        self.origin[cols] = np.minimum(self.origin[cols], arrive.min(axis=0))
+        ue, arrive, done = _by_execution(e, arrive, done)
+        _merge(self.first, ue, cols, arrive, np.minimum)
+        _merge(self.done, ue, cols, done, np.maximum)
 
     def result(self, run: SiteRecords, E: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(first arrival (E, R), last exit (E, R), breaks (E,)): seconds since each rank's
@@ -364,3 +386,63 @@ class _Span:
         first_s = np.where(self.first == self._HI, np.nan, (self.first - o) / 1e9)
         done_s = np.where(self.done == self._LO, np.nan, (self.done - o) / 1e9)
         return first_s, done_s, breaks
+
+
+def _place(row: np.ndarray, col: np.ndarray, S: int):
+    """`(at, missing, cols)`: a site's records on an (S steps x its C columns) grid: `at`
+    (S, C) the record in each cell (any where `missing`; `missing` None when every cell
+    has one), `cols` (C,) the grid's columns among all. None when a cell has two records,
+    or when the grid would be over 4 times the records (few cells filled)."""
+    cols = int_unique(col)
+    C = cols.size
+    if S * C > 4 * row.size + 1024:
+        return None
+    at = np.full(S * C, -1, np.intp)
+    at[row * C + index_in(cols, col)] = np.arange(row.size)
+    missing = at < 0
+    n_missing = int(np.count_nonzero(missing))
+    if at.size - n_missing < row.size:
+        return None
+    return at.reshape(S, C), missing.reshape(S, C) if n_missing else None, cols
+
+
+def _cells(x: np.ndarray, at: np.ndarray, missing: np.ndarray | None, fill: int) -> np.ndarray:
+    """Column `x` on `_place`'s grid, `fill` where a cell has no record."""
+    out = x[at]
+    if missing is not None:
+        out[missing] = fill
+    return out
+
+
+def _by_execution(
+    e: np.ndarray, least: np.ndarray, most: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(executions, least, most)`: the distinct executions `e` of the grids' rows (one per
+    step), sorted, and per execution the least of `least`'s rows and the greatest of
+    `most`'s (a site that runs k times an execution: k rows each)."""
+    order = np.argsort(e, kind="stable")
+    es = e[order]
+    starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]])
+    if starts.size == e.size and (order == np.arange(e.size)).all():
+        return es, least, most  # (one step an execution, in order)
+    if not (order == np.arange(e.size)).all():
+        least, most = least[order], most[order]
+    return (
+        es[starts],
+        np.minimum.reduceat(least, starts, axis=0),
+        np.maximum.reduceat(most, starts, axis=0),
+    )
+
+
+def _merge(acc: np.ndarray, rows: np.ndarray, cols: np.ndarray, x: np.ndarray, op) -> None:
+    """`acc[rows][:, cols] = op(that, x)`, for distinct `rows` and `cols` (whole rows, in
+    place, when `cols` is every column in order)."""
+    if cols.size == acc.shape[1] and cols[-1] == cols.size - 1:  # (distinct, sorted: 0..C-1)
+        if rows.size and rows[-1] - rows[0] == rows.size - 1:  # (distinct, sorted: a range)
+            part = acc[rows[0] : rows[-1] + 1]
+            op(part, x, out=part)
+        else:
+            acc[rows] = op(acc[rows], x)
+    else:
+        idx = np.ix_(rows, cols)
+        acc[idx] = op(acc[idx], x)
