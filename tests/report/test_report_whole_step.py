@@ -210,6 +210,7 @@ def test_the_printed_report_says_likely_never_balanced_or_nothing_to_fix():
     "e, cols",
     [
         ([0, 2, 3], [0, 1, 2, 3, 4]),  # every rank in order: whole rows
+        ([1, 2, 3], [0, 1, 2, 3, 4]),  # and a run of executions: a slice, in place
         ([3, 1], [4, 0, 2]),  # some ranks, out of order
         ([1, 1, 2], [0, 1, 2, 3, 4]),  # an execution twice (a site run twice a step)
         ([0, 1], [2, 2, 3]),  # a column twice

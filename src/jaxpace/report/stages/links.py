@@ -80,7 +80,7 @@ def _grid(recs: Records, k: int, warmup_steps: int, placed=None) -> tuple[np.nda
         if sel.all()
         else {x: c[x][sel] for x in ("step", "rank", "wait_ns", "arrive_ns", "process")}
     )
-    if placed is not None and placed.wait_s is not None:  # (its analysis built two)
+    if placed is not None:  # (its analysis placed the waits and processes too)
         steps, ranks, wait, proc = placed.steps_all, placed.ranks, placed.wait_s, placed.process
         arrive = grid_column(recs, placed, "arrive_ns", np.float64, np.nan)
     else:
@@ -97,6 +97,9 @@ def _grid(recs: Records, k: int, warmup_steps: int, placed=None) -> tuple[np.nda
     else:
         keep = (~np.isnan(wait)).sum(axis=1) >= min(2, ranks.size)
     keep[: min(warmup_steps, steps.size // 4, keep.size)] = False
+    rows = np.flatnonzero(keep)
+    if rows.size and rows[-1] - rows[0] == rows.size - 1:  # (a run of steps: views)
+        keep = slice(int(rows[0]), int(rows[-1]) + 1)
     wait = wait[keep]
     missing = np.isnan(wait)
     if missing.any():
@@ -110,7 +113,9 @@ def _period_s(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
     between consecutive analyzed steps (its own clock), the median over ranks and steps."""
     if steps.size < 2:
         return math.nan
-    per_step = np.diff(arrive_ns, axis=0) / np.diff(steps)[:, None] / 1e9
+    per_step = np.diff(arrive_ns, axis=0)
+    per_step /= np.diff(steps)[:, None]
+    per_step /= 1e9
     per_step = per_step[np.isfinite(per_step) & (per_step > 0)]
     return float(np.median(per_step)) if per_step.size else math.nan
 
@@ -222,15 +227,12 @@ class _StepOrder:
         if not ok.any():
             return math.nan
         first = self._first_of(g[0], g[4])
-        if first is None:
-            steps = np.broadcast_to(g[0][:, None], g[4].shape)[ok]
-            first = self.first[
-                np.searchsorted(self.keys, steps.astype(np.int64) * (1 << 32) + g[4][ok])
-            ]
-        else:
-            first = first if ok.all() else first[ok]
-        arrive = g[3] if ok.all() else g[3][ok]
-        return float(np.median((arrive - first).reshape(-1))) / 1e9
+        if first is not None:
+            diff = g[3] - first
+            return float(np.median(diff.reshape(-1) if ok.all() else diff[ok])) / 1e9
+        key = np.broadcast_to(g[0][:, None], g[4].shape)[ok].astype(np.int64) * (1 << 32)
+        first = self.first[np.searchsorted(self.keys, key + g[4][ok])]
+        return float(np.median(g[3][ok] - first)) / 1e9
 
     def _first_of(self, steps: np.ndarray, proc: np.ndarray) -> np.ndarray | None:
         """The first arrival of each cell's (step, process), (S, R), by a (step x process)
@@ -245,7 +247,11 @@ class _StepOrder:
         mine = (steps[row] == kstep) & (kproc < P)
         table = np.full((steps.size, P), np.nan)
         table[row[mine], kproc[mine]] = self.first[mine]
-        out = table[np.arange(steps.size)[:, None], proc]  # (-1: the last column; left out)
+        of_rank = proc.max(axis=0)
+        if ((proc == of_rank) | (proc < 0)).all():  # (each rank in one process throughout)
+            out = table[:, of_rank]
+        else:
+            out = table[np.arange(steps.size)[:, None], proc]  # (-1: the last column)
         return out if not np.isnan(out[proc >= 0]).any() else None
 
 
