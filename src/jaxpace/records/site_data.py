@@ -137,7 +137,8 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
     ranks = _int_unique(rank)
     steps_all = _int_unique(step)
     R, S = ranks.size, steps_all.size
-    flat = _index_in(steps_all, step) * R + _index_in(ranks, rank)
+    flat = _index_in(steps_all, step) * R
+    flat += _index_in(ranks, rank)
     # Each cell's row: a gather per column (`_dense`) instead of a scatter, and the
     # duplicate check (a cell written twice holds fewer rows than there are records).
     at = np.full(S * R, -1, np.intp)

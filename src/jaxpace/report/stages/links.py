@@ -117,7 +117,7 @@ def _period_s(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
     per_step /= np.diff(steps)[:, None]
     per_step /= 1e9
     per_step = per_step[np.isfinite(per_step) & (per_step > 0)]
-    return float(np.median(per_step)) if per_step.size else math.nan
+    return float(np.median(per_step, overwrite_input=True)) if per_step.size else math.nan
 
 
 def _late_in_groups(
@@ -226,19 +226,23 @@ class _StepOrder:
         ok = g[4] >= 0  # (a rank missing from a step: left out)
         if not ok.any():
             return math.nan
-        first = self._first_of(g[0], g[4])
+        every = bool(ok.all())
+        first = self._first_of(g[0], g[4], every)
         if first is not None:
-            diff = g[3] - first
-            return float(np.median(diff.reshape(-1) if ok.all() else diff[ok])) / 1e9
+            diff = g[3] - first  # (a new array: the median may reorder it in place)
+            return (
+                float(np.median(diff.reshape(-1) if every else diff[ok], overwrite_input=True))
+                / 1e9
+            )
         key = np.broadcast_to(g[0][:, None], g[4].shape)[ok].astype(np.int64) * (1 << 32)
         first = self.first[np.searchsorted(self.keys, key + g[4][ok])]
         return float(np.median(g[3][ok] - first)) / 1e9
 
-    def _first_of(self, steps: np.ndarray, proc: np.ndarray) -> np.ndarray | None:
+    def _first_of(self, steps: np.ndarray, proc: np.ndarray, every: bool) -> np.ndarray | None:
         """The first arrival of each cell's (step, process), (S, R), by a (step x process)
         table of `first` (a lookup per cell instead of a search in `keys`); None when the
         processes are too many for a table or a cell's key is not in `keys` (the caller
-        searches then, as it always did)."""
+        searches then, as it always did). `every`: no cell is missing (no process -1)."""
         P = int(proc.max()) + 1
         if steps.size * P > 4 * proc.size + 1024:
             return None
@@ -248,11 +252,12 @@ class _StepOrder:
         table = np.full((steps.size, P), np.nan)
         table[row[mine], kproc[mine]] = self.first[mine]
         of_rank = proc.max(axis=0)
-        if ((proc == of_rank) | (proc < 0)).all():  # (each rank in one process throughout)
+        same = proc == of_rank
+        if same.all() if every else (same | (proc < 0)).all():  # (a rank in one process)
             out = table[:, of_rank]
         else:
             out = table[np.arange(steps.size)[:, None], proc]  # (-1: the last column)
-        return out if not np.isnan(out[proc >= 0]).any() else None
+        return out if not np.isnan(out if every else out[proc >= 0]).any() else None
 
 
 def _min_lead(steps: np.ndarray, arrive_ns: np.ndarray) -> float:

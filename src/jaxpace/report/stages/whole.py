@@ -397,8 +397,10 @@ def _place(row: np.ndarray, col: np.ndarray, S: int):
     C = cols.size
     if S * C > 4 * row.size + 1024:
         return None
+    flat = row * C
+    flat += index_in(cols, col)
     at = np.full(S * C, -1, np.intp)
-    at[row * C + index_in(cols, col)] = np.arange(row.size)
+    at[flat] = np.arange(row.size)
     missing = at < 0
     n_missing = int(np.count_nonzero(missing))
     if at.size - n_missing < row.size:
