@@ -282,7 +282,11 @@ def _dense(
     records: Records, g: _Grid, col: str, dtype: type = np.int64, fill: Any = 0
 ) -> np.ndarray:
     """Column `col` of the site as a (used steps x rank) array, `fill` where missing."""
-    a = grid_column(records, g, col, dtype, fill)
+    return _used(g, grid_column(records, g, col, dtype, fill))
+
+
+def _used(g: _Grid, a: np.ndarray) -> np.ndarray:
+    """The rows of the used steps of an (every step x rank) array (itself when all are)."""
     return a if g.complete.all() else a[g.complete]
 
 
@@ -352,9 +356,7 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
     partial = bool(not g.complete.all() or missing.any())
     arrive, done = _own_clock(records, g, missing)
     wait_all = _seconds(records, g, "wait_ns")
-    wait = wait_all if g.complete.all() else wait_all[g.complete]
-    delay = _seconds(records, g, "delay_ns")
-    delay = delay if g.complete.all() else delay[g.complete]
+    wait, delay = _used(g, wait_all), _used(g, _seconds(records, g, "delay_ns"))
     engaged = _dense(records, g, "engaged", bool).any(axis=1)
     steps = g.steps_all[g.complete]
 
@@ -388,16 +390,12 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
     np.maximum(entered, 0.0, out=entered)
     codes = site_groups(records, site, g.ranks)
     if codes is None:
-        if missing.any():
-            lateness = np.nanmax(wait, axis=1, keepdims=True) - wait
-            transfer = np.nanmin(entered, axis=1)
-            sync_wait = entered - transfer[:, None]
-        else:
-            # `earliness(entered)`: every value here is finite and >= 0 (no NaN to leave
-            # out), so it is the difference from the step's least, the same numbers.
-            lateness = wait.max(axis=1, keepdims=True) - wait
-            transfer = entered.min(axis=1)
-            sync_wait = entered - transfer[:, None]
+        # The sync wait is `earliness(entered)`: every value is finite and >= 0 (NaN where
+        # a record is missing: left out of the least), so the difference from the least.
+        some = missing.any()
+        lateness = (np.nanmax if some else np.max)(wait, axis=1, keepdims=True) - wait
+        transfer = (np.nanmin if some else np.min)(entered, axis=1)
+        sync_wait = entered - transfer[:, None]
     else:
         lateness, transfer, sync_wait = _within_groups(wait, entered, codes)
         notes.append(_groups_note(site, codes))
@@ -407,7 +405,7 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
         )
     # Each rank's process: from any of its records.
     proc_all = grid_column(records, g, "process", np.int64, -1)
-    processes = (proc_all if g.complete.all() else proc_all[g.complete]).max(axis=0)
+    processes = _used(g, proc_all).max(axis=0)
     host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in records.headers}
     data = SiteData(
         steps=steps,
