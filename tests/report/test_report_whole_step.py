@@ -115,6 +115,24 @@ def test_a_small_job_one_process_always_last_is_likely_not_balanced():
     assert not any(m.detected for m in rep.failure_modes)
 
 
+def test_a_numa_node_always_last_below_the_line_is_likely_not_balanced():
+    # 8 ranks of one process, ranks 4-7 (one NUMA node) 4 ms late on a 100 ms step: no rank
+    # alone is last in most steps (each about a quarter), the node is last in most, and
+    # 3-4% of the step is below the 24% a job of 8 names. The report says so, as a group.
+    late = dict.fromkeys(range(4, 8), 0.004)
+    kw = dict(compute_s=0.1, jitter_s=0.002, ranks_per_process=8, seed=7)
+    numa = {"numa": {r: "node-0/numa0" if r < 4 else "node-0/numa1" for r in range(8)}}
+    rep = analyze(synthetic_step_records(8, 80, 2, late_s=late, **kw), topology_groups=numa)
+    assert rep.culprit is None and rep.late_groups == ()
+    lk = rep.likely
+    assert lk is not None and (lk.kind, lk.label) == ("numa", "node-0/numa1 (ranks 4-7)")
+    assert lk.rank in range(4, 8) and lk.last_fraction >= 0.5
+    assert lk.text.startswith("likely: numa node-0/numa1 (ranks 4-7), last in")
+    assert rep.primary_mode == "likely_straggler"
+    healthy = analyze(synthetic_step_records(8, 80, 2, **kw), topology_groups=numa)
+    assert healthy.likely is None and healthy.primary_mode == "balanced"
+
+
 def test_a_balanced_run_has_no_likely():
     rep = analyze(synthetic_step_records(8, 45, 4, seed=4))
     assert rep.culprit is None and rep.likely is None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from jaxpace.report.model import likely_subject
 from jaxpace.report.reach import forecast_support
 from jaxpace.report.render.text import format_ms
 
@@ -273,7 +274,7 @@ def _balanced(report: Report) -> list[str]:
     if likely is not None:
         # Below what this job's size names with confidence, but last in most steps: said
         # plainly, with its figure and the threshold, never called balanced.
-        who = f"process {likely.process}" if likely.kind == "process" else f"rank {likely.rank}"
+        who = likely_subject(likely)
         line = (
             f"Not named with confidence, but {likely.text}. Look at {who} (host "
             f"{likely.host}) first; more steps (a longer run, or pooled windows) can name it."

@@ -32,6 +32,7 @@ __all__ = [
     "IterationStats",
     "LIKELY_MODE",
     "Likely",
+    "likely_subject",
     "LinkWait",
     "PacingEffect",
     "PeriodicOutliers",
@@ -198,15 +199,18 @@ class FleetSpread:
 
 @dataclasses.dataclass(frozen=True)
 class Likely:
-    """The finding below the line: a rank (or process) last in most steps and
+    """The finding below the line: a rank (or process, or group) last in most steps and
     significant against per-step noise, but below what this job's size names with
     confidence (the fleet test). Never a culprit; never "balanced" either.
 
     Attributes:
       kind: "process" (one rank a process, or every rank of the process is the
-        latest) or "rank".
-      label: the process or rank id.
-      rank: the latest rank (the process's latest rank).
+        latest), "rank", or a grouping (`host`, `numa`, `nic`, `leaf`, ...: a group
+        whose every member is significant and that holds the last arriver in most
+        steps, when no rank or process alone does).
+      label: the process or rank id; for a group, its name and ranks ("node-0/numa1
+        (ranks 4-7)").
+      rank: the latest rank (the process's or group's latest rank).
       process: its process.
       host: its host.
       last_fraction: share in [0, 1] of analyzed steps it arrived last in (a process:
@@ -223,7 +227,7 @@ class Likely:
     """
 
     kind: str
-    label: int
+    label: int | str
     rank: int
     process: int
     host: str
@@ -233,6 +237,16 @@ class Likely:
     threshold: float
     threshold_unit: str
     text: str
+
+
+def likely_subject(likely: Likely) -> str:
+    """Who a `Likely` finding is about, in words: "process 1", "rank 5", "numa node-0/numa1
+    (ranks 4-7)"."""
+    if likely.kind == "process":
+        return f"process {likely.process}"
+    if likely.kind == "rank":
+        return f"rank {likely.rank}"
+    return f"{likely.kind} {likely.label}"
 
 
 @dataclasses.dataclass(frozen=True)

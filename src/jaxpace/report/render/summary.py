@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import jaxpace.report.render.tables as tables
 from jaxpace.report.fleet_view import LATE_LEGEND, fleet_short
-from jaxpace.report.model import LIKELY_MODE
+from jaxpace.report.model import LIKELY_MODE, likely_subject
 
 if TYPE_CHECKING:
     from jaxpace.report.model import Report
@@ -120,7 +120,7 @@ def _modes(report: Report, verbose: bool) -> list[Block]:
         if found:
             text = ", ".join(found)
         elif report.primary_mode == LIKELY_MODE and likely is not None:
-            who = f"process {likely.process}" if likely.kind == "process" else f"rank {likely.rank}"
+            who = likely_subject(likely)
             text = f"none named with confidence; {who} likely, below the line (not balanced)"
         else:
             text = "none (balanced)"

@@ -133,7 +133,7 @@ def rank_culprits(
             )
     fleet = fleet_summary(data, sel, dec, iteration)
     likely = (
-        likely_finding(data, dec, iteration, fleet)
+        likely_finding(data, dec, iteration, fleet, groups)
         if culprit_i is None and not found and n >= 2
         else None
     )
@@ -162,8 +162,33 @@ def rank_culprits(
 LIKELY_LAST_FRACTION = 0.5
 
 
+def _likely_group(
+    data: SiteData, dec: Decision, groups: Mapping[str, Mapping[int, str]]
+) -> tuple[str, str, np.ndarray, float] | None:
+    """`(kind, label, member indices, share of steps)` of the group (host, NUMA node, NIC,
+    ...) whose every member passes test 1 and that holds the last arriver in the most
+    steps, at least `LIKELY_LAST_FRACTION` of them; None when no group does."""
+    best = None
+    for kind, labels in groups.items():
+        lab = np.array([str(labels.get(int(r), "")) for r in data.ranks.tolist()], dtype=object)
+        for label in sorted({x for x in lab.tolist() if x}):
+            members = np.flatnonzero(lab == label)
+            if not 1 < members.size < data.ranks.size:
+                continue
+            if not ((dec.d[members] > 0) & (dec.p_adjusted[members] < ALPHA)).all():
+                continue
+            last = float(np.isin(dec.last, members).mean())
+            if last >= LIKELY_LAST_FRACTION and (best is None or last > best[3]):
+                best = (kind, label, members, last)
+    return best
+
+
 def likely_finding(
-    data: SiteData, dec: Decision, iteration: IterationStats, fleet: FleetSpread | None
+    data: SiteData,
+    dec: Decision,
+    iteration: IterationStats,
+    fleet: FleetSpread | None,
+    groups: Mapping[str, Mapping[int, str]] | None = None,
 ) -> Likely | None:
     """The finding below the line (`Likely`), or None.
 
@@ -171,7 +196,10 @@ def likely_finding(
     and it (or its process) arrived last in at least `LIKELY_LAST_FRACTION` of the
     steps, but it was not named: the fleet test (what this job's size names with
     confidence) or the short-run test held it back. Its process is named instead of
-    it when the process has one rank, or each of its ranks passes test 1 too.
+    it when the process has one rank, or each of its ranks passes test 1 too. When no
+    rank or process is last that often, a group of `groups` (a host, a NUMA node, ...)
+    whose every member passes test 1 and that holds the last arriver in that share of
+    the steps is likely instead (its latest member's figure).
     """
     if dec.n == 0 or data.ranks.size < 2:
         return None
@@ -182,15 +210,21 @@ def likely_finding(
     members = np.flatnonzero(data.processes == proc)
     whole = members.size == 1 or bool((dec.p_adjusted[members] < ALPHA).all())
     last = float(np.isin(dec.last, members).mean()) if whole else float(dec.last_counts[i] / dec.n)
+    kind, label = ("process", proc) if whole else ("rank", int(data.ranks[i]))
     if last < LIKELY_LAST_FRACTION:
-        return None
+        group = _likely_group(data, dec, groups or {})
+        if group is None:
+            return None
+        kind, name, members, last = group
+        label = f"{name} (ranks {ranges(data.ranks[members])})"
+        i = int(members[np.argmax(dec.d[members])])
+        proc = int(data.processes[i])
     d = float(dec.d[i])
     step = float(iteration.p50_s)
     share = d / step if math.isfinite(step) and step > 0 else math.nan
     small = fleet is not None and fleet.rule == "small job"
     threshold = SMALL_JOB_STEP_FRACTION if small else (fleet.threshold if fleet else math.nan)
     unit = "of the step" if small else "robust SDs"
-    kind, label = ("process", proc) if whole else ("rank", int(data.ranks[i]))
     figure = f"+{format_ms(d)}" + (f", {share:.0%} of the step" if math.isfinite(share) else "")
     if not bool(dec.fleet.outlier[i]):  # test 2 held it back: what the size names
         if small:
