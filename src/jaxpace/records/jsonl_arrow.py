@@ -4,19 +4,21 @@ as one Arrow table grouped by site, or None for a file the careful reader must r
 pyarrow's parser takes each field as the type docs/records.md gives it and refuses
 anything else: `1.5`, `1e3`, `"3"` or `true` where an integer belongs, an integer
 beyond int64, a string site that is a number, a bool that is a string, a key given
-twice, a line that is not JSON (measured: each raises). A file whose rows are not its
-lines one for one (a blank line, two objects on a line) is not read here either. What it does accept, and
-docs/records.md does not, is checked on the table: a site that is not UTF-8, a null or missing field, the
-integer -2^63, a negative `wait_ns` or `delay_ns`, a line whose `type` is neither
-`step` nor the one header. A file with any of these is not read here (None): the
-careful reader (`jsonl_checked`) reads it, dropping, counting and locating each bad
-line, so a file read here and one read there give the same rows. About twice as fast
-as DuckDB's `read_json` with the same checks in SQL (its integer columns cast
-`1.5` and `"3"` silently, so the check needs each value's JSON text).
+twice, a line that is not JSON (measured: each raises). What it accepts and
+docs/records.md does not is checked on the table and the bytes: a site that is not
+UTF-8, a null or missing field, the integer -2^63, a negative `wait_ns` or `delay_ns`,
+a line whose `type` is neither `step` nor the one header, rows that are not the file's
+lines one for one (a blank line, two objects on a line), a line longer than
+`MAX_LINE_BYTES`. A file with any of these is not read here (None): the careful reader
+(`jsonl_checked`) reads it, dropping, counting and locating each bad line, so a file
+read here and one read there give the same rows. About twice as fast as DuckDB's
+`read_json` with the same checks in SQL (its integer columns cast `1.5` and `"3"`
+silently, so the check needs each value's JSON text).
 
 The engine (`records.engine`) writes each table to a Parquet file of its own
 temporary directory, one site to a row group, and reads the run in place from
-there, as a native run (no table in memory, no sort).
+there, as a native run (no table in memory, no sort); `jaxpace convert` writes a clean
+file's table as the native records file.
 """
 
 from __future__ import annotations
