@@ -566,19 +566,15 @@ class Engine:
     def _insert_columns(self, cols: dict[str, np.ndarray], file: str) -> None:
         import pyarrow as pa
 
+        from jaxpace.records.jsonl_arrow import step_table
+
         n = int(cols["step"].shape[0])
         if not n:
             return
-        table = pa.table(
-            {
-                "site": pa.array(cols["site"].tolist(), pa.string()),
-                **{k: pa.array(cols[k], pa.int64()) for k in INT_STEP_FIELDS},
-                "engaged": pa.array(cols["engaged"], pa.bool_()),
-                "device": pa.array(cols["device"], pa.int64()),
-                "execution": _execution_array(cols, n),
-                "file": pa.array(np.full(n, self._hash_of(file), np.uint64), pa.uint64()),
-                "kind": pa.array(np.zeros(n, np.int8), pa.int8()),
-            }
+        table = (
+            step_table(cols)
+            .append_column("file", pa.array(np.full(n, self._hash_of(file), np.uint64)))
+            .append_column("kind", pa.array(np.zeros(n, np.int8)))
         )
         self.con.register("checked_rows", table)
         try:

@@ -29,7 +29,7 @@ from typing import Any
 from jaxpace.records.format import INT_STEP_FIELDS
 from jaxpace.records.jsonl_checked import MAX_LINE_BYTES
 
-__all__ = ["checked_table", "read_clean", "to_parquet", "write_grouped"]
+__all__ = ["checked_table", "read_clean", "step_table", "to_parquet", "write_grouped"]
 
 _INT64_MIN = -(1 << 63)
 _BLOCK_BYTES = 1 << 20
@@ -129,6 +129,12 @@ def _grouped(table: Any) -> Any:
 def checked_table(cols: dict[str, Any]) -> Any:
     """The careful reader's columns (`jsonl_checked.CheckedFile.columns`) as `read_clean`'s
     table: the same columns and types, grouped by site."""
+    return _grouped(step_table(cols))
+
+
+def step_table(cols: dict[str, Any]) -> Any:
+    """The careful reader's columns as an Arrow table of `read_clean`'s columns and types,
+    in their own row order (`execution` null where a row has none)."""
     import numpy as np
     import pyarrow as pa
 
@@ -136,7 +142,7 @@ def checked_table(cols: dict[str, Any]) -> Any:
 
     n = int(cols["step"].shape[0])
     ex = np.asarray(cols.get("execution", np.full(n, NO_EXECUTION)), np.int64)
-    table = pa.table(
+    return pa.table(
         {
             "site": pa.array(np.asarray(cols["site"]).tolist(), pa.string()),
             **{k: pa.array(np.asarray(cols[k], np.int64), pa.int64()) for k in INT_STEP_FIELDS},
@@ -146,7 +152,6 @@ def checked_table(cols: dict[str, Any]) -> Any:
         },
         schema=_schema().remove(0),
     )
-    return _grouped(table)
 
 
 def write_grouped(table: Any, path: Path, header_json: bytes) -> None:
