@@ -32,6 +32,13 @@ BEGIN = "<!-- begin: watch, written by `python -m benchmarks watch` -->"
 END = "<!-- end: watch -->"
 WORKLOADS = ("fsdp", "demo", "demo-dropin")
 WARM_S = 15.0  # untimed at the start of each run: the first window (call 100) and its decision
+# `--between`: the watched arm with no window at all (its first window this far away), so
+# the pairs measure what watch costs between windows: the wrapper and its thread alone.
+NEVER = 10**9
+BEGIN_BETWEEN = (
+    "<!-- begin: watch between windows, written by `python -m benchmarks watch --between` -->"
+)
+END_BETWEEN = "<!-- end: watch between windows -->"
 
 
 # ----------------------------------------------------------------- one run (a child process)
@@ -57,7 +64,7 @@ def _build(workload: str, arm: str = "plain"):
         return step, (params, x, y)
     from jaxpace.examples.train import _Model
 
-    dropin = workload == "demo-dropin" and arm == "watch"
+    dropin = workload == "demo-dropin" and arm in ("watch", "between")
     args = argparse.Namespace(
         hidden=256, seed=0, batch_per_device=32, lr=3e-3, collective="jaxpace" if dropin else "lax"
     )
@@ -91,10 +98,14 @@ def child(workload: str, arm: str, seconds: float, out: str) -> None:
     # Compile and warm: in the watched arm, the form watch runs outside windows (as in a job
     # watched from its first step), so the timed calls hold no compilation but the measured
     # form's at the first window of a program with jaxpace collectives.
-    with pass_through(arm == "watch"):
+    watched = arm in ("watch", "between")
+    with pass_through(watched):
         for _ in range(3):
             state = jax.block_until_ready(step(*state))
-    fn = jaxpace.watch(step) if arm == "watch" else step
+    if arm == "between":
+        fn = jaxpace.watch(step, every=NEVER)
+    else:
+        fn = jaxpace.watch(step) if watched else step
     spans: list[float] = []
     sched = getattr(fn, "schedule", None)
     t_pre = None
@@ -121,7 +132,10 @@ def child(workload: str, arm: str, seconds: float, out: str) -> None:
         "step_s": (end - t_warm) / (calls - warm_calls),  # after the first WARM_S
         "step_all_s": (end - t0) / calls,  # every call, the first window's included
     }
-    if arm == "watch":
+    if arm == "between":
+        fn.close()
+        res["windows_decided"] = len(fn.history())
+    elif arm == "watch":
         fn.close()
         w = fn._worker
         res["window"] = fn.schedule.window
@@ -260,6 +274,66 @@ def run(pairs: int, seconds: float, workloads=WORKLOADS, previous: dict | None =
     return out
 
 
+def run_between(pairs: int, seconds: float, workloads=WORKLOADS) -> dict:
+    """`--between`: pairs of unwatched runs and runs under `watch(step, every=NEVER)`: the
+    wrapper on every call and watch's thread (heartbeats, the leader's gathers), no window."""
+    from benchmarks.__main__ import machine
+
+    out: dict = {"pairs": pairs, "seconds": seconds, "date": time.strftime("%Y-%m-%d")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for wl in workloads:
+            plain, watched = [], []
+            for i in range(pairs):
+                order = ("plain", "between") if i % 2 == 0 else ("between", "plain")
+                for arm in order:
+                    r = _run_child(wl, arm, seconds, tmp, i)
+                    (plain if arm == "plain" else watched).append(r)
+                print(
+                    f"  {wl} pair {i}: plain {plain[-1]['step_s'] * 1e3:.2f} ms, "
+                    f"between {watched[-1]['step_s'] * 1e3:.2f} ms",
+                    flush=True,
+                )
+            fig = paired(plain, watched)
+            fig["windows_decided"] = sum(w.get("windows_decided", 0) for w in watched)
+            fig["load"] = [round(x, 2) for x in os.getloadavg()]
+            out[wl] = fig
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", 8)
+    out["machine"] = machine()
+    return out
+
+
+def markdown_between(res: dict, command: str) -> str:
+    lines = [
+        BEGIN_BETWEEN,
+        f"`{command}`: as above, but the watched arm is `jaxpace.watch(step, "
+        f"every={NEVER:.0e})`: no window in the run, so what it measures is watch between "
+        "windows alone (the wrapper on every call, watch's thread with its heartbeats and "
+        "the deciding process's reads of them). Windows decided in the watched runs: "
+        + ", ".join(f"{wl} {res[wl]['windows_decided']}" for wl in WORKLOADS if wl in res)
+        + " (0: none ran).",
+        "",
+        "| step | pairs | unwatched step (median) | watched, no window (median) | watched / "
+        "unwatched, mean [95% interval] | load average |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for wl in WORKLOADS:
+        if wl not in res:
+            continue
+        f = res[wl]
+        lo, hi = f["ci95_pct"]
+        load = " / ".join(f"{x:.1f}" for x in f.get("load", [])) or "n/a"
+        lines.append(
+            f"| {NAMES[wl]} | {f['n']} | {f['plain_step_ms']:.2f} ms | "
+            f"{f['watch_step_ms']:.2f} ms | {f['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}] | "
+            f"{load} |"
+        )
+    lines += ["", f"Machine: {res['machine']}. Date: {res['date']}.", END_BETWEEN]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------- the docs
 
 
@@ -368,6 +442,11 @@ def main(argv=None) -> int:
         default=list(WORKLOADS),
         help="steps to run (the others' figures are kept from OUT/watch.json)",
     )
+    ap.add_argument(
+        "--between",
+        action="store_true",
+        help="the watched arm without any window: what watch costs between windows",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
     args = ap.parse_args(argv)
@@ -377,8 +456,17 @@ def main(argv=None) -> int:
     seconds = args.seconds or (40.0 if args.quick else 75.0)
     if pairs < 2 or seconds < 5:
         ap.error("--pairs must be >= 2 (an interval) and --seconds >= 5")
-    res = run(pairs, seconds, args.workloads, previous)
     from benchmarks.fsdp import publish
+
+    if args.between:
+        res = run_between(pairs, seconds, args.workloads)
+        cmd = f"python -m benchmarks watch --between --pairs {pairs} --seconds {seconds:g}"
+        if list(args.workloads) != list(WORKLOADS):
+            cmd += " --workloads " + " ".join(args.workloads)
+        text = markdown_between(res, cmd)
+        publish(res, text, args.out, "watch_between", args.markdown, BEGIN_BETWEEN, END_BETWEEN)
+        return 0
+    res = run(pairs, seconds, args.workloads, previous)
 
     cmd = "python -m benchmarks watch" + (" --quick" if args.quick else "")
     if args.pairs or args.seconds:
