@@ -359,3 +359,39 @@ def test_a_process_file_without_steps_keeps_the_run_read_in_place(tmp_path):
     with open_run(tmp_path / "run") as recs:
         assert recs.engine.in_place
         assert len(recs) == int((run.columns["process"] != 3).sum())
+
+
+@pytest.mark.parametrize("where", ["parquet", "jsonl-and-parquet"])
+def test_first_arrivals_of_ranges_of_steps_are_those_of_the_join(tmp_path, monkeypatch, where):
+    """Kept steps that are a range of consecutive steps (one for every site, one per site)
+    are kept by a filter instead of a join: the same keys and first arrivals; steps with a
+    gap, and a site without kept steps, as before."""
+    from jaxpace.records import engine as eng
+
+    recs = load_records(synthetic_step_records(8, 30, 3, ranks_per_process=2, seed=2))
+    d = tmp_path / "run"
+    recs.write_parquet(d)
+    if where == "jsonl-and-parquet":  # (read into the table, not in place)
+        recs.write_jsonl(tmp_path / "js")
+        (d / "records-p0.parquet").unlink()
+        os.replace(tmp_path / "js" / "records-p0.jsonl", d / "records-p0.jsonl")
+    a, b, c = recs.sites
+    r = np.arange
+    cases = [
+        {a: r(5, 30), b: r(5, 30), c: r(5, 30)},  # (one range for every site)
+        {a: r(5, 30), b: r(7, 20), c: r(5, 30)},  # (a range each)
+        {a: r(5, 30), b: np.array([5, 6, 9]), c: r(5, 30)},  # (a gap: the join)
+        {a: r(5, 30), b: r(0), c: r(3, 10)},  # (a site without kept steps)
+        {a: r(0), b: r(0), c: r(0)},
+    ]
+    with Engine() as e:
+        e.load(d)
+        for kept in cases:
+            where_sql = eng._kept_ranges(kept, {a, b, c})
+            assert (where_sql is None) == (kept is cases[2])
+            got = e.first_arrivals(kept)
+            with monkeypatch.context() as m:
+                m.setattr(eng, "_kept_ranges", lambda *_: None)
+                want = e.first_arrivals(kept)
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+            assert (got[0].size > 0) == any(len(v) for v in kept.values())

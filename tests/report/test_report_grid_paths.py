@@ -15,6 +15,7 @@ import pytest
 from jaxpace.diagnosis.earliness import earliness
 from jaxpace.errors import RecordsError
 from jaxpace.records.reader import load_records
+from jaxpace.records.site_data import _grid as site_grid
 from jaxpace.records.site_data import grid_column, site_data_grid
 from jaxpace.records.synthetic import synthetic_records, synthetic_step_records
 from jaxpace.report.stages import links
@@ -105,6 +106,42 @@ def test_span_equals_ufunc_at_record_by_record(name):
     assert np.array_equal(span.origin, origin)
     assert np.array_equal(span.first, first)
     assert np.array_equal(span.done, done)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "once an execution",
+        "twice an execution",
+        "executions out of order",
+        "lost records",
+        "some ranks, not in order",
+        "a record twice",
+        "one rank a step",
+    ],
+)
+def test_span_from_the_sites_own_grid_equals_placing_the_rows_again(name):
+    """`_Span.add_placed` (the grid `site_evidence_grid` placed) gives `add`'s sums; a site
+    its analysis refuses (a record twice) is added row by row, as before; columns out of
+    order are not taken."""
+    E, R, sites = _span_case(name, np.random.default_rng(len(name)))
+    placed, again = _Span(E, R), _Span(E, R)
+    meta = _records()
+    for c, e, steps_u, col in sites:
+        again.add(c, e, steps_u, col)
+        cols = {**c, "site": np.zeros(c["step"].size, np.int64)}
+        one = dataclasses.replace(meta, sites=("s",), columns=cols)
+        try:
+            g = site_grid(one, "s", [])
+        except RecordsError:
+            assert name in ("a record twice", "one rank a step")  # (refused: row by row)
+            placed.add(c, e, steps_u, col)
+            continue
+        assert placed.add_placed(c, e, steps_u, g, g.ranks.astype(np.intp))
+        if g.ranks.size > 1:
+            assert not _Span(E, R).add_placed(c, e, steps_u, g, g.ranks[::-1].astype(np.intp))
+    for k in ("origin", "first", "done", "breaks"):
+        assert np.array_equal(getattr(placed, k), getattr(again, k)), k
 
 
 def _records(lost: float = 0.0, one_rank_step: bool = False, sites: int = 1, seed: int = 0):
@@ -339,7 +376,7 @@ def test_step_order_by_table_equals_search(case):
     ids=["ranks", "reversed", "negative", "one", "empty", "wide"],
 )
 def test_first_of_each_is_np_unique_with_return_index(a):
-    from jaxpace.report.stages.whole import first_of_each
+    from jaxpace.records.site_data import first_of_each
 
     want, got = np.unique(a, return_index=True), first_of_each(a)
     for w, g in zip(want, got, strict=True):

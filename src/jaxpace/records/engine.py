@@ -773,6 +773,11 @@ class Engine:
         (step, process), keyed `step * 2**32 + process` (sorted)."""
         import pyarrow as pa
 
+        first = "SELECT step * 4294967296 + process AS key, min(arrive_ns) AS first FROM steps "
+        where = _kept_ranges(kept, self._sites_of_rows())
+        if where is not None:  # (each site's kept steps a range: a filter, not a join)
+            got = self._arrays(first + where[0] + " GROUP BY key ORDER BY key", where[1])
+            return got["key"].astype(np.int64), got["first"].astype(np.int64)
         sites = [s for s, st in kept.items() for _ in range(len(st))]
         steps = np.concatenate([np.asarray(st, np.int64) for st in kept.values()] or [[]])
         self.con.register(
@@ -788,6 +793,13 @@ class Engine:
         finally:
             self.con.unregister("kept_steps")
         return got["key"].astype(np.int64), got["first"].astype(np.int64)
+
+    def _sites_of_rows(self) -> set[str]:
+        """The sites that have rows (from the row groups' statistics of a run read in place,
+        else the table)."""
+        if self._sites_of_row_groups is not None:
+            return set(self._sites_of_row_groups)
+        return set(self._distinct_sites())
 
     def processes(self) -> np.ndarray:
         """The distinct processes, sorted (from `rank_keys`: one scan for both)."""
@@ -935,6 +947,32 @@ _JSON_COLUMNS = {
     "execution": "JSON",
     "engaged": "JSON",
 }
+
+
+def _kept_ranges(kept: dict[str, np.ndarray], sites: set[str]) -> tuple[str, list] | None:
+    """`(WHERE clause, its parameters)` keeping the rows of `kept` (site -> its kept steps)
+    when each site's kept steps are a range of consecutive steps: one range for every site
+    with rows, or a range per site; None otherwise (a join then)."""
+    ranges = {}
+    for site, st in kept.items():
+        st = np.asarray(st, np.int64)
+        if st.size and int(st[-1]) - int(st[0]) == st.size - 1 and (np.diff(st) == 1).all():
+            ranges[site] = (int(st[0]), int(st[-1]))
+        elif st.size:
+            return None
+    if not ranges:
+        return "WHERE false", []
+    if set(ranges) == sites and len(set(ranges.values())) == 1:
+        lo, hi = next(iter(ranges.values()))
+        return "WHERE step BETWEEN $1 AND $2", [lo, hi]
+    if len(ranges) > 64:
+        return None
+    terms, params = [], []
+    for site, (lo, hi) in ranges.items():
+        n = len(params)
+        terms.append(f"(site = ${n + 1} AND step BETWEEN ${n + 2} AND ${n + 3})")
+        params += [site, lo, hi]
+    return "WHERE " + " OR ".join(terms), params
 
 
 def _file_identity(path: str) -> tuple[int, int, int] | None:

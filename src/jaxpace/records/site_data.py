@@ -218,6 +218,20 @@ def _int_unique(a: np.ndarray) -> np.ndarray:
     return np.unique(a)
 
 
+def first_of_each(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(a, return_index=True)` of an integer array (its distinct values, sorted, and
+    where each first occurs), without a sort when their range is small (a site's ranks:
+    about 16 ms against 68 ms for 2M rows)."""
+    a = np.asarray(a)
+    if a.size == 0 or int(a.max()) - int(a.min()) > 4 * a.size + 1024:
+        return np.unique(a, return_index=True)
+    lo = int(a.min())
+    first = np.full(int(a.max()) - lo + 1, a.size, np.intp)
+    np.minimum.at(first, a - lo, np.arange(a.size))
+    seen = np.flatnonzero(first < a.size)
+    return (seen + lo).astype(a.dtype, copy=False), first[seen]
+
+
 def unique_rows(*cols: np.ndarray) -> np.ndarray:
     """`np.unique(np.stack(cols), axis=1)` for integer columns, sorted the same way.
 
@@ -304,23 +318,6 @@ def _fill_missing(a: np.ndarray, missing: np.ndarray) -> np.ndarray:
     return a
 
 
-def _fill_all(missing: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    """`_fill_missing` of lateness, sync wait, wait, delay, compute and step time (S, R);
-    compute and step time need the step before too, and a step whose every value is
-    unknown (not consecutive) stays unknown."""
-    lateness, sync_wait, wait, delay, compute, step_time = arrays
-    lost = missing.copy()
-    lost[1:] |= missing[:-1]
-    return (
-        _fill_missing(lateness, missing),
-        _fill_missing(sync_wait, missing),
-        _fill_missing(wait, missing),
-        _fill_missing(delay, missing),
-        _fill_missing(compute, lost & ~np.isnan(compute).all(axis=1, keepdims=True)),
-        _fill_missing(step_time, lost & ~np.isnan(step_time).all(axis=1, keepdims=True)),
-    )
-
-
 def _own_clock(records: Records, g: _Grid, missing: np.ndarray) -> tuple[np.ndarray, ...]:
     """(arrive, done) in seconds since each rank's own first arrival, NaN where missing
     (int64 until each rank's origin is subtracted: only differences on one clock matter)."""
@@ -347,43 +344,109 @@ def site_data(records: Records, site: str) -> tuple[SiteData, list[str], bool]:
     return site_data_grid(records, site)[:3]
 
 
+class SiteEvidence(NamedTuple):
+    """What the whole step reads of one site (`site_evidence_grid`): `SiteData` less the
+    times on each rank's own clock (`arrive`, `done`, `compute`, `step_time`), which the
+    whole step takes from every site's rows together (`stages.whole`)."""
+
+    steps: np.ndarray
+    ranks: np.ndarray
+    processes: np.ndarray
+    hosts: tuple[str, ...]
+    wait: np.ndarray
+    delay: np.ndarray
+    engaged: np.ndarray
+    transfer: np.ndarray
+    sync_wait: np.ndarray
+    lateness: np.ndarray
+
+
 def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bool, _Grid]:
     """`site_data`, and where each record sits in the site's (step x rank) grid (`_Grid`),
     for the stages that place the same records again (`stages.whole`, `stages.links`)."""
-    notes: list[str] = []
-    g = _grid(records, site, notes)
+    ev, notes, partial, g = site_evidence_grid(records, site)
     missing = ~g.present
-    partial = bool(not g.complete.all() or missing.any())
     arrive, done = _own_clock(records, g, missing)
-    wait_all = _seconds(records, g, "wait_ns")
-    wait, delay = _used(g, wait_all), _used(g, _seconds(records, g, "delay_ns"))
-    engaged = _dense(records, g, "engaged", bool).any(axis=1)
-    steps = g.steps_all[g.complete]
-
-    consecutive = np.zeros(steps.size, bool)
-    consecutive[1:] = np.diff(steps) == 1
-    phases = max((int(h.get("interleaved_phases", 1)) for h in records.headers), default=1)
-    if phases > 1:
-        # One exit of the site to the next spans the other runs' steps too.
-        notes.append(
-            f"INTERLEAVED: these records come from one of {phases} runs interleaved step "
-            "by step in the same processes (header `interleaved_phases`), so the time from "
-            "one exit of the collective to the next spans the other runs' steps too. "
-            "Iteration and compute times are not measured from these records; waits, "
-            "delays and the ranking are. Time each run's own step in the program."
-        )
-        consecutive[:] = False
+    consecutive = _consecutive(records, ev.steps)
     compute = np.full(arrive.shape, np.nan)
     step_time = np.full(arrive.shape, np.nan)
     np.subtract(arrive[1:], done[:-1], out=compute[1:])
     np.subtract(done[1:], done[:-1], out=step_time[1:])
     compute[~consecutive] = np.nan
     step_time[~consecutive] = np.nan
-    if steps.size > 1 and phases == 1 and not consecutive[1:].any():
-        notes.append(
+    if missing.any():
+        # Compute and step time need the step before too; a step whose every value is
+        # unknown (not consecutive) stays unknown.
+        lost = missing.copy()
+        lost[1:] |= missing[:-1]
+        compute = _fill_missing(compute, lost & ~np.isnan(compute).all(axis=1, keepdims=True))
+        step_time = _fill_missing(step_time, lost & ~np.isnan(step_time).all(axis=1, keepdims=True))
+    data = SiteData(
+        steps=ev.steps,
+        ranks=ev.ranks,
+        processes=ev.processes,
+        hosts=ev.hosts,
+        arrive=arrive,
+        done=done,
+        wait=ev.wait,
+        delay=ev.delay,
+        engaged=ev.engaged,
+        compute=compute,
+        step_time=step_time,
+        transfer=ev.transfer,
+        sync_wait=ev.sync_wait,
+        lateness=ev.lateness,
+    )
+    return data, notes, partial, g
+
+
+def _phases(records: Records) -> int:
+    return max((int(h.get("interleaved_phases", 1)) for h in records.headers), default=1)
+
+
+def _consecutive(records: Records, steps: np.ndarray) -> np.ndarray:
+    """Which steps follow the step before (compute and step time need it): none of the runs
+    interleaved step by step (`interleaved_phases`)."""
+    consecutive = np.zeros(steps.size, bool)
+    consecutive[1:] = np.diff(steps) == 1
+    if _phases(records) > 1:
+        consecutive[:] = False
+    return consecutive
+
+
+def _step_notes(records: Records, steps: np.ndarray) -> list[str]:
+    """What the site's steps allow of compute and step time: interleaved runs, or steps
+    not consecutive (sampled records)."""
+    phases = _phases(records)
+    if phases > 1:
+        # One exit of the site to the next spans the other runs' steps too.
+        return [
+            f"INTERLEAVED: these records come from one of {phases} runs interleaved step "
+            "by step in the same processes (header `interleaved_phases`), so the time from "
+            "one exit of the collective to the next spans the other runs' steps too. "
+            "Iteration and compute times are not measured from these records; waits, "
+            "delays and the ranking are. Time each run's own step in the program."
+        ]
+    if steps.size > 1 and not (np.diff(steps) == 1).any():
+        return [
             "steps are not consecutive (sampled records?): compute and step time need "
             "consecutive steps, so only wait-based statistics are available."
-        )
+        ]
+    return []
+
+
+def site_evidence_grid(records: Records, site: str) -> tuple[SiteEvidence, list[str], bool, _Grid]:
+    """`site_data_grid` less the times on each rank's own clock (`SiteEvidence`): what the
+    whole step reads of each site, the same values and notes."""
+    notes: list[str] = []
+    g = _grid(records, site, notes)
+    missing = ~g.present
+    partial = bool(not g.complete.all() or missing.any())
+    wait_all = _seconds(records, g, "wait_ns")
+    wait, delay = _used(g, wait_all), _used(g, _seconds(records, g, "delay_ns"))
+    engaged = _dense(records, g, "engaged", bool).any(axis=1)
+    steps = g.steps_all[g.complete]
+    notes.extend(_step_notes(records, steps))
     # Time in the collective before it could finish; its minimum is the transfer,
     # and each rank's earliness beyond that minimum is its sync wait.
     entered = wait - delay
@@ -400,30 +463,26 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
         lateness, transfer, sync_wait = _within_groups(wait, entered, codes)
         notes.append(_groups_note(site, codes))
     if missing.any():
-        lateness, sync_wait, wait, delay, compute, step_time = _fill_all(
-            missing, lateness, sync_wait, wait, delay, compute, step_time
+        lateness, sync_wait, wait, delay = (
+            _fill_missing(a, missing) for a in (lateness, sync_wait, wait, delay)
         )
     # Each rank's process: from any of its records.
     proc_all = grid_column(records, g, "process", np.int64, -1)
     processes = _used(g, proc_all).max(axis=0)
     host_of_proc = {int(h["process_index"]): str(h.get("host", "?")) for h in records.headers}
-    data = SiteData(
+    ev = SiteEvidence(
         steps=steps,
         ranks=g.ranks,
         processes=processes,
         hosts=tuple(host_of_proc.get(int(p), "?") for p in processes.tolist()),
-        arrive=arrive,
-        done=done,
         wait=wait,
         delay=delay,
         engaged=engaged,
-        compute=compute,
-        step_time=step_time,
         transfer=transfer,
         sync_wait=sync_wait,
         lateness=lateness,
     )
-    return data, notes, partial, g._replace(wait_s=wait_all, process=proc_all)
+    return ev, notes, partial, g._replace(wait_s=wait_all, process=proc_all)
 
 
 def site_groups(records: Records, site: str, ranks: np.ndarray) -> np.ndarray | None:

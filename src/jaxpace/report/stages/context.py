@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from jaxpace.records.reader import Records
+from jaxpace.records.site_data import SiteEvidence
 from jaxpace.report.model import RunContext, SiteData
 from jaxpace.report.stages.culprit import CulpritRanking
 
@@ -30,8 +31,9 @@ def _platform(header: Mapping) -> str:
     return "gpu" if p == "unknown" and header.get("source") == "nccl_inspector" else p
 
 
-def run_context(records: Records, site: str, data: SiteData) -> RunContext:
-    """The `RunContext` of `site` from every header (fields missing in older records: defaults)."""
+def run_context(records: Records, site: str, data: SiteData | SiteEvidence) -> RunContext:
+    """The `RunContext` of `site` from every header (fields missing in older records:
+    defaults); of `data`, only whether some step was paced (`engaged`)."""
     headers = records.headers
     platforms = sorted({_platform(h) for h in headers})
     platforms = [{"cuda": "gpu", "rocm": "gpu"}.get(p, p) for p in platforms]

@@ -39,15 +39,16 @@ from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
 from jaxpace.records.site_data import (
     fill_missing,
+    first_of_each,
     index_in,
     int_unique,
     site_data,
-    site_data_grid,
+    site_evidence_grid,
 )
 from jaxpace.report.model import SiteData
 from jaxpace.report.stages.context import run_context
 
-__all__ = ["WHOLE_STEP", "execution_of", "first_of_each", "refused_sites", "whole_step"]
+__all__ = ["WHOLE_STEP", "execution_of", "refused_sites", "whole_step"]
 
 # `RunInfo.site` of a report on the whole step.
 WHOLE_STEP = "(whole step)"
@@ -252,15 +253,19 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
     for si, (site, one) in enumerate(run.sites_in_order(run.sites)):
         c = one.columns
         gid = gid_of(c)
-        if si in exec_of:
-            span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
         try:
-            d, site_notes, p, g = site_data_grid(one, site)
+            d, site_notes, p, g = site_evidence_grid(one, site)
         except RecordsError as e:
+            if si in exec_of:
+                span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
             notes.append(f"`{site}` left out of the whole step: {e}")
             if visit is not None:
                 visit(site, one, None)
             continue
+        local, first = first_of_each(c["rank"])
+        cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
+        if si in exec_of and not span.add_placed(c, exec_of[si], per_site[si], g, cols):
+            span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
         if visit is not None:
             visit(site, one, g)
         ctx = run_context(one, site, d)
@@ -274,14 +279,12 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
         partial |= p
         notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
         e = exec_of[si][index_in(per_site[si], d.steps)]
-        local, first = first_of_each(c["rank"])
-        cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
-        present = g.present.astype(float)
+        full = bool(g.present.all())
         for acc, x in ((a.lat, d.lateness), (a.wait, d.wait), (a.delay, d.delay),
                        (a.sync, d.sync_wait)):  # fmt: skip
-            _add_cells(acc, e, cols, np.where(g.present, x, 0.0))
-        _add_cells(a.cnt, e, cols, present)
-        _add_cells(a.expected, e, cols, np.ones(present.shape))  # the site's members
+            _add_cells(acc, e, cols, x if full else np.where(g.present, x, 0.0))
+        _add_cells(a.cnt, e, cols, 1.0 if full else g.present.astype(float))
+        _add_cells(a.expected, e, cols, 1.0)  # the site's members
         np.add.at(a.ncoll, e, 1.0)
         np.add.at(a.transfer, e, np.nan_to_num(d.transfer))
         np.logical_or.at(a.engaged, e, d.engaged)
@@ -291,24 +294,11 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
     return used, partial
 
 
-def first_of_each(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(a, return_index=True)` of an integer array (its distinct values, sorted, and
-    where each first occurs), without a sort when their range is small (a site's ranks:
-    about 16 ms against 68 ms for 2M rows)."""
-    a = np.asarray(a)
-    if a.size == 0 or int(a.max()) - int(a.min()) > 4 * a.size + 1024:
-        return np.unique(a, return_index=True)
-    lo = int(a.min())
-    first = np.full(int(a.max()) - lo + 1, a.size, np.intp)
-    np.minimum.at(first, a - lo, np.arange(a.size))
-    seen = np.flatnonzero(first < a.size)
-    return (seen + lo).astype(a.dtype, copy=False), first[seen]
-
-
-def _add_cells(acc: np.ndarray, e: np.ndarray, cols: np.ndarray, x: np.ndarray) -> None:
-    """`np.add.at(acc, (e[:, None], cols[None, :]), x)`. When no execution and no column
-    repeats, each cell gets one addition, the same sum by plain indexing (4x faster at
-    8192 ranks; whole rows when the columns are every rank in order)."""
+def _add_cells(acc: np.ndarray, e: np.ndarray, cols: np.ndarray, x: np.ndarray | float) -> None:
+    """`np.add.at(acc, (e[:, None], cols[None, :]), x)` (`x` (E', C), or one number for
+    every cell). When no execution and no column repeats, each cell gets one addition,
+    the same sum by plain indexing (4x faster at 8192 ranks; whole rows when the columns
+    are every rank in order)."""
     if np.unique(e).size != e.size or np.unique(cols).size != cols.size:
         np.add.at(acc, (e[:, None], cols[None, :]), x)
     elif cols.size == acc.shape[1] and np.array_equal(cols, np.arange(cols.size)):
@@ -378,6 +368,29 @@ class _Span:
             np.maximum.at(self.done, (ex, col), c["done_ns"])
             return
         at, missing, cols = placed
+        self._add_grid(c, e, at, missing, cols)
+
+    def add_placed(self, c: dict[str, np.ndarray], e: np.ndarray, steps_u: np.ndarray, g,
+                   cols: np.ndarray) -> bool:  # fmt: skip
+        """`add` of a site its analysis placed on its (step x rank) grid `g`
+        (`site_evidence_grid`'s), `cols` the grid's columns among all: the same sums
+        without placing the rows again. False (nothing added) when the grid is not on
+        `steps_u` or its columns are not in order."""
+        if not np.array_equal(g.steps_all, steps_u) or (
+            cols.size > 1 and (np.diff(cols) <= 0).any()
+        ):
+            return False
+        gap = np.flatnonzero(np.diff(steps_u) != 1) + 1  # first step after a gap
+        self.breaks[e[gap]] = True
+        shape = (g.steps_all.size, g.ranks.size)
+        at = g.at.reshape(shape)
+        self._add_grid(c, e, at, None if g.full else (at < 0), cols)
+        return True
+
+    def _add_grid(self, c, e, at, missing, cols) -> None:
+        """One site's rows on an (S steps x C columns) grid: `at` the row in each cell,
+        `missing` the cells without one (None: none), `cols` the grid's columns among all
+        (distinct, in order)."""
         arrive = _cells(c["arrive_ns"], at, missing, self._HI)
         done = _cells(c["done_ns"], at, missing, self._LO)
         # Integer least and greatest: exact in any order, and the fill (the extreme of
