@@ -111,18 +111,31 @@ def child(workload: str, arm: str, seconds: float, out: str) -> None:
     t_pre = None
     t0 = time.perf_counter()
     t_warm, calls, warm_calls = t0 + WARM_S, 0, None
+    # Each timed call's time, and where it fell: in a window (its blocking call before it
+    # included), or how many calls after the last window's end (-1: none yet).
+    call_s: list[float] = []
+    since: list[int] = []
+    last_end = None
     while time.perf_counter() - t_warm < seconds:
         k, calls = calls, calls + 1
         if warm_calls is None and time.perf_counter() >= t_warm:
             jax.block_until_ready(state)
             t_warm, warm_calls = time.perf_counter(), k
+        t_call = time.perf_counter()
         state = fn(*state)
-        if sched is not None:  # timestamps only (the wrapper itself blocks at the edges)
-            e = sched.edge(k)
+        t_done = time.perf_counter()
+        e = sched.edge(k) if sched is not None else None
+        if e is not None:  # timestamps only (the wrapper itself blocks at the edges)
             if e.pre_block:
-                t_pre = time.perf_counter()
+                t_pre = t_done
             elif e.end and t_pre is not None:
-                spans.append(time.perf_counter() - t_pre)
+                spans.append(t_done - t_pre)
+        if warm_calls is not None:
+            call_s.append(t_done - t_call)
+            inside = e is not None and (e.window or e.pre_block)
+            since.append(-2 if inside else (-1 if last_end is None else k - last_end))
+        if e is not None and e.end:
+            last_end = k
     jax.block_until_ready(state)
     end = time.perf_counter()
     res: dict = {
@@ -131,6 +144,7 @@ def child(workload: str, arm: str, seconds: float, out: str) -> None:
         "calls": calls - warm_calls,
         "step_s": (end - t_warm) / (calls - warm_calls),  # after the first WARM_S
         "step_all_s": (end - t0) / calls,  # every call, the first window's included
+        "by_distance": _by_distance(call_s, since),
     }
     if arm == "between":
         fn.close()
@@ -150,6 +164,38 @@ def child(workload: str, arm: str, seconds: float, out: str) -> None:
         res["windows_decided"] = len(fn.history())
         res["dropins"] = bool(fn._dropins)
     Path(out).write_text(json.dumps(res))
+
+
+# Calls after a window's end, in these bands (the last one open): where an after-effect of a
+# window (the profiler's, the analysis thread's, the garbage collector's) would show.
+BANDS = ((1, 20), (21, 100), (101, 500), (501, 2000), (2001, None))
+
+
+def _by_distance(call_s: list[float], since: list[int]) -> dict:
+    """`{band: [calls, mean ms]}` of the timed calls: `in window` (the blocking call before a
+    window and its calls), `before any window`, and each band of `BANDS` after a window."""
+    import numpy as np
+
+    t, d = np.asarray(call_s), np.asarray(since, np.int64)
+    out: dict = {}
+    masks = {"in window": d == -2, "before any window": d == -1}
+    for lo, hi in BANDS:
+        masks[f"{lo}-{hi}" if hi else f"{lo}+"] = (d >= lo) & ((d <= hi) if hi else True)
+    for name, m in masks.items():
+        if m.any():
+            out[name] = [int(m.sum()), float(t[m].mean() * 1e3)]
+    return out
+
+
+def _pooled_distance(runs: list[dict]) -> dict:
+    """`_by_distance` over several runs: each band's calls and their mean ms."""
+    tot: dict = {}
+    for r in runs:
+        for band, (n, ms) in r.get("by_distance", {}).items():
+            c = tot.setdefault(band, [0, 0.0])
+            c[0] += n
+            c[1] += n * ms
+    return {band: [n, s / n] for band, (n, s) in tot.items() if n}
 
 
 # ----------------------------------------------------------------- the pairs
@@ -262,6 +308,8 @@ def run(pairs: int, seconds: float, workloads=WORKLOADS, previous: dict | None =
             whole = paired(plain, watched, "step_all_s")
             fig["whole_run"] = {k: whole[k] for k in ("mean_pct", "ci95_pct")}
             fig.update(_window_figures(watched, fig["plain_step_ms"]))
+            fig["by_distance"] = _pooled_distance(watched)
+            fig["plain_call_ms"] = _pooled_distance(plain).get("before any window")
             fig["every"], fig["window"] = watched[0]["every"], watched[0]["window"]
             fig["pairs"], fig["seconds"] = pairs, seconds
             fig["load"] = [round(x, 2) for x in os.getloadavg()]
@@ -394,6 +442,31 @@ def markdown(res: dict, command: str) -> str:
             f"{_r(f['max_pre_block_s'])} / {_r(f['max_end_block_s'])} | "
             f"{_r(f['max_summarize_s'])} | {_r(f['analysis_s'])} | {load} |"
         )
+    dist = [wl for wl in WORKLOADS if wl in res and res[wl].get("by_distance")]
+    if dist:
+        bands = ["in window", *(f"{lo}-{hi}" if hi else f"{lo}+" for lo, hi in BANDS)]
+        lines += [
+            "",
+            "Where the watched runs' time went: the mean call (ms, with the number of calls) "
+            "inside windows (the blocking call before each included) and by how many calls "
+            "after the last window's end it came, against the unwatched runs' mean call.",
+            "",
+            "| step | unwatched | "
+            + " | ".join(b if b == "in window" else f"{b} after" for b in bands)
+            + " |",
+            "|---|" + "---:|" * (len(bands) + 1),
+        ]
+        for wl in dist:
+            f = res[wl]
+            plain = f.get("plain_call_ms")
+            cells = [
+                f"{f['by_distance'][b][1]:.2f} ({f['by_distance'][b][0]:,})"
+                if b in f["by_distance"]
+                else "n/a"
+                for b in bands
+            ]
+            p = f"{plain[1]:.2f} ({plain[0]:,})" if plain else "n/a"
+            lines.append(f"| {wl} | {p} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Window cost is what watch measured and spaced the next window by: the extra time "
