@@ -832,3 +832,40 @@ def test_a_named_process_is_held_while_the_decision_points_at_it_and_released_af
     # A gap (the window before is not the previous one): nothing is held.
     gap = WindowResult(**{**named.__dict__, "window": 2})
     assert decide(windows, [gap], analyze=_fake_analyze({})).culprit_process is None
+
+
+def test_a_process_named_again_after_its_release_needs_twice_the_quiet_windows_next_time():
+    # A healthy 8-process fleet with a device near the line was named, released and named
+    # again 137 times in a job-week with a release after 2 quiet windows (watch_alarms.py).
+    from jaxpace.watch.decide import (
+        MAX_RELEASE_WINDOWS,
+        RELEASE_WINDOWS,
+        WindowResult,
+        decide,
+        log_line,
+        verdict,
+    )
+    from jaxpace.watch.worker import _from_verdict
+
+    windows = _windows(4)
+    after = WindowResult(window=3, first_step=30, last_step=34, windows_pooled=3, released=3)
+    both = _fake_analyze({1: 3, 4: 3})  # (the lone window and the pooled ones name 3)
+    r = decide(windows, [after], analyze=both)
+    assert r.culprit_process == 3 and r.release_after == 2 * RELEASE_WINDOWS and r.released == 3
+    back = _from_verdict(verdict(r, run="t", process_count=4))
+    assert (back.release_after, back.released) == (r.release_after, 3)
+    # Another process named anew: no doubling; at the cap: no more.
+    r = decide(windows, [after], analyze=_fake_analyze({1: 1, 4: 1}))
+    assert r.culprit_process == 1 and r.release_after == RELEASE_WINDOWS, r
+    capped = dataclasses.replace(after, release_after=MAX_RELEASE_WINDOWS)
+    assert decide(windows, [capped], analyze=both).release_after == MAX_RELEASE_WINDOWS
+    # Held through 3 quiet windows when 4 release it; released at the 4th, and remembered.
+    held = WindowResult(window=3, first_step=30, last_step=34, culprit_process=0,
+                        culprit_ranks=(0, 1), windows_pooled=3, in_a_row=2, since_window=2,
+                        candidate=0, release_after=4)  # fmt: skip
+    for quiet in (1, 2, 3):
+        held = decide(windows, [dataclasses.replace(held, window=3)], analyze=_fake_analyze({}))
+        assert held.culprit_process == 0 and held.held and held.quiet == quiet, held
+    assert "(3 of the 4 windows in a row that release it)" in log_line(held), log_line(held)
+    r = decide(windows, [dataclasses.replace(held, window=3)], analyze=_fake_analyze({}))
+    assert r.culprit_process is None and r.released == 0 and r.release_after == 4, r

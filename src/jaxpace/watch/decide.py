@@ -26,6 +26,7 @@ from jaxpace.watch.summary import merge
 __all__ = [
     "CONFIRM_WINDOWS",
     "MAX_POOLED",
+    "MAX_RELEASE_WINDOWS",
     "RELEASE_WINDOWS",
     "VERDICT_VERSION",
     "WindowResult",
@@ -49,6 +50,11 @@ CONFIRM_WINDOWS = 2
 # as likely (one window that does not point at it is not enough: the pooled decision on a
 # device near the line flips from window to window).
 RELEASE_WINDOWS = 2
+# A process named again after it was released needs twice the quiet windows to be released
+# the next time, up to this many: a healthy 8-process fleet with a device near the line
+# (benchmarks/watch_alarms.py, seed 2225, a whole job-week of 15,120 windows) was named,
+# released and named again 137 times with a fixed release after 2 windows.
+MAX_RELEASE_WINDOWS = 64
 VERDICT_VERSION = 1
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 
@@ -86,6 +92,10 @@ class WindowResult:
         first of `RELEASE_WINDOWS` in a row that do not point at it (`quiet`).
       quiet: windows in a row, this one included, whose decision did not point at the
         held process (0 when it did, or when nothing is held).
+      release_after: the windows in a row that release a held process now:
+        `RELEASE_WINDOWS`, doubled each time the process last released is named again
+        (at most `MAX_RELEASE_WINDOWS`).
+      released: the process last released, or None.
       candidate: the process this window's decision named, confirmed or not (a
         candidate not yet confirmed is also `likely`).
       last_fraction: the share in [0, 1] of analyzed steps in which the named
@@ -113,6 +123,8 @@ class WindowResult:
     candidate: int | None = None
     held: bool = False
     quiet: int = 0
+    release_after: int = RELEASE_WINDOWS
+    released: int | None = None
 
 
 def _likely(recs: Records) -> tuple[int | None, float]:
@@ -193,6 +205,7 @@ def decide(
     named, likely, since, held, quiet = _naming(
         rep, prev, candidate, likely, in_a_row, since, by_pool, busy_now=overlapped > 0
     )
+    release_after, released = _release(prev, named, held, quiet)
     if named is not None or likely == candidate:
         likely_text = ""
     who = named if named is not None else likely
@@ -216,7 +229,26 @@ def decide(
         candidate=candidate,
         held=held,
         quiet=quiet,
+        release_after=release_after,
+        released=released,
     )
+
+
+def _release(
+    prev: WindowResult | None, named: int | None, held: bool, quiet: int
+) -> tuple[int, int | None]:
+    """`(release_after, released)` after this window: the process named the window before
+    and not now was released (`_naming` released it); a process named anew that is the one
+    last released doubles the windows the next release needs."""
+    if prev is None:
+        return RELEASE_WINDOWS, None
+    after, released = prev.release_after, prev.released
+    before = prev.culprit_process
+    if before is not None and named is None:  # (released this window)
+        released = before
+    elif named is not None and named != before and named == released:  # named again
+        after = min(2 * after, MAX_RELEASE_WINDOWS)
+    return after, released
 
 
 def _preferred(prev: WindowResult | None) -> tuple[int | None, int | None]:
@@ -265,7 +297,7 @@ def _naming(
     `likely`) and the window before: named from `CONFIRM_WINDOWS` in a row or when the
     pooled windows confirm a lone window's naming (`by_pool`); a process named before is
     kept (since its first window) and held while the decision points at it, released after
-    `RELEASE_WINDOWS` in a row that do not."""
+    `release_after` in a row that do not (`_release`)."""
     named_before = prev.culprit_process if prev is not None else None
     named = candidate
     if named is not None and named == named_before:  # still named
@@ -276,7 +308,7 @@ def _naming(
     if named is None and named_before is not None and not busy_now:
         points = named_before in (candidate, likely) or named_before in _processes(rep)
         quiet = 0 if points else prev.quiet + 1
-        if quiet < RELEASE_WINDOWS:  # held: named before, not released yet
+        if quiet < prev.release_after:  # held: named before, not released yet
             named, likely, held, since = named_before, None, True, prev.since_window
         else:
             quiet = 0
@@ -354,7 +386,7 @@ def log_line(r: WindowResult) -> str:
             "this window's decision points at it without naming it"
             if not r.quiet
             else f"this window's decision does not point at it ({r.quiet} of the "
-            f"{RELEASE_WINDOWS} windows in a row that release it)"
+            f"{r.release_after} windows in a row that release it)"
         )
         return (
             f"{head}process {r.culprit_process} ({where}) late by {late}, still named (since "
@@ -442,5 +474,7 @@ def verdict(r: WindowResult, *, run: str, process_count: int) -> dict[str, Any]:
         "candidate": r.candidate,
         "held": r.held,
         "quiet": r.quiet,
+        "release_after": r.release_after,
+        "released": r.released,
         "notes": list(r.notes[:8]),
     }

@@ -611,6 +611,8 @@ def _from_verdict(v: dict) -> _decide.WindowResult | None:
             candidate=int(v["candidate"]) if v.get("candidate") is not None else None,
             held=bool(v.get("held", False)),
             quiet=int(v.get("quiet", 0)),
+            release_after=int(v.get("release_after", _decide.RELEASE_WINDOWS)),
+            released=int(v["released"]) if v.get("released") is not None else None,
         )
     except (KeyError, TypeError, ValueError):
         return None
