@@ -187,6 +187,24 @@ def _by_distance(call_s: list[float], since: list[int]) -> dict:
     return out
 
 
+def window_share(by: dict, window: int) -> dict | None:
+    """What the windows cost within the watched runs themselves (no run-to-run spread): each
+    band's calls beyond the mean call 2001+ calls after a window, summed, as a share of the
+    runs' time and per window (a window is `window` calls and the blocking call before)."""
+    if "2001+" not in by or "in window" not in by:
+        return None
+    far = by["2001+"][1]
+    near = [v for band, v in by.items() if band not in ("2001+", "before any window")]
+    extra = sum(n * (ms - far) for n, ms in near)
+    total = sum(n * ms for n, ms in by.values())
+    windows = round(by["in window"][0] / (window + 1))
+    return {
+        "pct": 100 * extra / total,
+        "windows": windows,
+        "per_window_ms": extra / max(windows, 1),
+    }
+
+
 def _pooled_distance(runs: list[dict]) -> dict:
     """`_by_distance` over several runs: each band's calls and their mean ms."""
     tot: dict = {}
@@ -213,6 +231,20 @@ def _run_child(workload: str, arm: str, seconds: float, tmp: str, i: int) -> dic
     if p.returncode != 0:
         raise RuntimeError(f"{workload}/{arm} run failed:\n{p.stderr[-3000:]}")
     return json.loads(Path(out).read_text())
+
+
+def _run_wrapper_cost() -> dict:
+    """`wrapper_cost` in a fresh process (its own JAX on 8 CPU devices' worth of nothing)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    cmd = [sys.executable, "-c", "import json; from benchmarks.watch import wrapper_cost; "
+           "print(json.dumps(wrapper_cost()))"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
+    if p.returncode != 0:
+        raise RuntimeError(f"wrapper_cost failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def t95(n: int) -> float:
@@ -353,6 +385,49 @@ def run_between(pairs: int, seconds: float, workloads=WORKLOADS) -> dict:
     return out
 
 
+def wrapper_cost(blocks: int = 20, calls: int = 2000) -> dict:
+    """What `watch` adds to a call between windows, in one process (no run-to-run spread):
+    a small jit step called `calls` times unwatched, then as many times under
+    `watch(step, every=NEVER)` (never a window: the wrapper on every call, its thread
+    idle), blocks alternating; per call, the mean difference of the paired blocks and its
+    95% interval. Dispatch only (the step is not blocked on): what the wrapper costs the
+    calling thread."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jax.config.update("jax_platforms", "cpu")
+    import jaxpace
+
+    f = jax.jit(lambda x: x + 1.0)
+    x = jnp.zeros(4)
+    w = jaxpace.watch(f, every=NEVER)
+    for g in (f, w, f, w):  # (compiled in both forms: `w` runs `f` passed through)
+        for _ in range(200):
+            x = g(x)
+        jax.block_until_ready(x)
+    plain, watched = [], []
+    for b in range(blocks):
+        for arm in ("plain", "watch") if b % 2 == 0 else ("watch", "plain"):
+            g = f if arm == "plain" else w
+            t = time.perf_counter()
+            for _ in range(calls):
+                x = g(x)
+            jax.block_until_ready(x)
+            (plain if arm == "plain" else watched).append((time.perf_counter() - t) / calls)
+    w.close()
+    d = (np.array(watched) - np.array(plain)) * 1e6
+    half = t95(d.size) * float(d.std(ddof=1)) / math.sqrt(d.size)
+    return {
+        "blocks": blocks,
+        "calls": calls,
+        "plain_us": float(np.median(plain) * 1e6),
+        "watch_us": float(np.median(watched) * 1e6),
+        "extra_us": float(d.mean()),
+        "ci95_us": [float(d.mean() - half), float(d.mean() + half)],
+    }
+
+
 def markdown_between(res: dict, command: str) -> str:
     lines = [
         BEGIN_BETWEEN,
@@ -378,6 +453,23 @@ def markdown_between(res: dict, command: str) -> str:
             f"{f['watch_step_ms']:.2f} ms | {f['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}] | "
             f"{load} |"
         )
+    wc = res.get("wrapper")
+    if wc:
+        lo, hi = wc["ci95_us"]
+        lines += [
+            "",
+            f"The wrapper alone, in one process (`wrapper_cost`: a jit `x + 1` dispatched "
+            f"{wc['calls']:,} times a block, {wc['blocks']} blocks alternating unwatched and "
+            f"under `watch(every={NEVER:.0e})`): {wc['plain_us']:.1f} us a call unwatched, "
+            f"{wc['watch_us']:.1f} us watched; the wrapper adds {wc['extra_us']:.2f} us a "
+            f"call [{lo:.2f}, {hi:.2f}] (95%), "
+            + ", ".join(
+                f"{wc['extra_us'] / (res[wl]['plain_step_ms'] * 1e3):.3%} of the {wl} step"
+                for wl in WORKLOADS
+                if wl in res
+            )
+            + ".",
+        ]
     lines += ["", f"Machine: {res['machine']}. Date: {res['date']}.", END_BETWEEN]
     return "\n".join(lines)
 
@@ -467,6 +559,20 @@ def markdown(res: dict, command: str) -> str:
             ]
             p = f"{plain[1]:.2f} ({plain[0]:,})" if plain else "n/a"
             lines.append(f"| {wl} | {p} | " + " | ".join(cells) + " |")
+        for wl in dist:
+            share = window_share(res[wl]["by_distance"], res[wl]["window"])
+            if share is None:
+                continue
+            plain = res[wl].get("plain_call_ms")
+            far = res[wl]["by_distance"]["2001+"][1]
+            lines += [
+                "",
+                f"{wl}: within the watched runs, the calls in windows and after them cost "
+                f"{share['pct']:.2f}% of the runs' time more than calls 2001+ after a window "
+                f"would have ({share['per_window_ms']:.0f} ms a window, over "
+                f"{share['windows']} windows); calls 2001+ after a window took {far:.2f} ms, "
+                + (f"against {plain[1]:.2f} ms in the unwatched runs." if plain else "."),
+            ]
     lines += [
         "",
         "Window cost is what watch measured and spaced the next window by: the extra time "
@@ -520,6 +626,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="the watched arm without any window: what watch costs between windows",
     )
+    ap.add_argument(
+        "--wrapper",
+        action="store_true",
+        help="only the wrapper's cost per call, added to OUT/watch_between.json's section",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
     args = ap.parse_args(argv)
@@ -531,11 +642,18 @@ def main(argv=None) -> int:
         ap.error("--pairs must be >= 2 (an interval) and --seconds >= 5")
     from benchmarks.fsdp import publish
 
-    if args.between:
-        res = run_between(pairs, seconds, args.workloads)
+    if args.between or args.wrapper:
+        if args.wrapper:  # (the pairs from the last `--between` run)
+            res = json.loads((Path(args.out) / "watch_between.json").read_text())
+            pairs, seconds = res["pairs"], res["seconds"]
+        else:
+            res = run_between(pairs, seconds, args.workloads)
+        res["wrapper"] = _run_wrapper_cost()
         cmd = f"python -m benchmarks watch --between --pairs {pairs} --seconds {seconds:g}"
         if list(args.workloads) != list(WORKLOADS):
             cmd += " --workloads " + " ".join(args.workloads)
+        if args.wrapper:
+            cmd += "`, then `python -m benchmarks watch --wrapper"
         text = markdown_between(res, cmd)
         publish(res, text, args.out, "watch_between", args.markdown, BEGIN_BETWEEN, END_BETWEEN)
         return 0
