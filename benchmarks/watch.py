@@ -318,24 +318,38 @@ def _window_figures(watched: list[dict], plain_step_ms: float) -> dict:
     }
 
 
-def run(pairs: int, seconds: float, workloads=WORKLOADS, previous: dict | None = None) -> dict:
+def _pairs(wl: str, arm: str, pairs: int, seconds: float, tmp: str) -> tuple[list, list]:
+    """`pairs` runs unwatched and as many in `arm`, one of each back to back, the order
+    alternating; `(unwatched runs, the arm's runs)`."""
+    plain, watched = [], []
+    for i in range(pairs):
+        for a in ("plain", arm) if i % 2 == 0 else (arm, "plain"):
+            r = _run_child(wl, a, seconds, tmp, i)
+            (plain if a == "plain" else watched).append(r)
+        print(
+            f"  {wl} pair {i}: plain {plain[-1]['step_s'] * 1e3:.2f} ms, "
+            f"{arm} {watched[-1]['step_s'] * 1e3:.2f} ms",
+            flush=True,
+        )
+    return plain, watched
+
+
+def _machine() -> str:
+    import jax
+
     from benchmarks.__main__ import machine
 
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", 8)
+    return machine()
+
+
+def run(pairs: int, seconds: float, workloads=WORKLOADS, previous: dict | None = None) -> dict:
     out: dict = {k: v for k, v in (previous or {}).items() if k in WORKLOADS}
     out.update(pairs=pairs, seconds=seconds, date=time.strftime("%Y-%m-%d"))
     with tempfile.TemporaryDirectory() as tmp:
         for wl in workloads:
-            plain, watched = [], []
-            for i in range(pairs):
-                order = ("plain", "watch") if i % 2 == 0 else ("watch", "plain")
-                for arm in order:
-                    r = _run_child(wl, arm, seconds, tmp, i)
-                    (plain if arm == "plain" else watched).append(r)
-                print(
-                    f"  {wl} pair {i}: plain {plain[-1]['step_s'] * 1e3:.2f} ms, "
-                    f"watch {watched[-1]['step_s'] * 1e3:.2f} ms",
-                    flush=True,
-                )
+            plain, watched = _pairs(wl, "watch", pairs, seconds, tmp)
             fig = paired(plain, watched)
             whole = paired(plain, watched, "step_all_s")
             fig["whole_run"] = {k: whole[k] for k in ("mean_pct", "ci95_pct")}
@@ -346,42 +360,22 @@ def run(pairs: int, seconds: float, workloads=WORKLOADS, previous: dict | None =
             fig["pairs"], fig["seconds"] = pairs, seconds
             fig["load"] = [round(x, 2) for x in os.getloadavg()]
             out[wl] = fig
-    import jax
-
-    jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_num_cpu_devices", 8)
-    out["machine"] = machine()
+    out["machine"] = _machine()
     return out
 
 
 def run_between(pairs: int, seconds: float, workloads=WORKLOADS) -> dict:
     """`--between`: pairs of unwatched runs and runs under `watch(step, every=NEVER)`: the
     wrapper on every call and watch's thread (heartbeats, the leader's gathers), no window."""
-    from benchmarks.__main__ import machine
-
     out: dict = {"pairs": pairs, "seconds": seconds, "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory() as tmp:
         for wl in workloads:
-            plain, watched = [], []
-            for i in range(pairs):
-                order = ("plain", "between") if i % 2 == 0 else ("between", "plain")
-                for arm in order:
-                    r = _run_child(wl, arm, seconds, tmp, i)
-                    (plain if arm == "plain" else watched).append(r)
-                print(
-                    f"  {wl} pair {i}: plain {plain[-1]['step_s'] * 1e3:.2f} ms, "
-                    f"between {watched[-1]['step_s'] * 1e3:.2f} ms",
-                    flush=True,
-                )
+            plain, watched = _pairs(wl, "between", pairs, seconds, tmp)
             fig = paired(plain, watched)
             fig["windows_decided"] = sum(w.get("windows_decided", 0) for w in watched)
             fig["load"] = [round(x, 2) for x in os.getloadavg()]
             out[wl] = fig
-    import jax
-
-    jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_num_cpu_devices", 8)
-    out["machine"] = machine()
+    out["machine"] = _machine()
     return out
 
 

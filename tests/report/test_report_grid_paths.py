@@ -46,6 +46,17 @@ def _span_reference(E: int, R: int, sites) -> tuple[np.ndarray, ...]:
     return origin, first, done
 
 
+SPAN_CASES = [
+    "once an execution",
+    "twice an execution",
+    "executions out of order",
+    "lost records",
+    "some ranks, not in order",
+    "a record twice",
+    "one rank a step",
+]
+
+
 def _span_case(name: str, rng) -> tuple[int, int, list]:
     """(E, R, sites) for `_Span.add`: each site its rows, the execution of each of its
     steps, its steps and each row's column."""
@@ -85,18 +96,7 @@ def _span_case(name: str, rng) -> tuple[int, int, list]:
     return E, R, out
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "once an execution",
-        "twice an execution",
-        "executions out of order",
-        "lost records",
-        "some ranks, not in order",
-        "a record twice",
-        "one rank a step",
-    ],
-)
+@pytest.mark.parametrize("name", SPAN_CASES)
 def test_span_equals_ufunc_at_record_by_record(name):
     E, R, sites = _span_case(name, np.random.default_rng(len(name)))
     span = _Span(E, R)
@@ -108,18 +108,7 @@ def test_span_equals_ufunc_at_record_by_record(name):
     assert np.array_equal(span.done, done)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "once an execution",
-        "twice an execution",
-        "executions out of order",
-        "lost records",
-        "some ranks, not in order",
-        "a record twice",
-        "one rank a step",
-    ],
-)
+@pytest.mark.parametrize("name", SPAN_CASES)
 def test_span_from_the_sites_own_grid_equals_placing_the_rows_again(name):
     """`_Span.add_placed` (the grid `site_evidence_grid` placed) gives `add`'s sums; a site
     its analysis refuses (a record twice) is added row by row, as before; columns out of

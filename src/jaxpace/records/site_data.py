@@ -381,22 +381,7 @@ def site_data_grid(records: Records, site: str) -> tuple[SiteData, list[str], bo
         lost[1:] |= missing[:-1]
         compute = _fill_missing(compute, lost & ~np.isnan(compute).all(axis=1, keepdims=True))
         step_time = _fill_missing(step_time, lost & ~np.isnan(step_time).all(axis=1, keepdims=True))
-    data = SiteData(
-        steps=ev.steps,
-        ranks=ev.ranks,
-        processes=ev.processes,
-        hosts=ev.hosts,
-        arrive=arrive,
-        done=done,
-        wait=ev.wait,
-        delay=ev.delay,
-        engaged=ev.engaged,
-        compute=compute,
-        step_time=step_time,
-        transfer=ev.transfer,
-        sync_wait=ev.sync_wait,
-        lateness=ev.lateness,
-    )
+    data = SiteData(**ev._asdict(), arrive=arrive, done=done, compute=compute, step_time=step_time)
     return data, notes, partial, g
 
 
