@@ -436,12 +436,7 @@ def markdown_between(res: dict, command: str) -> str:
         "unwatched, mean [95% interval] | load average |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for wl in WORKLOADS:
-        if wl not in res:
-            continue
-        f = res[wl]
-        lo, hi = f["ci95_pct"]
-        load = " / ".join(f"{x:.1f}" for x in f.get("load", [])) or "n/a"
+    for wl, f, lo, hi, load in _rows(res):
         lines.append(
             f"| {NAMES[wl]} | {f['n']} | {f['plain_step_ms']:.2f} ms | "
             f"{f['watch_step_ms']:.2f} ms | {f['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}] | "
@@ -479,6 +474,16 @@ NAMES = {
 }
 
 
+def _rows(res: dict):
+    """`(workload, figures, interval low, high, load average text)` of each workload in
+    `res`, in `WORKLOADS` order: what every table row of both sections starts from."""
+    for wl in WORKLOADS:
+        if wl in res:
+            f = res[wl]
+            load = " / ".join(f"{x:.1f}" for x in f.get("load", [])) or "n/a"
+            yield wl, f, *f["ci95_pct"], load
+
+
 def _r(v) -> str:
     return "n/a" if not v else f"{v[1]:.1f} ms ({v[0]:.1f}-{v[2]:.1f})"
 
@@ -512,14 +517,9 @@ def markdown(res: dict, command: str) -> str:
         "edge blocks (before / last call) | summary | decision | load average |",
         "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for wl in WORKLOADS:
-        if wl not in res:
-            continue
-        f = res[wl]
-        lo, hi = f["ci95_pct"]
+    for wl, f, lo, hi, load in _rows(res):
         gc, gs = f.get("gap_calls"), f.get("gap_s")
         gap = f"{gc[0]:,}-{gc[1]:,}; {gs[0]:.0f}-{gs[1]:.0f} s" if gc and gs else "n/a"
-        load = " / ".join(f"{x:.1f}" for x in f.get("load", [])) or "n/a"
         lines.append(
             f"| {NAMES[wl]} | {f['n']} | {f['plain_step_ms']:.2f} ms | {f['watch_step_ms']:.2f} ms"
             f" | {f['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}] | {_verdict(lo, hi)} | "

@@ -205,7 +205,7 @@ def decide(
     named, likely, since, held, quiet = _naming(
         rep, prev, candidate, likely, in_a_row, since, by_pool, busy_now=overlapped > 0
     )
-    release_after, released = _release(prev, named, held, quiet)
+    release_after, released = _release(prev, named)
     if named is not None or likely == candidate:
         likely_text = ""
     who = named if named is not None else likely
@@ -234,9 +234,7 @@ def decide(
     )
 
 
-def _release(
-    prev: WindowResult | None, named: int | None, held: bool, quiet: int
-) -> tuple[int, int | None]:
+def _release(prev: WindowResult | None, named: int | None) -> tuple[int, int | None]:
     """`(release_after, released)` after this window: the process named the window before
     and not now was released (`_naming` released it); a process named anew that is the one
     last released doubles the windows the next release needs."""
