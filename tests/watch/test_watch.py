@@ -4,6 +4,7 @@ the stall rule and the decision's log line (a fake profiler; no trace is read)."
 import dataclasses
 import inspect
 import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -696,6 +697,84 @@ def test_auto_cadence_spaces_windows_by_their_measured_cost_and_every_process_ad
     assert seq[seq.index(("call", start - 1)) :][:4] == [
         ("call", start - 1), ("block", start - 1), "start", ("call", start)]  # fmt: skip
     assert ("block", start + 4) in events and "stop" in seq
+
+
+class _StubWorker:
+    """A watch thread that takes each window and is done with it when the test says."""
+
+    def __init__(self):
+        self.done_window, self.busy, self.jobs = 0, False, []
+
+    def submit(self, job):
+        self.jobs.append(job)
+        return True
+
+
+def _stubbed(events, step, **kw) -> Watched:
+    w = Watched(step, profiler=FakeProfiler(events), block=lambda o: None, **kw)
+    w(0)  # (sets up its real thread: stopped, and the stub put in its place)
+    w.close()
+    w._closed, w._stopped, w._worker = False, False, _StubWorker()
+    w._mark = (1, time.perf_counter())  # (the steps timed from here, not from the close)
+    return w
+
+
+def test_the_calls_after_a_window_are_charged_to_the_next_windows_cost():
+    """What the step lost after window 1 while watch's thread analyzed it (calls timed from
+    the window's end until the thread is done with the window) goes into window 2's costs
+    as `after_prev_s`, and `window_cost` takes it when it exceeds the thread's CPU time."""
+    from jaxpace.watch.worker import window_cost
+
+    events = []
+    slow = {"on": False}
+
+    def step(k):
+        events.append(("call", k))
+        if slow["on"]:
+            time.sleep(0.02)
+        return k
+
+    w = _stubbed(events, step, every=20, window=2)
+    for k in range(1, 22):  # through window 1 (calls 20-21)
+        w(k)
+    assert [j[0] for j in w._worker.jobs] == [1]
+    assert w._after is not None and w._after[:2] == (1, 22), w._after
+    slow["on"] = True
+    for k in range(22, 27):  # 5 calls of at least 20 ms each, window 1 not done
+        w(k)
+    slow["on"] = False
+    assert w._after is not None  # still analyzing: still timed
+    w._worker.done_window = 1
+    w(27)
+    assert w._after is None and w._after_s is not None and w._after_s >= 5 * 0.02 - 0.01
+    got = w._after_s
+    for k in range(28, 42):  # to window 2's end (calls 40-41)
+        w(k)
+    two = [j for j in w._worker.jobs if j[0] == 2]
+    assert len(two) == 1 and two[0][5]["after_prev_s"] == got, two
+    assert "after_prev_s" not in w._worker.jobs[0][5]  # (window 1: none before it)
+    base = {"step_s": 0.005, "window_s": 0.010 + 0.020, "pre_block_s": 0.005,
+            "summary_cpu_s": 0.030}  # fmt: skip
+    assert window_cost(base, 2) == pytest.approx(0.020 + 0.005 + 0.030)
+    assert window_cost({**base, "after_prev_s": 0.100}, 2) == pytest.approx(0.025 + 0.100)
+    assert window_cost({**base, "after_prev_s": 0.001}, 2, 0.010) == pytest.approx(0.025 + 0.040)
+
+
+def test_a_window_never_done_is_timed_at_most_to_the_next_windows_blocking_call():
+    """The calls after a window are timed until the next window's blocking call when watch's
+    thread never finishes it; a window the thread would not take is not timed at all."""
+    events = []
+    w = _stubbed(events, lambda k: k, every=10, window=2)
+    for k in range(1, 12):
+        w(k)
+    assert w._after is not None
+    for k in range(12, 20):  # call 19 is window 2's blocking call
+        w(k)
+    assert w._after is None and "after_prev_s" in w._costs
+    w._worker.submit = lambda job: False  # (analysis behind: window 2 dropped)
+    for k in range(20, 22):
+        w(k)
+    assert w._after is None
 
 
 def test_an_announcement_after_its_window_began_is_skipped_and_said():

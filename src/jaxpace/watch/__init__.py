@@ -58,7 +58,9 @@ def watch(
     on average, the other half for what the estimate misses. The cost is the
     slowest process's extra time on the step's thread plus its CPU time on
     watch's thread (charged in full, as if taken from the step; process 0's
-    decision added to its own), the median of the last 5 windows; windows stay
+    decision added to its own), or, when larger, what the calls after the
+    window before lost while watch's thread analyzed it; the median of the last
+    5 windows; windows stay
     at most 10 minutes apart. Measured on 8 CPU devices with 5 ms steps: about
     0.1-0.2 s per window, so a window every 20-40 s (docs/benchmarks.md,
     "watch"); on a 1 s step, every 20-40 calls. An integer `every` places

@@ -87,6 +87,9 @@ class Worker:
         self.sink_errors = 0
         self.gone: str | None = None
         self.busy = False  # summarizing or deciding now (the wrapper reads it at a window start)
+        # The newest window this thread is done with (its summary published; on the deciding
+        # process, decided): the wrapper times the calls after a window until then.
+        self.done_window = 0
         self.stalls: list[dict] = []
         self._closing_at: float | None = None
         self._count_seen: tuple[int, float] = (-1, 0.0)
@@ -243,6 +246,10 @@ class Worker:
                 own = summary.compact({**s, "rows": list(s["rows"])})
                 self._got.setdefault(window, {})[self.process] = own
                 self._lost.get(window, set()).discard(self.process)
+            if not pending:  # (decided already, at a stall: done with it)
+                self.done_window = max(self.done_window, window)
+        else:
+            self.done_window = max(self.done_window, window)
 
     def _gather(self, now: float, final: bool, quiet: bool) -> None:
         """Reads the pending windows' summaries (keeping what it read: a later window may
@@ -291,6 +298,13 @@ class Worker:
     def _decide(
         self, window, first, last, mine: dict[int, dict], lost: list[int], cut: str = ""
     ) -> None:
+        try:
+            self._decide_one(window, first, last, mine, lost, cut)
+        finally:
+            self.done_window = max(self.done_window, window)
+
+    def _decide_one(self, window, first, last, mine, lost, cut) -> None:
+        """`_decide`'s work: the decision, its verdict, the next window, the deliveries."""
         if window in self._cut_windows:  # decided partial at a stall already: that stands
             return
         t0, cpu0 = time.perf_counter(), time.thread_time()
@@ -348,7 +362,7 @@ class Worker:
             return None
         costs = {p: (m.get("costs") or {}) for p, m in mine.items()}
         cost = max([window_cost(c, s.window) for c in costs.values()] or [0.0])
-        cost = max(cost, window_cost(costs.get(self.process, {}), s.window) + decide_cpu_s)
+        cost = max(cost, window_cost(costs.get(self.process, {}), s.window, decide_cpu_s))
         self._window_costs.append(cost)
         steps = [c.get("step_s") for c in costs.values()]
         steps = [x for x in steps if _finite(x) and x > 0]
@@ -528,11 +542,15 @@ class Worker:
         t.join(SINK_TIMEOUT_S)
 
 
-def window_cost(costs: dict, calls: int) -> float:
+def window_cost(costs: dict, calls: int, decide_cpu_s: float = 0.0) -> float:
     """What one process's window of `calls` calls cost, seconds, from its summary's `costs`: its extra
     time on the step's thread (from the blocking call before the window to the end of
     the collection, less the window's calls at the time per step outside windows; the
-    block before it) and its CPU time on watch's thread (writing and reading the trace)."""
+    block before it), and the analysis: the larger of its CPU time on watch's thread
+    (writing and reading the trace; `decide_cpu_s`, the deciding process's decision) and
+    what the calls after the window before took beyond the step time while watch's
+    thread analyzed that one (`after_prev_s`: on 2 busy cores the step lost more than
+    the thread's CPU time, and a step waiting on a GPU loses less)."""
 
     def get(k: str) -> float:
         v = costs.get(k)
@@ -540,7 +558,8 @@ def window_cost(costs: dict, calls: int) -> float:
 
     step_s = get("step_s")
     extra = max(0.0, get("window_s") - calls * step_s) if step_s else 0.0
-    return extra + get("pre_block_s") + get("summary_cpu_s")
+    analysis = max(get("summary_cpu_s") + decide_cpu_s, get("after_prev_s"))
+    return extra + get("pre_block_s") + analysis
 
 
 def _finite(v: Any) -> bool:
@@ -567,6 +586,7 @@ def _costs(summaries: dict[int, dict], analysis_s: float) -> dict[str, float | N
         "stop_trace_s",
         "export_s",
         "summarize_s",
+        "after_prev_s",
     )
     for k in keys:
         vals = []

@@ -25,6 +25,10 @@ DEFAULT_EVERY = "auto"
 DEFAULT_WINDOW = 5
 ON_STALL = ("log", "exit")
 _CLOSE_S = CLOSE_GATHER_S + 6.0  # the thread's final gather plus one bounded store call
+# The calls after a window are timed until watch's thread is done with it (its summary; on
+# the deciding process its decision), at most this long: what the step lost meanwhile is
+# part of the window's cost (`worker.window_cost`).
+AFTER_MAX_S = 60.0
 _RUN_IDS = itertools.count()  # the n-th watched function of a process: the same on every process
 
 
@@ -92,6 +96,11 @@ class Watched:
         # blocking call before it returned at `_t_pre`.
         self._mark: tuple[int, float] | None = None
         self._t_pre = 0.0
+        # After a window's end: (window, its first call after, when that began, the step
+        # time before the window) until watch's thread is done with it; then what the calls
+        # meanwhile took beyond that step time, for the next window's costs (`_after_done`).
+        self._after: tuple[int, int, float, float] | None = None
+        self._after_s: float | None = None
         # The next window the deciding process announced, `(window, first call)`, set by the
         # background thread (`every="auto"`); the step's thread adopts it before a call.
         self._announced: tuple[int, int] | None = None
@@ -125,7 +134,12 @@ class Watched:
         edge = self.schedule.edge(k)
         if not (edge.window or edge.pre_block) or (self._stopped and self._open is None):
             with _pass_through(True):
-                return self._fn(*args, **kwargs)
+                out = self._fn(*args, **kwargs)
+            if self._after is not None:
+                self._after_check(k)
+            return out
+        if self._after is not None:  # (the next window's blocking call: no later)
+            self._after_done(k, time.perf_counter())
         if edge.start and not self._stopped:
             self._start(edge.window)
         try:
@@ -144,13 +158,35 @@ class Watched:
             self._costs["pre_block_s"] = now - t0
             if self._mark is not None and k + 1 > self._mark[0]:  # steps since the last window
                 self._costs["step_s"] = (now - self._mark[1]) / (k + 1 - self._mark[0])
+            if self._after_s is not None:  # what the step lost while the window before was analyzed
+                self._costs["after_prev_s"] = self._after_s
+                self._after_s = None
         elif edge.end and self._open is not None:
             t0 = time.perf_counter()
             self._block(out)
             self._costs["end_block_s"] = time.perf_counter() - t0
-            self._end(edge.window)
+            step_s = self._costs.get("step_s")
+            submitted = self._end(edge.window)
             self._mark = (k + 1, time.perf_counter())
+            if submitted and step_s:
+                self._after = (edge.window, k + 1, self._mark[1], step_s)
         return out
+
+    def _after_check(self, k: int) -> None:
+        """After call `k` (outside windows) while a window's analysis is timed: done when
+        watch's thread has finished the window, or after `AFTER_MAX_S`."""
+        window, _k0, t0, _step = self._after  # type: ignore[misc]
+        w = self._worker
+        now = time.perf_counter()
+        if w is None or w.done_window >= window or now - t0 >= AFTER_MAX_S:
+            self._after_done(k + 1, now)
+
+    def _after_done(self, k: int, now: float) -> None:
+        """Ends the timing of the calls after a window (calls `[k0, k)`, up to `now`): what
+        they took beyond the step time before the window, at least 0."""
+        _w, k0, t0, step_s = self._after  # type: ignore[misc]
+        self._after = None
+        self._after_s = round(max(0.0, (now - t0) - (k - k0) * step_s), 6)
 
     def _adopt(self, announced: tuple[int, int] | None, k: int) -> None:
         """The next window the deciding process announced (`every="auto"`), at call `k`:
@@ -215,7 +251,7 @@ class Watched:
             say(f"jaxpace watch: {why}")
             self._open = (window, None, why)
 
-    def _end(self, window: int, why: str | None = None) -> None:
+    def _end(self, window: int, why: str | None = None) -> bool:
         _w, d, skipped = self._open or (window, None, "no window open")
         self._open = None
         why = skipped or why
@@ -238,6 +274,8 @@ class Watched:
         job = (window, first, last, d, why, costs, export)
         if self._worker is not None and not self._worker.submit(job):
             say(f"jaxpace watch: steps {first}-{last}: analysis behind; window dropped here")
+            return False
+        return self._worker is not None
 
     def _new_session(self) -> tuple[Any, Any] | None:
         """With `jax.profiler` on a JAX with its public `ProfileSession`: one that collects
