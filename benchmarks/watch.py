@@ -602,11 +602,21 @@ def main(argv=None) -> int:
     if argv[:1] == ["--child"]:
         child(argv[1], argv[2], float(argv[3]), argv[4])
         return 0
+    if argv[:1] == ["--interleaved-child"]:
+        from benchmarks import watch_interleaved
+
+        watch_interleaved.child(argv[1], int(argv[2]), argv[3], int(argv[4]))
+        return 0
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks watch", description=__doc__.splitlines()[0]
     )
     ap.add_argument("--quick", action="store_true", help="4 pairs of 40 s timed runs per step")
-    ap.add_argument("--pairs", type=int, default=None, help="pairs per step (default 8)")
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        help="pairs per step (default 8; --interleaved: pairs a process, default 1)",
+    )
     ap.add_argument("--seconds", type=float, default=None, help="seconds per run (default 90)")
     ap.add_argument(
         "--workloads",
@@ -625,9 +635,21 @@ def main(argv=None) -> int:
         action="store_true",
         help="only the wrapper's cost per call, added to OUT/watch_between.json's section",
     )
+    ap.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="both arms in each process, blocks alternating (benchmarks/watch_interleaved.py)",
+    )
+    ap.add_argument(
+        "--processes", type=int, default=None, help="--interleaved: processes a step (default 6)"
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))
     args = ap.parse_args(argv)
+    if args.interleaved:
+        from benchmarks import watch_interleaved
+
+        return watch_interleaved.main(args)
     prev_path = Path(args.out) / "watch.json"
     previous = json.loads(prev_path.read_text()) if prev_path.exists() else None
     pairs = args.pairs or (4 if args.quick else 8)
