@@ -219,18 +219,24 @@ def _pooled_distance(runs: list[dict]) -> dict:
 # ----------------------------------------------------------------- the pairs
 
 
-def _run_child(workload: str, arm: str, seconds: float, tmp: str, i: int) -> dict:
-    out = os.path.join(tmp, f"{workload}-{arm}-{i}.json")
+def run_child(args: list[str], out: str, timeout_s: float = 900) -> dict:
+    """`python -m benchmarks watch ARGS` in a fresh process (no inherited `XLA_FLAGS`: its
+    own 8 CPU devices); the JSON it wrote to `out`."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])]
     )
-    cmd = [sys.executable, "-m", "benchmarks", "watch", "--child", workload, arm, str(seconds), out]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
+    cmd = [sys.executable, "-m", "benchmarks", "watch", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO)
     if p.returncode != 0:
-        raise RuntimeError(f"{workload}/{arm} run failed:\n{p.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(args)} failed:\n{p.stderr[-3000:]}")
     return json.loads(Path(out).read_text())
+
+
+def _run_child(workload: str, arm: str, seconds: float, tmp: str, i: int) -> dict:
+    out = os.path.join(tmp, f"{workload}-{arm}-{i}.json")
+    return run_child(["--child", workload, arm, str(seconds), out], out)
 
 
 def _run_wrapper_cost() -> dict:
@@ -254,18 +260,26 @@ def t95(n: int) -> float:
     return float(stats.t.ppf(0.975, n - 1))
 
 
-def paired(plain: list[dict], watched: list[dict], key: str = "step_s") -> dict:
+def interval(ratios) -> dict:
+    """`{n, mean_pct, ci95_pct}`: the mean of `ratios` as a percent change, with its 95% t
+    interval."""
     import numpy as np
 
-    r = np.array([w[key] / p[key] for p, w in zip(plain, watched, strict=True)])
+    r = np.asarray(ratios, float)
     n = int(r.size)
     mean = float(r.mean())
     half = t95(n) * float(r.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+    return {"n": n, "mean_pct": (mean - 1) * 100,
+            "ci95_pct": [(mean - half - 1) * 100, (mean + half - 1) * 100]}  # fmt: skip
+
+
+def paired(plain: list[dict], watched: list[dict], key: str = "step_s") -> dict:
+    import numpy as np
+
+    r = [w[key] / p[key] for p, w in zip(plain, watched, strict=True)]
     return {
-        "n": n,
-        "ratios": r.tolist(),
-        "mean_pct": (mean - 1) * 100,
-        "ci95_pct": [(mean - half - 1) * 100, (mean + half - 1) * 100],
+        **interval(r),
+        "ratios": r,
         "plain_step_ms": float(np.median([p["step_s"] for p in plain]) * 1e3),
         "watch_step_ms": float(np.median([w["step_s"] for w in watched]) * 1e3),
     }

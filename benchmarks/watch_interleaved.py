@@ -40,10 +40,7 @@ periods that share a process are not counted as independent.
 from __future__ import annotations
 
 import json
-import math
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -194,39 +191,17 @@ def pair_ratios(run: dict) -> tuple[list[float], list[float]]:
     return ratios, charged
 
 
-def interval(values: list[float]) -> dict:
-    """Mean of `values` (ratios) as a percent change, with its 95% t interval."""
-    import numpy as np
+def _run_child(workload: str, periods: int, tmp: str, i: int) -> dict:
+    from benchmarks.watch import run_child
 
-    from benchmarks.watch import t95
-
-    v = np.asarray(values, float)
-    n = int(v.size)
-    mean = float(v.mean())
-    half = t95(n) * float(v.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
-    return {"n": n, "mean_pct": (mean - 1) * 100,
-            "ci95_pct": [(mean - half - 1) * 100, (mean + half - 1) * 100]}  # fmt: skip
-
-
-def _run_child(workload: str, pairs: int, tmp: str, i: int) -> dict:
     out = os.path.join(tmp, f"{workload}-{i}.json")
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    cmd = [sys.executable, "-m", "benchmarks", "watch", "--interleaved-child", workload,
-           str(pairs), out, str(i)]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
-    if p.returncode != 0:
-        raise RuntimeError(f"{workload} interleaved run failed:\n{p.stderr[-3000:]}")
-    return json.loads(Path(out).read_text())
+    return run_child(["--interleaved-child", workload, str(periods), out, str(i)], out, 1800)
 
 
 def run(processes: int, pairs: int, workloads, previous: dict | None = None) -> dict:
     import numpy as np
 
-    from benchmarks.watch import WORKLOADS, _machine
+    from benchmarks.watch import WORKLOADS, _machine, interval
 
     out: dict = {k: v for k, v in (previous or {}).items() if k in WORKLOADS}
     out["date"] = time.strftime("%Y-%m-%d")
