@@ -40,6 +40,7 @@ periods that share a process are not counted as independent.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import threading
@@ -124,6 +125,7 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
         row["plain_s"] += d
         row["plain_calls"] += n
         row["thread_cpu_in_plain_s"] += _thread_cpu_s() - cpu0
+        row["chunk_log"].append(["p", n, round(d, 6), 0])
 
     def period() -> dict:
         """Calls of `fn` to `TAIL` calls after the next window's end, in chunks of at least
@@ -136,12 +138,13 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
         decided0 = len(fn.history())
         end_at = None
         row = {"watch_s": 0.0, "watch_calls": 0, "plain_s": 0.0, "plain_calls": 0,
-               "thread_cpu_in_plain_s": 0.0, "chunks": 0}  # fmt: skip
+               "thread_cpu_in_plain_s": 0.0, "chunks": 0, "chunk_log": []}  # fmt: skip
         while end_at is None or k < end_at:
             turn[0] += 1
             if turn[0] % 2:
                 unwatched(row, CHUNK)
             c0, t = k, time.perf_counter()
+            near = 0  # (the chunk holds a window's calls, or calls while one is analyzed)
             while True:
                 e = sched.edge(k)
                 state = fn(*state)
@@ -150,13 +153,17 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
                     end_at = k + TAIL
                 done = end_at is not None and k >= end_at
                 pending = end_at is not None and len(fn.history()) == decided0
+                near |= e != nothing or pending
                 if done or (k - c0 >= CHUNK and sched.edge(k) == nothing and (
                         not pending or k - (end_at - TAIL) >= WAIT)):  # fmt: skip
                     break
             jax.block_until_ready(state)
-            row["watch_s"] += time.perf_counter() - t
+            d = time.perf_counter() - t
+            row["watch_s"] += d
             row["watch_calls"] += k - c0
             row["chunks"] += 1
+            # Each chunk: arm, calls, seconds, whether a window or its analysis fell in it.
+            row["chunk_log"].append(["w", k - c0, round(d, 6), int(near)])
             if not turn[0] % 2:
                 unwatched(row, CHUNK)
         row["decided_in_block"] = len(fn.history()) - decided0
@@ -189,6 +196,30 @@ def pair_ratios(run: dict) -> tuple[list[float], list[float]]:
         ratios.append(w / p)
         charged.append((w + extra) / p)
     return ratios, charged
+
+
+def where_it_goes(block: dict) -> dict | None:
+    """A period split by its chunks (`chunk_log`): `far_ratio`, the watched chunks with no
+    window and no analysis in them over the unwatched chunks' mean call; `near_extra_s`
+    and `far_extra_s`, the seconds the watched chunks with a window (or its analysis) and
+    those without took beyond the unwatched chunks' mean call. None without a log."""
+    log = block.get("chunk_log")
+    if not log:
+        return None
+    plain = [c for c in log if c[0] == "p"]
+    per_call = sum(c[2] for c in plain) / sum(c[1] for c in plain)
+    near = [c for c in log if c[0] == "w" and c[3]]
+    far = [c for c in log if c[0] == "w" and not c[3]]
+
+    def extra(cs):
+        return sum(c[2] for c in cs) - per_call * sum(c[1] for c in cs)
+
+    far_calls = sum(c[1] for c in far)
+    return {
+        "far_ratio": (sum(c[2] for c in far) / far_calls) / per_call if far_calls else math.nan,
+        "near_extra_s": extra(near),
+        "far_extra_s": extra(far),
+    }
 
 
 def _run_child(workload: str, periods: int, tmp: str, i: int) -> dict:
@@ -227,6 +258,7 @@ def run(processes: int, pairs: int, workloads, previous: dict | None = None) -> 
                 "period_s": [min(b["watch_s"] for b in blocks), max(b["watch_s"] for b in blocks)],
                 "decided_in_block": [b["decided_in_block"] for b in blocks],
                 "window_cost_s": [b.get("window_cost_s") for b in blocks],
+                "where": [w for w in map(where_it_goes, blocks) if w is not None],
                 "thread_cpu_between_ms_per_s": float(
                     1e3 * sum(b["thread_cpu_in_plain_s"] for b in blocks)
                     / sum(b["plain_s"] for b in blocks)
@@ -293,6 +325,16 @@ def markdown(res: dict) -> str:
             f"{_verdict(*bc['ci95_pct'])} | {iv(bq)} | "
             f"{f['thread_cpu_between_ms_per_s']:.2f} ms CPU a second | {load} |"
         )
+    for wl in WORKLOADS:
+        got = res.get(wl, {}).get("where") or []
+        if got:
+            far = [w["far_ratio"] for w in got]
+            near = [w["near_extra_s"] * 1e3 for w in got]
+            lines += ["", f"{wl}, by chunk: the watched chunks with no window and no analysis "
+                      f"in them took {(min(far) - 1) * 100:+.2f}% to {(max(far) - 1) * 100:+.2f}% "
+                      "a call against the unwatched chunks beside them; the chunks with the "
+                      f"window or its analysis {min(near):.0f}-{max(near):.0f} ms more a "
+                      f"period ({len(got)} periods)."]  # fmt: skip
     lines += ["", f"Machine: {res['machine']}. Date: {res['date']}.", END]
     return "\n".join(lines)
 

@@ -45,3 +45,14 @@ def test_the_table_decides_within_1_percent_by_the_charged_interval():
         if line.startswith("| demo's model")
     )
     assert "| met |" in row
+
+
+def test_a_period_splits_into_the_chunks_near_a_window_and_the_rest():
+    """Far chunks' mean call against the unwatched chunks' mean; each part's extra seconds."""
+    block = {"chunk_log": [["p", 100, 1.0, 0], ["w", 100, 1.01, 0], ["w", 120, 1.5, 1],
+                           ["p", 100, 1.0, 0], ["w", 100, 1.02, 0]]}  # fmt: skip
+    got = wi.where_it_goes(block)
+    assert got["far_ratio"] == pytest.approx(2.03 / 2.0)
+    assert got["far_extra_s"] == pytest.approx(0.03)
+    assert got["near_extra_s"] == pytest.approx(1.5 - 1.2)
+    assert wi.where_it_goes({"plain_s": 1.0}) is None
