@@ -219,14 +219,21 @@ def _pooled_distance(runs: list[dict]) -> dict:
 # ----------------------------------------------------------------- the pairs
 
 
-def run_child(args: list[str], out: str, timeout_s: float = 900) -> dict:
-    """`python -m benchmarks watch ARGS` in a fresh process (no inherited `XLA_FLAGS`: its
-    own 8 CPU devices); the JSON it wrote to `out`."""
+def _child_env() -> dict:
+    """This process's environment with the repository (and its `src`) on `PYTHONPATH`,
+    for a child that imports `benchmarks` and `jaxpace`."""
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])]
     )
+    return env
+
+
+def run_child(args: list[str], out: str, timeout_s: float = 900) -> dict:
+    """`python -m benchmarks watch ARGS` in a fresh process (no inherited `XLA_FLAGS`: its
+    own 8 CPU devices); the JSON it wrote to `out`."""
+    env = _child_env()
+    env.pop("XLA_FLAGS", None)
     cmd = [sys.executable, "-m", "benchmarks", "watch", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO)
     if p.returncode != 0:
@@ -241,10 +248,7 @@ def _run_child(workload: str, arm: str, seconds: float, tmp: str, i: int) -> dic
 
 def _run_wrapper_cost() -> dict:
     """`wrapper_cost` in a fresh process (its own JAX on 8 CPU devices' worth of nothing)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])]
-    )
+    env = _child_env()
     cmd = [sys.executable, "-c", "import json; from benchmarks.watch import wrapper_cost; "
            "print(json.dumps(wrapper_cost()))"]  # fmt: skip
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
@@ -652,7 +656,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--interleaved",
         action="store_true",
-        help="both arms in each process, blocks alternating (benchmarks/watch_interleaved.py)",
+        help="both arms in each process, chunks alternating (benchmarks/watch_interleaved.py)",
     )
     ap.add_argument(
         "--processes", type=int, default=None, help="--interleaved: processes a step (default 6)"

@@ -122,10 +122,8 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
         cpu0 = _thread_cpu_s()
         d = plain(n)
         hide(d)
-        row["plain_s"] += d
-        row["plain_calls"] += n
         row["thread_cpu_in_plain_s"] += _thread_cpu_s() - cpu0
-        row["chunk_log"].append(["p", n, round(d, 6), 0])
+        row["chunk_log"].append(["p", n, d, 0])
 
     def period() -> dict:
         """Calls of `fn` to `TAIL` calls after the next window's end, in chunks of at least
@@ -137,8 +135,7 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
         nonlocal k, state
         decided0 = len(fn.history())
         end_at = None
-        row = {"watch_s": 0.0, "watch_calls": 0, "plain_s": 0.0, "plain_calls": 0,
-               "thread_cpu_in_plain_s": 0.0, "chunks": 0, "chunk_log": []}  # fmt: skip
+        row = {"thread_cpu_in_plain_s": 0.0, "chunk_log": []}
         while end_at is None or k < end_at:
             turn[0] += 1
             if turn[0] % 2:
@@ -158,14 +155,15 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
                         not pending or k - (end_at - TAIL) >= WAIT)):  # fmt: skip
                     break
             jax.block_until_ready(state)
-            d = time.perf_counter() - t
-            row["watch_s"] += d
-            row["watch_calls"] += k - c0
-            row["chunks"] += 1
             # Each chunk: arm, calls, seconds, whether a window or its analysis fell in it.
-            row["chunk_log"].append(["w", k - c0, round(d, 6), int(near)])
+            row["chunk_log"].append(["w", k - c0, time.perf_counter() - t, int(near)])
             if not turn[0] % 2:
                 unwatched(row, CHUNK)
+        for arm, name in (("w", "watch"), ("p", "plain")):  # (the period's totals)
+            mine = [c for c in row["chunk_log"] if c[0] == arm]
+            row[f"{name}_s"] = sum(c[2] for c in mine)
+            row[f"{name}_calls"] = sum(c[1] for c in mine)
+        row["chunks"] = sum(c[0] == "w" for c in row["chunk_log"])
         row["decided_in_block"] = len(fn.history()) - decided0
         v = list(fn._worker._verdicts)[-1:] if fn._worker is not None else []
         # What watch measured of the window and spaced the next one by.
