@@ -224,3 +224,83 @@ def test_a_run_of_parquet_and_jsonl_files_together_keeps_every_row(tmp_path):
     with open_run(d) as disk:
         assert len(disk) == len(run)
         assert sorted(np.unique(disk.rank_keys()[1]).tolist()) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("moved", [False, True])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_the_one_scan_summary_is_what_the_three_queries_it_replaced_give(tmp_path, fmt, moved):
+    """`Engine.summary` (one GROUPING SETS scan) gives each site's steps, rows per step and
+    ranks, the (rank, process, device) triples and each (step, process)'s first arrival
+    exactly as the separate queries did, with rows lost and a rank in two processes; the
+    first arrivals of one range of steps come from it, those of other kept steps from a
+    query, and both agree with the query over the rows."""
+    run = _run(moved=moved)
+    keep = np.random.default_rng(3).random(len(run)) > 0.05
+    run = dataclasses.replace(run, columns={k: v[keep] for k, v in run.columns.items()})
+    getattr(run, f"write_{fmt}")(tmp_path / "run")
+    with open_run(tmp_path / "run") as disk:
+        e = disk.engine
+        s = e.summary()
+        got = e._arrays("SELECT DISTINCT rank, process, device FROM steps")
+        want = np.unique(np.stack([got["rank"], got["process"], got["device"]]), axis=1)
+        assert np.array_equal(s.rank_keys, want)
+        for name in disk.sites:
+            q = e._arrays(
+                "SELECT step, count(*) AS n, count(DISTINCT rank) AS r FROM steps "
+                "WHERE site = $1 GROUP BY step ORDER BY step",
+                [name],
+            )
+            ranks = e.con.execute(
+                "SELECT count(DISTINCT rank) FROM steps WHERE site = $1", [name]
+            ).fetchone()[0]
+            steps, n, r = s.step_ranks[name]
+            assert np.array_equal(steps, q["step"]) and np.array_equal(n, q["n"])
+            assert r == ranks
+        for kept in (
+            {name: np.arange(4, 20) for name in disk.sites},  # one range: from the summary
+            {name: np.arange(4, 20, 2) for name in disk.sites},  # not a range: a query
+        ):
+            keys, first = e.first_arrivals(kept)
+            steps = sorted(set(np.concatenate(list(kept.values())).tolist()))
+            q = e._arrays(
+                "SELECT step * 4294967296 + process AS key, min(arrive_ns) AS first FROM steps "
+                f"WHERE step IN ({', '.join(map(str, steps))}) GROUP BY key ORDER BY key"
+            )
+            assert np.array_equal(keys, q["key"]) and np.array_equal(first, q["first"])
+
+
+class _Asked:
+    """The engine's connection, recording each statement it is asked."""
+
+    def __init__(self, con):
+        self.con, self.sql = con, []
+
+    def execute(self, sql, *a, **k):
+        self.sql.append(sql)
+        return self.con.execute(sql, *a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self.con, name)
+
+
+def test_a_native_run_is_not_scanned_for_foreign_ranks_or_executions_its_files_rule_out(
+    tmp_path,
+):
+    """Read in place, a run whose files' statistics put every rank inside the run and
+    whose files have no `execution` column is not scanned for either; a rank outside the
+    run still is, and is dropped."""
+    run = _run()
+    run.write_parquet(tmp_path / "clean")
+    cols = {k: v.copy() for k, v in run.columns.items()}
+    cols["rank"][11] = 999
+    dataclasses.replace(run, columns=cols).write_parquet(tmp_path / "foreign")
+    for name, rows in (("clean", len(run)), ("foreign", len(run) - 1)):
+        with open_run(tmp_path / name) as disk:
+            assert disk.engine.in_place
+            asked = disk.engine.con = _Asked(disk.engine.con)
+            assert disk.engine.number_executions() == (0, None)
+            assert len(disk.without_foreign_ranks()) == rows, name
+            if name == "clean":
+                assert not [q for q in asked.sql if "FROM steps" in q], asked.sql
+            else:
+                assert any("WHERE rank < 0 OR rank >= 16" in q for q in asked.sql), asked.sql

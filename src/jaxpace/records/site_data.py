@@ -286,7 +286,11 @@ def grid_column(
 def _seconds(records: Records, g: _Grid, col: str) -> np.ndarray:
     """`grid_column(..., np.float64, nan) / 1e9` of an integer nanosecond column, in one
     pass fewer (the division converts each integer to float as `astype` does)."""
-    a = records.columns[col][g.at] / 1e9
+    x = records.columns[col]
+    if x.size and not x.any():  # (a column of zeros, no delay: the same grid, no gather)
+        a = np.zeros(g.at.size)
+    else:
+        a = x[g.at] / 1e9
     if not g.full:
         a[g.at < 0] = np.nan
     return a.reshape(g.steps_all.size, g.ranks.size)
@@ -429,7 +433,11 @@ def site_evidence_grid(records: Records, site: str) -> tuple[SiteEvidence, list[
     partial = bool(not g.complete.all() or missing.any())
     wait_all = _seconds(records, g, "wait_ns")
     wait, delay = _used(g, wait_all), _used(g, _seconds(records, g, "delay_ns"))
-    engaged = _dense(records, g, "engaged", bool).any(axis=1)
+    engaged = (
+        _dense(records, g, "engaged", bool).any(axis=1)
+        if records.columns["engaged"].any()
+        else np.zeros(int(g.complete.sum()), bool)  # (no rank engaged: no gather)
+    )
     steps = g.steps_all[g.complete]
     notes.extend(_step_notes(records, steps))
     # Time in the collective before it could finish; its minimum is the transfer,

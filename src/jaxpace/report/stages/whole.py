@@ -262,8 +262,11 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
             if visit is not None:
                 visit(site, one, None)
             continue
-        local, first = first_of_each(c["rank"])
-        cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
+        if gid is c["rank"]:  # (global ranks: each of the site's ranks is its own id)
+            cols = index_in(ranks, d.ranks)
+        else:  # (each rank's id from its first row)
+            local, first = first_of_each(c["rank"])
+            cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
         if si in exec_of and not span.add_placed(c, exec_of[si], per_site[si], g, cols):
             span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
         if visit is not None:
@@ -282,6 +285,8 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
         full = bool(g.present.all())
         for acc, x in ((a.lat, d.lateness), (a.wait, d.wait), (a.delay, d.delay),
                        (a.sync, d.sync_wait)):  # fmt: skip
+            if x is d.delay and not x.any():  # (no delay at this site: zeros add nothing)
+                continue
             _add_cells(acc, e, cols, x if full else np.where(g.present, x, 0.0))
         _add_cells(a.cnt, e, cols, 1.0 if full else g.present.astype(float))
         _add_cells(a.expected, e, cols, 1.0)  # the site's members
