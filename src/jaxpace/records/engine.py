@@ -261,6 +261,7 @@ class Engine:
         # some file has none), and whether no file has an `execution` column.
         self._ranks_in_stats: tuple[int, int] | None = None
         self._no_execution_column = False
+        self._rows_in_footers: int | None = None  # the rows the files' footers count
         self._fill: _Fill | None = None  # what `site_columns` leaves out (`_site_fill`)
         # In place: each file's identity when it was opened (`_file_identity`), checked
         # after every query (`_arrays`): the run is read from its files, not from a copy.
@@ -329,7 +330,10 @@ class Engine:
             self._jsonl_in_place(jsonl, headers, skipped, drops)
         elif jsonl:
             self._load_jsonl(jsonl, headers, drops)
-        rows = self.con.execute("SELECT count(*) FROM steps").fetchone()[0]
+        if self.in_place and not self._kept and self._rows_in_footers is not None:
+            rows = self._rows_in_footers  # (every row kept: the footers' counts, no scan)
+        else:
+            rows = self.con.execute("SELECT count(*) FROM steps").fetchone()[0]
         sites = tuple(sorted(self._sites_of_row_groups or self._distinct_sites()))
         scan = Scan(tuple(map(str, files)), int(rows), drops, tuple(skipped))
         return Loaded(tuple(headers), sites, scan)
@@ -343,7 +347,7 @@ class Engine:
         reads that site's row groups alone. The rows are scanned for the ones to drop only
         when the files' statistics do not rule them out (`_every_row_a_step`)."""
         good, names, grouped, sites, layouts = [], set(), True, set(), set()
-        zero, clean, ranks = set(ZERO_UNLESS_USED), True, []
+        zero, clean, ranks, rows = set(ZERO_UNLESS_USED), True, [], 0
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
@@ -356,6 +360,7 @@ class Engine:
                 zero &= head.zero
                 clean &= head.clean
                 ranks.append(head.ranks)
+                rows += head.rows
         if not good:
             return
         import duckdb
@@ -375,6 +380,7 @@ class Engine:
                 if ranks and None not in ranks:
                     self._ranks_in_stats = (min(r[0] for r in ranks), max(r[1] for r in ranks))
                 self._no_execution_column = "execution" not in names
+                self._rows_in_footers = rows
                 self._define_view()
             else:
                 self.con.execute(f"INSERT INTO steps {select}")
@@ -413,6 +419,7 @@ class Engine:
             self.in_place, self._kept, self._identity = False, [], {}
         self._sites_of_row_groups = self._summary = self._fill = self._zero_in_stats = None
         self._ranks_in_stats, self._no_execution_column = None, False
+        self._rows_in_footers = None
         for d in self._jsonl_dirs:  # (a JSONL run read before: its view is gone)
             shutil.rmtree(d, ignore_errors=True)
         self._jsonl_dirs = []
@@ -1230,6 +1237,7 @@ class _ParquetHead(NamedTuple):
       clean: its statistics show every row a step (`_every_row_a_step`).
       ranks: the least and greatest `rank` its statistics show (None: some row group
         has none).
+      rows: its rows (the footer's count).
     """
 
     header: dict[str, Any]
@@ -1239,6 +1247,7 @@ class _ParquetHead(NamedTuple):
     zero: set[str]
     clean: bool
     ranks: tuple[int, int] | None
+    rows: int
 
 
 def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
@@ -1254,6 +1263,7 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
             pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
             stats = _statistics(pf.metadata)
+            rows = int(pf.metadata.num_rows)
             grouped = _one_site_per_row_group(stats)
             zero = _zero_in_statistics(stats)
             clean = _every_row_a_step(stats)
@@ -1267,7 +1277,9 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
     header = header_of(schema, str(path))
     check_schema(schema, str(path))
     layout = tuple((x.name, str(x.type)) for x in schema)
-    return _ParquetHead(header, set(schema.names), grouped, layout, zero, clean, _rank_range(stats))
+    return _ParquetHead(
+        header, set(schema.names), grouped, layout, zero, clean, _rank_range(stats), rows
+    )
 
 
 def read_headers(path: Path) -> list[dict[str, Any]]:
