@@ -11,6 +11,7 @@ from jaxpace.diagnosis.culprit import SMALL_JOB_STEP_FRACTION
 from jaxpace.records.sources.synthetic import write_inspector_logs
 from jaxpace.records.synthetic import synthetic_step_records
 from jaxpace.report import analyze
+from jaxpace.report.render.text import format_ms
 from jaxpace.report.stages import WHOLE_STEP
 
 
@@ -106,6 +107,10 @@ def test_a_small_job_one_process_always_last_is_likely_not_balanced():
     assert lk.excess_lateness_s == pytest.approx(0.015, rel=0.3)
     assert lk.threshold == pytest.approx(SMALL_JOB_STEP_FRACTION)
     assert "likely: process 1" in lk.text and "24% of the step" in lk.text
+    # Its share is of the median step, named with its time (the headline's step is the mean).
+    p50 = rep.iteration.p50_s
+    assert lk.step_fraction == pytest.approx(lk.excess_lateness_s / p50)
+    assert f"{lk.step_fraction:.0%} of the median step ({format_ms(p50)})" in lk.text
     assert "balanced" not in lk.text.lower()
     assert rep.to_dict()["likely"]["process"] == 1
     # The run is not called balanced anywhere: not its primary mode, not its verdict.

@@ -221,7 +221,7 @@ class Likely:
         share of the step (0.24), else the fleet test's robust SDs.
       threshold_unit: "of the step" or "robust SDs".
       text: the sentence, e.g. "likely: process 1, last in 100% of steps, +15 ms,
-        2% of the step; below the 24% of the step this job's size names with
+        2% of the median step (850 ms); below the 24% of the step this job's size names with
         confidence" (or, where the size's test passed, the noise floor or the short
         run's consistency that held it back).
     """

@@ -225,7 +225,10 @@ def likely_finding(
     small = fleet is not None and fleet.rule == "small job"
     threshold = SMALL_JOB_STEP_FRACTION if small else (fleet.threshold if fleet else math.nan)
     unit = "of the step" if small else "robust SDs"
-    figure = f"+{format_ms(d)}" + (f", {share:.0%} of the step" if math.isfinite(share) else "")
+    # (Against the median step, as the small-job line is: the headline's step is the mean.)
+    figure = f"+{format_ms(d)}" + (
+        f", {share:.0%} of the median step ({format_ms(step)})" if math.isfinite(share) else ""
+    )
     if not bool(dec.fleet.outlier[i]):  # test 2 held it back: what the size names
         if small:
             below = f"below the {threshold:.0%} of the step this job's size names with confidence"
