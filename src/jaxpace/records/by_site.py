@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
+from jaxpace.records.int_keys import int_unique, unique_rows
 from jaxpace.records.reader import (
     Records,
     foreign_ranks_note,
@@ -39,7 +40,6 @@ from jaxpace.records.reader import (
     run_meta,
 )
 from jaxpace.records.run_checks import rank_bound
-from jaxpace.records.site_data import int_unique, unique_rows
 
 __all__ = ["SiteRecords", "by_site", "open_run"]
 

@@ -44,9 +44,9 @@ import numpy as np
 from jaxpace.errors import RecordsError
 from jaxpace.records import jsonl_checked
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS, records_files
+from jaxpace.records.int_keys import unique_rows
 from jaxpace.records.jsonl_checked import Drops, ends_with_newline, first_line, read_checked
 from jaxpace.records.safe_io import open_regular
-from jaxpace.records.site_data import unique_rows
 
 __all__ = ["Engine", "Loaded", "Reduction", "Scan", "connect"]
 
