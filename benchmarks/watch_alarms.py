@@ -197,7 +197,9 @@ def markdown(res: dict, command: str) -> str:
 
 
 def write_block(block: str, path: Path = DOC) -> None:
-    text = path.read_text()
+    """`block` in place of the one between the markers of `path`, or after its text (a file
+    of its own when `path` does not exist yet: the run's results are never lost for it)."""
+    text = path.read_text() if path.exists() else ""
     if BEGIN in text:
         head, rest = text.split(BEGIN, 1)
         text = head + block + rest.split(END, 1)[1]

@@ -42,6 +42,10 @@ def test_the_path_names_a_late_process_and_the_block_is_written_between_its_mark
     assert text.startswith("# Diagnostics\n\n<!-- END accuracy -->\n")
     assert text.count(alarms.BEGIN) == 1 and "| 4 | 3 |" in text
     assert alarms.main(args) == 0 and doc.read_text() == text
+    new = tmp_path / "new" / "alarms.md"  # (a markdown file not there yet: written)
+    new.parent.mkdir()
+    assert alarms.main([*args[:-1], str(new)]) == 0
+    assert new.read_text().count(alarms.BEGIN) == 1 and "| 4 | 3 |" in new.read_text()
 
 
 def test_onsets_count_a_process_named_window_after_window_once():
