@@ -257,11 +257,8 @@ class Engine:
         # In place: the columns of `ZERO_UNLESS_USED` the row groups' statistics show zero
         # (false) in every row; None: not known without a scan (`_site_fill` asks once).
         self._zero_in_stats: set[str] | None = None
-        # A run read in place: the least and greatest rank in the files' statistics (None:
-        # some file has none), and whether no file has an `execution` column.
-        self._ranks_in_stats: tuple[int, int] | None = None
-        self._no_execution_column = False
-        self._rows_in_footers: int | None = None  # the rows the files' footers count
+        # A run read in place: what its files' footers say of every row (`_Footers`).
+        self._footers: _Footers | None = None
         self._fill: _Fill | None = None  # what `site_columns` leaves out (`_site_fill`)
         # In place: each file's identity when it was opened (`_file_identity`), checked
         # after every query (`_arrays`): the run is read from its files, not from a copy.
@@ -330,8 +327,8 @@ class Engine:
             self._jsonl_in_place(jsonl, headers, skipped, drops)
         elif jsonl:
             self._load_jsonl(jsonl, headers, drops)
-        if self.in_place and not self._kept and self._rows_in_footers is not None:
-            rows = self._rows_in_footers  # (every row kept: the footers' counts, no scan)
+        if self._footers is not None and not self._kept:
+            rows = self._footers.rows  # (every row kept: the footers' counts, no scan)
         else:
             rows = self.con.execute("SELECT count(*) FROM steps").fetchone()[0]
         sites = tuple(sorted(self._sites_of_row_groups or self._distinct_sites()))
@@ -377,10 +374,13 @@ class Engine:
                 self._kept = []  # (`_drop_parquet_rows` adds `kind = STEP` if any is not)
                 self._sites_of_row_groups = sites
                 self._zero_in_stats = zero
-                if ranks and None not in ranks:
-                    self._ranks_in_stats = (min(r[0] for r in ranks), max(r[1] for r in ranks))
-                self._no_execution_column = "execution" not in names
-                self._rows_in_footers = rows
+                self._footers = _Footers(
+                    rows,
+                    (min(r[0] for r in ranks), max(r[1] for r in ranks))
+                    if None not in ranks
+                    else None,
+                    "execution" in names,
+                )
                 self._define_view()
             else:
                 self.con.execute(f"INSERT INTO steps {select}")
@@ -418,8 +418,7 @@ class Engine:
             self.con.execute("DROP VIEW steps_raw")
             self.in_place, self._kept, self._identity = False, [], {}
         self._sites_of_row_groups = self._summary = self._fill = self._zero_in_stats = None
-        self._ranks_in_stats, self._no_execution_column = None, False
-        self._rows_in_footers = None
+        self._footers = None
         for d in self._jsonl_dirs:  # (a JSONL run read before: its view is gone)
             shutil.rmtree(d, ignore_errors=True)
         self._jsonl_dirs = []
@@ -691,7 +690,7 @@ class Engine:
         give none usable, and a note or None)."""
         from jaxpace.records.executions import REUSED_NOTE, number_executions, partial_note
 
-        if self.in_place and self._no_execution_column:  # (no file has the column: no scan)
+        if self._footers is not None and not self._footers.execution:  # (no scan: no column)
             return 0, None
         n, known = self.con.execute("SELECT count(*), count(execution) FROM steps").fetchone()
         if not known:
@@ -782,12 +781,12 @@ class Engine:
 
         first = "SELECT step * 4294967296 + process AS key, min(arrive_ns) AS first FROM steps "
         where = _kept_ranges(kept, self._sites_of_rows())
-        if where is not None and where[0].startswith("WHERE step BETWEEN"):
+        if where is not None and where.one is not None:
             # (One range of steps for every site with rows: the summary's firsts of each
             # (step, process) over every row, in that range; no scan.)
-            return self.summary().first_in(*where[1])
+            return self.summary().first_in(*where.one)
         if where is not None:  # (each site's kept steps a range: a filter, not a join)
-            got = self._arrays(first + where[0] + " GROUP BY key ORDER BY key", where[1])
+            got = self._arrays(first + where.where + " GROUP BY key ORDER BY key", where.params)
             return got["key"].astype(np.int64), got["first"].astype(np.int64)
         sites = [s for s, st in kept.items() for _ in range(len(st))]
         steps = np.concatenate([np.asarray(st, np.int64) for st in kept.values()] or [[]])
@@ -820,7 +819,7 @@ class Engine:
         """Deletes the rows whose rank is outside [0, bound); returns how many and one
         (process, step, rank) of them (the first file's first such row)."""
         cond = f"rank < 0 OR rank >= {int(bound)}"
-        got = self._ranks_in_stats if self.in_place else None
+        got = self._footers.ranks if self._footers is not None else None
         if got is not None and 0 <= got[0] and got[1] < int(bound):
             return 0, None  # (the files' statistics rule every row out: no scan)
         n = self.con.execute(f"SELECT count(*) FROM steps WHERE {cond}").fetchone()[0]
@@ -1019,10 +1018,18 @@ _JSON_COLUMNS = {
 }
 
 
-def _kept_ranges(kept: dict[str, np.ndarray], sites: set[str]) -> tuple[str, list] | None:
-    """`(WHERE clause, its parameters)` keeping the rows of `kept` (site -> its kept steps)
-    when each site's kept steps are a range of consecutive steps: one range for every site
-    with rows, or a range per site; None otherwise (a join then)."""
+class _KeptRanges(NamedTuple):
+    """A WHERE clause keeping the rows of some kept steps (`_kept_ranges`)."""
+
+    where: str
+    params: list
+    one: tuple[int, int] | None = None  # the one (first, last) step every site with rows keeps
+
+
+def _kept_ranges(kept: dict[str, np.ndarray], sites: set[str]) -> _KeptRanges | None:
+    """The WHERE clause and its parameters keeping the rows of `kept` (site -> its kept
+    steps) when each site's kept steps are a range of consecutive steps: one range for
+    every site with rows (`one`), or a range per site; None otherwise (a join then)."""
     ranges = {}
     for site, st in kept.items():
         st = np.asarray(st, np.int64)
@@ -1031,10 +1038,10 @@ def _kept_ranges(kept: dict[str, np.ndarray], sites: set[str]) -> tuple[str, lis
         elif st.size:
             return None
     if not ranges:
-        return "WHERE false", []
+        return _KeptRanges("WHERE false", [])
     if set(ranges) == sites and len(set(ranges.values())) == 1:
         lo, hi = next(iter(ranges.values()))
-        return "WHERE step BETWEEN $1 AND $2", [lo, hi]
+        return _KeptRanges("WHERE step BETWEEN $1 AND $2", [lo, hi], (lo, hi))
     if len(ranges) > 64:
         return None
     terms, params = [], []
@@ -1042,7 +1049,7 @@ def _kept_ranges(kept: dict[str, np.ndarray], sites: set[str]) -> tuple[str, lis
         n = len(params)
         terms.append(f"(site = ${n + 1} AND step BETWEEN ${n + 2} AND ${n + 3})")
         params += [site, lo, hi]
-    return "WHERE " + " OR ".join(terms), params
+    return _KeptRanges("WHERE " + " OR ".join(terms), params)
 
 
 def _file_identity(path: str) -> tuple[int, int, int] | None:
@@ -1223,6 +1230,20 @@ def _zero_in_statistics(stats: dict[str, list[_Stats | None]]) -> set[str]:
         for k in ZERO_UNLESS_USED
         if k in stats and all(s is not None and not s.max > 0 for s in stats[k])
     }
+
+
+class _Footers(NamedTuple):
+    """What the footers of a run read in place say of every row (`Engine._load_parquet`).
+
+    Attributes:
+      rows: the rows they count.
+      ranks: the least and greatest `rank` their statistics show (None: some file has none).
+      execution: whether some file has an `execution` column.
+    """
+
+    rows: int
+    ranks: tuple[int, int] | None
+    execution: bool
 
 
 class _ParquetHead(NamedTuple):

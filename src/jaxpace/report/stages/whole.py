@@ -283,10 +283,10 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
         notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
         e = exec_of[si][index_in(per_site[si], d.steps)]
         full = bool(g.present.all())
-        for acc, x in ((a.lat, d.lateness), (a.wait, d.wait), (a.delay, d.delay),
-                       (a.sync, d.sync_wait)):  # fmt: skip
-            if x is d.delay and not x.any():  # (no delay at this site: zeros add nothing)
-                continue
+        sums = [(a.lat, d.lateness), (a.wait, d.wait), (a.sync, d.sync_wait)]
+        if d.delay.any():  # (no delay at this site: its zeros add nothing)
+            sums.append((a.delay, d.delay))
+        for acc, x in sums:
             _add_cells(acc, e, cols, x if full else np.where(g.present, x, 0.0))
         _add_cells(a.cnt, e, cols, 1.0 if full else g.present.astype(float))
         _add_cells(a.expected, e, cols, 1.0)  # the site's members
