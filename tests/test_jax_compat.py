@@ -152,6 +152,54 @@ def test_jit_keyed_flag_gives_a_jit_function_one_program_per_value():
     assert traced == [True, False]
 
 
+def test_flag_setters_set_and_restore_a_jit_keyed_flag_as_its_context_does():
+    """Watch's per-call path: `State.swap_local` / `State.set_local` (what the context
+    manager calls); nested uses restore in order, and a jit function keeps one program per
+    value as under the context."""
+    from jaxpace.collectives import measure
+
+    flag = measure._PASS_THROUGH
+    set_, restore = compat.flag_setters(flag)
+    # This JAX's own methods (the canary), not the context-manager fallback:
+    assert (set_.__name__, restore.__name__) == ("swap_local", "set_local")
+    assert set_.__self__ is flag and restore.__self__ is flag
+
+    @jax.jit
+    def f(x):
+        return x + (1 if flag.value else 2)
+
+    x = jnp.zeros(())
+    prev = set_(True)
+    assert flag.value is True and int(f(x)) == 1
+    inner = set_(False)
+    assert flag.value is False and int(f(x)) == 2
+    restore(inner)
+    assert flag.value is True and int(f(x)) == 1
+    restore(prev)
+    assert flag.value is False
+    with measure.pass_through(True):
+        assert int(f(x)) == 1
+
+
+def test_flag_setters_fall_back_to_the_context_manager_of_another_jax():
+    entered = []
+
+    class Cm:
+        def __init__(self, v):
+            self.v = v
+
+        def __enter__(self):
+            entered.append(self.v)
+
+        def __exit__(self, *exc):
+            entered.append(("exit", self.v))
+
+    set_, restore = compat.flag_setters(Cm)  # (no swap_local: a context manager factory)
+    token = set_(True)
+    restore(token)
+    assert entered == [True, ("exit", True)]
+
+
 def test_profiler_stop_collect_ends_the_session_and_exports_on_another_thread(tmp_path_factory):
     """watch's split stop: the step's thread collects, another thread writes the files
     `stop_trace` would have; a new session can start right after the collection."""

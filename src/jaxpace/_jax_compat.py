@@ -235,6 +235,27 @@ def jit_keyed_flag(name: str, help_text: str) -> Any:
     )
 
 
+def flag_setters(flag: Any) -> tuple[Any, Any]:
+    """`(set, restore)` for a `jit_keyed_flag` on the calling thread: `prev = set(value)`
+    then `restore(prev)` does what `with flag(value):` does, without making a context
+    manager object on each use. `State.swap_local` / `State.set_local` are what the
+    context manager calls (`jax._src.config.StateContextManager`); where this JAX lacks
+    them, or the flag has a thread-local hook they would skip, its context manager."""
+    swap, put = getattr(flag, "swap_local", None), getattr(flag, "set_local", None)
+    if swap is not None and put is not None and not getattr(flag, "_update_thread_local_hook", 1):
+        return swap, put
+
+    def enter(value: Any) -> Any:
+        cm = flag(value)
+        cm.__enter__()
+        return cm
+
+    def leave(cm: Any) -> None:
+        cm.__exit__(None, None, None)
+
+    return enter, leave
+
+
 def hlo_dialect() -> Any:
     """`jax._src.lib.mlir.dialects.hlo`: the StableHLO op builders a lowering rule emits
     (`compare`, `select`, `broadcast_in_dim`); `jax.interpreters.mlir` exposes no public

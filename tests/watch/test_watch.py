@@ -15,7 +15,7 @@ from jaxpace.errors import ConfigError
 from jaxpace.watch import WindowResult
 from jaxpace.watch.decide import log_line, verdict
 from jaxpace.watch.heartbeat import WARMUP_CALLS, StallDetector
-from jaxpace.watch.schedule import Schedule
+from jaxpace.watch.schedule import MAX_CALLS, Schedule
 from jaxpace.watch.wrapper import Watched
 
 
@@ -593,6 +593,58 @@ def test_a_plain_program_under_watch_keeps_one_compiled_form():
     for _ in range(9):
         w(jnp.ones(()))
     assert w._dropins is False and len(traces) == 1
+    w.close()
+
+
+@pytest.mark.parametrize("every,window", [(2, 1), (3, 3), (5, 2), (10, 3), (7, 1)])
+def test_next_busy_is_the_first_call_whose_edge_is_not_nothing(every, window):
+    from jaxpace.watch.schedule import AutoSchedule, Edge
+
+    s = Schedule(every=every, window=window)
+    busy = [k for k in range(6 * every) if s.edge(k) != Edge()]
+    for k in range(5 * every):
+        assert s.next_busy(k) == min(b for b in busy if b >= k), k
+    a = AutoSchedule(window=window, first=every + window)
+    for k, announce in [(0, None), (every, (2, 4 * every)), (3 * every, (3, 6 * every))]:
+        if announce is not None:
+            assert a.adopt(*announce, k=k)
+        busy = [j for j in range(k, 8 * every) if a.edge(j) != Edge()]
+        for j in range(k, busy[-1] + 1):
+            assert a.next_busy(j) == min(b for b in busy if b >= j), (k, j)
+        assert a.next_busy(busy[-1] + 1) == MAX_CALLS  # nothing until the next announcement
+
+
+def test_calls_between_windows_run_the_plain_form_without_consulting_the_schedule():
+    """The calls between windows take the wrapper's short path: the pass-through flag set
+    for the step and restored after it (after a raising step too), and the schedule asked
+    only about the calls at or after the next edge."""
+    from jaxpace.collectives import measure
+
+    seen, events = [], []
+
+    def step(k):
+        seen.append(measure._PASS_THROUGH.value)
+        if k == "raise":
+            raise ValueError("the step's own error")
+        return k
+
+    w = Watched(step, every=10, window=2, profiler=FakeProfiler(events), block=lambda o: None)
+    asked = []
+    edge = w.schedule.edge
+    object.__setattr__(w.schedule, "edge", lambda k: asked.append(k) or edge(k))
+    assert [w(k) for k in range(25)] == list(range(25))
+    assert measure._PASS_THROUGH.value is False  # restored after every call
+    # Asked: the call before each window and the window's calls, then the calls after a
+    # window while watch's thread still analyzes it (they are timed: a run from the
+    # window's end, as long as its analysis), until one finds the next edge.
+    assert [k for k in asked if k < 9] == [] and {9, 10, 11, 19, 20, 21} <= set(asked)
+    after = [k for k in asked if 12 <= k < 19]
+    assert after == list(range(12, 12 + len(after))), asked
+    assert seen == [True] * 25  # (no jaxpace collective: the plain form throughout)
+    assert [e[0] for e in events] == ["start", "stop", "start", "stop"]
+    with pytest.raises(ValueError, match="own error"):
+        w("raise")  # call 25: between windows
+    assert measure._PASS_THROUGH.value is False
     w.close()
 
 

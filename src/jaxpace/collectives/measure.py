@@ -34,6 +34,8 @@ from jaxpace.errors import UnboundAxisError
 __all__ = [
     "Decision",
     "pass_through",
+    "restore_pass_through",
+    "set_pass_through",
     "passed_through_count",
     "MeasuredSite",
     "Probe",
@@ -180,6 +182,12 @@ def pass_through(on: bool = True) -> Any:
     """A context in which jaxpace's collectives trace as the plain `jax.lax` ones (`on`),
     or as usual (`on=False`); the choice is part of the `jax.jit` cache key."""
     return _PASS_THROUGH(bool(on))
+
+
+# `(set, restore)` of the pass-through flag on the calling thread without a context object:
+# watch's wrapper runs every call between windows in the plain form (`prev = set(True)`,
+# then `restore(prev)`), where making `pass_through(True)` took most of its own time.
+set_pass_through, restore_pass_through = _jax_compat.flag_setters(_PASS_THROUGH)
 
 
 def passed_through_count() -> int:

@@ -107,6 +107,19 @@ class Schedule:
         first = window * self.every
         return first, first + self.window - 1
 
+    def next_busy(self, k: int) -> int:
+        """The first call from `k` on whose `edge` is not `Edge()` (the calls before it
+        run the step untouched).
+
+        >>> s = Schedule(every=10, window=3)
+        >>> s.next_busy(0), s.next_busy(9), s.next_busy(11), s.next_busy(13)
+        (9, 9, 11, 19)
+        """
+        i, pos = divmod(k, self.every)
+        if (i >= 1 and pos < self.window) or pos == self.every - 1:
+            return k
+        return (i + 1) * self.every - 1
+
 
 def spacing(
     cost_s: float,
@@ -204,6 +217,19 @@ class AutoSchedule:
         if pos == -1:
             return Edge(pre_block=True)
         return Edge(start=pos == 0, end=pos == self.window - 1, window=window)
+
+    def next_busy(self, k: int) -> int:
+        """The first call from `k` on whose `edge` is not `Edge()`: `MAX_CALLS` after
+        the announced window (the next one is not announced yet).
+
+        >>> s = AutoSchedule(window=2, first=4)
+        >>> s.next_busy(0), s.next_busy(4), s.next_busy(6) == MAX_CALLS
+        (3, 4, True)
+        """
+        start = self._next[1]
+        if k < start + self.window:
+            return max(k, start - 1)
+        return MAX_CALLS
 
     def bounds(self, window: int) -> tuple[int, int]:
         """The first and last call index of `window` (inclusive); (-1, -1) if never announced here."""

@@ -16,7 +16,7 @@ from typing import Any
 from jaxpace._validate import check_callables, check_number
 from jaxpace.errors import ConfigError
 from jaxpace.watch.decide import WindowResult
-from jaxpace.watch.schedule import AutoSchedule, Schedule
+from jaxpace.watch.schedule import MAX_CALLS, AutoSchedule, Schedule
 from jaxpace.watch.worker import CLOSE_GATHER_S, Worker, say
 
 __all__ = ["DEFAULT_EVERY", "DEFAULT_WINDOW", "ON_STALL", "Watched", "register_exit"]
@@ -117,12 +117,42 @@ class Watched:
         # process: a trace-time count). With them, calls outside windows run the plain form
         # (`measure.pass_through`) and calls inside windows the measured one.
         self._dropins: bool | None = None
+        self._init_quiet()
+
+    def _init_quiet(self) -> None:
+        """The state of the calls between windows (`__call__`'s short path)."""
+        from jaxpace.collectives import measure  # (a JAX program's: jax is imported anyway)
+
+        # Calls below this index are between windows with nothing due (`schedule.next_busy`
+        # after the last call that took `_call`); 0: call 0 takes it.
+        self._quiet_until = 0
+        # The pass-through flag on this thread without a context object (`prev = set(True)`,
+        # `restore(prev)`): making `pass_through(True)` was most of a call's own time.
+        self._set_plain = measure.set_pass_through
+        self._restore_plain = measure.restore_pass_through
 
     # ----------------------------------------------------------------- the call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         k = self._calls
         self._calls = k + 1
+        if k < self._quiet_until and self._after is None and self._announced is self._seen:
+            # Between windows (most calls): the plain form and nothing else.
+            prev = self._set_plain(True)
+            try:
+                return self._fn(*args, **kwargs)
+            finally:
+                self._restore_plain(prev)
+        out = self._call(k, args, kwargs)
+        # The calls before the next edge take the path above (a window announced meanwhile,
+        # or the timing after a window, sends them here again).
+        stopped = self._stopped and self._open is None
+        self._quiet_until = MAX_CALLS if stopped else self.schedule.next_busy(k + 1)
+        return out
+
+    def _call(self, k: int, args: tuple, kwargs: dict) -> Any:
+        """Call `k` with what the schedule has it do (`__call__`'s path for the calls not
+        simply between windows)."""
         if k == 0:
             if not self._closed:
                 self._setup()
@@ -133,8 +163,11 @@ class Watched:
             self._adopt(announced, k)
         edge = self.schedule.edge(k)
         if not (edge.window or edge.pre_block) or (self._stopped and self._open is None):
-            with _pass_through(True):
+            prev = self._set_plain(True)
+            try:
                 out = self._fn(*args, **kwargs)
+            finally:
+                self._restore_plain(prev)
             if self._after is not None:
                 self._after_check(k)
             return out
