@@ -39,6 +39,8 @@ BEGIN_BETWEEN = (
     "<!-- begin: watch between windows, written by `python -m benchmarks watch --between` -->"
 )
 END_BETWEEN = "<!-- end: watch between windows -->"
+BEGIN_OUTSIDE = "<!-- begin: watch outside, written by `python -m benchmarks watch --outside` -->"
+END_OUTSIDE = "<!-- end: watch outside -->"
 
 
 # ----------------------------------------------------------------- one run (a child process)
@@ -440,6 +442,80 @@ def wrapper_cost(blocks: int = 20, calls: int = 2000) -> dict:
     }
 
 
+def outside_cost(rounds: int = 30, calls: int = 250) -> dict:
+    """What the wrapper costs where it runs: the demo's step (8 CPU devices, blocked on
+    each call) called `calls` times in one held `pass_through(True)` context, then as many
+    times under `watch(step, every=NEVER)`, chunks alternating; per call, the time outside
+    the step (the call's wall time less the step's own, timed inside it). On this 2-core
+    machine the step's device threads and the calling thread share the cores, so the
+    wrapper's Python costs more here than in `wrapper_cost`'s tight loop."""
+    import jax
+    import numpy as np
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", 8)
+    import jaxpace
+    from jaxpace.collectives.measure import pass_through
+
+    step0, state = _build("demo", "watch")
+    inner = [0.0]
+    pc = time.perf_counter
+
+    def step(*s):
+        t = pc()
+        out = step0(*s)
+        inner[0] += pc() - t
+        return out
+
+    with pass_through(True):
+        for _ in range(3):
+            state = step(*state)
+    w = jaxpace.watch(step, every=NEVER)
+
+    def chunk(arm: str) -> float:
+        nonlocal state
+        inner[0], t = 0.0, pc()
+        if arm == "held":
+            with pass_through(True):
+                for _ in range(calls):
+                    state = step(*state)
+        else:
+            for _ in range(calls):
+                state = w(*state)
+        return (pc() - t - inner[0]) / calls
+
+    chunk("held"), chunk("watch")
+    got: dict[str, list[float]] = {"held": [], "watch": []}
+    for r in range(rounds):
+        for arm in ("held", "watch") if r % 2 else ("watch", "held"):
+            got[arm].append(chunk(arm))
+    w.close()
+    d = (np.array(got["watch"]) - np.array(got["held"])) * 1e6
+    half = t95(d.size) * float(d.std(ddof=1)) / math.sqrt(d.size)
+    return {
+        "rounds": rounds,
+        "calls": calls,
+        "held_us": float(np.mean(got["held"]) * 1e6),
+        "watch_us": float(np.mean(got["watch"]) * 1e6),
+        "extra_us": float(d.mean()),
+        "ci95_us": [float(d.mean() - half), float(d.mean() + half)],
+    }
+
+
+def _run_outside_cost(processes: int = 3) -> list[dict]:
+    """`outside_cost` in `processes` fresh processes, one after the other."""
+    env = _child_env()
+    cmd = [sys.executable, "-c", "import json; from benchmarks.watch import outside_cost; "
+           "print(json.dumps(outside_cost()))"]  # fmt: skip
+    out = []
+    for _ in range(processes):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
+        if p.returncode != 0:
+            raise RuntimeError(f"outside_cost failed:\n{p.stderr[-3000:]}")
+        out.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    return out
+
+
 def markdown_between(res: dict, command: str) -> str:
     lines = [
         BEGIN_BETWEEN,
@@ -479,6 +555,35 @@ def markdown_between(res: dict, command: str) -> str:
         ]
     lines += ["", f"Machine: {res['machine']}. Date: {res['date']}.", END_BETWEEN]
     return "\n".join(lines)
+
+
+def markdown_outside(runs: list[dict], machine: str) -> str:
+    o0 = runs[0]
+    return "\n".join([
+        BEGIN_OUTSIDE,
+        "`python -m benchmarks watch --outside` (`outside_cost`, the wrapper where it runs): "
+        f"{len(runs)} fresh processes, each the demo's step (8 CPU devices, blocked on each "
+        f"call) in {o0['rounds']} chunks of {o0['calls']} calls in one held "
+        "`pass_through(True)` context alternating with as many through "
+        f"`watch(step, every={NEVER:.0e})` (no window); per call, the time outside the step "
+        "(the call's wall time less the step's own, timed inside it), and what the wrapper "
+        "adds, the mean of the paired chunks [95%]:",
+        "",
+        "| process | held context | watched | the wrapper adds |",
+        "|---:|---:|---:|---:|",
+        *(
+            f"| {i} | {o['held_us']:.0f} us | {o['watch_us']:.0f} us | {o['extra_us']:+.1f} us "
+            f"[{o['ci95_us'][0]:+.1f}, {o['ci95_us'][1]:+.1f}] |"
+            for i, o in enumerate(runs)
+        ),
+        "",
+        "The step's 8 device threads share the two cores with the calling thread, so even "
+        "the held context's calls spend over a hundred microseconds outside the step, and "
+        "the wrapper's Python costs more here than in the tight loop above.",
+        "",
+        f"Machine: {machine}. Date: {time.strftime('%Y-%m-%d')}.",
+        END_OUTSIDE,
+    ])  # fmt: skip
 
 
 # ----------------------------------------------------------------- the docs
@@ -654,6 +759,11 @@ def main(argv=None) -> int:
         help="only the wrapper's cost per call, added to OUT/watch_between.json's section",
     )
     ap.add_argument(
+        "--outside",
+        action="store_true",
+        help="the wrapper's time outside the demo's step per call, in 3 fresh processes",
+    )
+    ap.add_argument(
         "--interleaved",
         action="store_true",
         help="both arms in each process, chunks alternating (benchmarks/watch_interleaved.py)",
@@ -668,6 +778,13 @@ def main(argv=None) -> int:
         from benchmarks import watch_interleaved
 
         return watch_interleaved.main(args)
+    if args.outside:
+        from benchmarks.fsdp import publish
+
+        runs = _run_outside_cost()
+        publish(runs, markdown_outside(runs, _machine()), args.out, "watch_outside",
+                args.markdown, BEGIN_OUTSIDE, END_OUTSIDE)  # fmt: skip
+        return 0
     prev_path = Path(args.out) / "watch.json"
     previous = json.loads(prev_path.read_text()) if prev_path.exists() else None
     pairs = args.pairs or (4 if args.quick else 8)

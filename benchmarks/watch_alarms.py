@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "diagnostics.md"
 BEGIN = "<!-- BEGIN watch-alarms (python -m benchmarks watch-alarms) -->"
 END = "<!-- END watch-alarms -->"
+BEGIN_RECALL = "<!-- BEGIN watch-recall (python -m benchmarks watch-alarms --late F) -->"
+END_RECALL = "<!-- END watch-recall -->"
+LATE_PROCESS = 3  # the late process of `--late` runs
 WINDOW = 5
 EVERY = 100
 WEEK_S = 7 * 86400.0
@@ -59,15 +62,22 @@ def summaries_of(rec, w: int, window: int = WINDOW, every: int = EVERY) -> dict[
 
 
 def run_one(
-    processes: int, windows: int, seed: int, *, sites: int = 1, late: int | None = None
+    processes: int,
+    windows: int,
+    seed: int,
+    *,
+    sites: int = 1,
+    late: int | None = None,
+    late_fraction: float = 0.2,
 ) -> dict:
     """One healthy job of `windows` windows through watch's decision; what it named.
-    `late`: a process computing 20% of a step more (a check that the path names one)."""
+    `late`: a process computing `late_fraction` of a step more (a check that the path
+    names one)."""
     from benchmarks.accuracy import fleet_run
     from jaxpace.watch import decide as _decide
     from jaxpace.watch.summary import combine
 
-    lag = {"late_ranks": (late,), "late_fraction": 0.2} if late is not None else {}
+    lag = {"late_ranks": (late,), "late_fraction": late_fraction} if late is not None else {}
     rec = fleet_run(processes, windows * WINDOW, sites=sites, seed=seed, **lag)
     kept: list = []
     history: list = []
@@ -155,6 +165,57 @@ def run(sizes, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
     return out
 
 
+def recall(sizes, fractions, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
+    """The other side of the false alarms: jobs of the same fleets with process
+    `LATE_PROCESS` computing `fraction` of a step more, through the same path; how many
+    windows after the first named it, and how many named another process."""
+    import functools
+
+    out: dict = {"runs": runs, "windows_per_run": windows, "seed0": seed0, "cases": []}
+    for P in sizes:
+        for f in fractions:
+            one = functools.partial(run_one, late=LATE_PROCESS, late_fraction=f)
+            todo = [(P, windows, seed0 + i) for i in range(runs)]
+            if jobs > 1:
+                import multiprocessing
+
+                with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+                    got = pool.starmap(one, todo, chunksize=4)
+            else:
+                got = [one(*a) for a in todo]
+            names = [g["names"] for g in got]
+            out["cases"].append({
+                "processes": P,
+                "late_fraction": f,
+                "after_first": sum(len(n) - 1 for n in names),
+                "named_late": sum(x == LATE_PROCESS for n in names for x in n[1:]),
+                "named_other": sum(x not in (None, LATE_PROCESS) for n in names for x in n),
+            })  # fmt: skip
+            print(f"  {P} processes, late {f:.0%}: {out['cases'][-1]}", flush=True)
+    return out
+
+
+def markdown_recall(res: dict, command: str) -> str:
+    lines = [
+        BEGIN_RECALL,
+        f"`{command}`: the fleets of the healthy runs' kind (seeds {res['seed0']}-"
+        f"{res['seed0'] + res['runs'] - 1}, {res['windows_per_run']} windows each) with "
+        f"process {LATE_PROCESS} computing a share of the step more, through the same path.",
+        "",
+        "| processes | late by (share of a step) | windows after the first | named the late "
+        "process | named another |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for c in res["cases"]:
+        lines.append(
+            f"| {c['processes']} | {c['late_fraction']:.0%} | {c['after_first']:,} | "
+            f"{c['named_late']:,} ({c['named_late'] / max(c['after_first'], 1):.0%}) | "
+            f"{c['named_other']} |"
+        )
+    lines.append(END_RECALL)
+    return "\n".join(lines)
+
+
 def markdown(res: dict, command: str) -> str:
     from jaxpace.watch.schedule import BUDGET
 
@@ -196,13 +257,13 @@ def markdown(res: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_block(block: str, path: Path = DOC) -> None:
+def write_block(block: str, path: Path = DOC, begin: str = BEGIN, end: str = END) -> None:
     """`block` in place of the one between the markers of `path`, or after its text (a file
     of its own when `path` does not exist yet: the run's results are never lost for it)."""
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
@@ -219,9 +280,27 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="processes running the jobs")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(DOC))
+    ap.add_argument(
+        "--late",
+        type=float,
+        nargs="+",
+        default=None,
+        help="shares of a step process 3 computes more: the recall table instead",
+    )
     args = ap.parse_args(argv)
     if args.runs < 1 or args.windows < 1 or min(args.sizes) < 2:
         ap.error("--runs and --windows must be >= 1 and every size >= 2 processes")
+    if args.late is not None:
+        if min(args.sizes) <= LATE_PROCESS or not all(0 < f <= 10 for f in args.late):
+            ap.error(f"--late needs sizes above {LATE_PROCESS} processes and shares in (0, 10]")
+        res = recall(args.sizes, args.late, args.runs, args.windows, args.seed0, max(args.jobs, 1))
+        cmd = (
+            f"python -m benchmarks watch-alarms --late {' '.join(f'{f:g}' for f in args.late)} "
+            f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --windows "
+            f"{args.windows} --seed0 {args.seed0}"
+        )
+        write_block(markdown_recall(res, cmd), Path(args.markdown), BEGIN_RECALL, END_RECALL)
+        return 0
     res = run(args.sizes, args.runs, args.windows, args.seed0, max(args.jobs, 1))
     res["date"] = time.strftime("%Y-%m-%d")
     out = Path(args.out)

@@ -84,6 +84,25 @@ def test_small_job_thresholds_hold_the_level_on_normal_fleets():
             assert named == (st_row > np.asarray(_culprit.small_job_thresholds(R))).any()
 
 
+def test_watch_levels_thresholds_hold_their_level_and_are_stricter():
+    """`SMALL_JOB_THRESHOLDS_WATCH` (WATCH_ALPHA = 1e-4, watch's live decision): fresh
+    normal fleets name anybody at about 1e-4 (never above it plus its error, and not far
+    below: a table calibrated at another level fails one side), and every stage's
+    threshold is above the report's."""
+    from jaxpace.diagnosis.culprit import WATCH_ALPHA
+
+    n = 1_000_000
+    for R in (5, 8, 12, 15):
+        q = np.asarray(_culprit.small_job_thresholds(R, WATCH_ALPHA))
+        assert q.tolist() == list(_culprit.SMALL_JOB_THRESHOLDS_WATCH[R])
+        assert (q > np.asarray(_culprit.small_job_thresholds(R))).all(), R
+        r = _culprit.small_job_stages(R)
+        x = np.random.default_rng([R, 98]).standard_normal((n, R))
+        rate = (_culprit.stage_statistics(-np.sort(-x, axis=1), r) > q).any(axis=1).mean()
+        err = 3 * np.sqrt(WATCH_ALPHA / n)
+        assert WATCH_ALPHA / 4 <= rate <= WATCH_ALPHA + err, (R, rate)
+
+
 def test_distance_over_threshold_is_exactly_the_named_members():
     rng = np.random.default_rng(3)
     for R in range(4, 16):

@@ -346,3 +346,24 @@ def test_report_modules_sit_below_the_runtime():
                 tail = n.rsplit(".", 1)[-1]
                 if n.startswith("jaxpace.report") and tail.startswith("_"):
                     assert f.name == "__init__.py", (f, n)
+
+
+def test_alpha_sets_the_culprit_decisions_level_and_the_text_says_it():
+    """A marginal straggler (0.5 ms on 8 ranks, 60 steps) is named at the report's ALPHA
+    and not at watch's stricter WATCH_ALPHA, whose text states the level it used; a clear
+    one (1 ms) is named at both; a level outside (0, 0.5] is refused, naming the field."""
+    from jaxpace.diagnosis.culprit import ALPHA, WATCH_ALPHA
+    from jaxpace.errors import ConfigError
+    from jaxpace.report import analyze, synthetic_records
+
+    marginal = synthetic_records(8, 60, late_rank=3, late_s=0.0005, seed=0)
+    assert analyze(marginal).culprit == 3
+    strict = analyze(marginal, alpha=WATCH_ALPHA)
+    assert strict.culprit is None
+    text = " ".join(" ".join(m.evidence) for m in strict.failure_modes)
+    assert f"Holm p < {WATCH_ALPHA:g}" in text and f"Holm p < {ALPHA:g}," not in text
+    clear = synthetic_records(8, 60, late_rank=3, late_s=0.001, seed=0)
+    assert analyze(clear, alpha=WATCH_ALPHA).culprit == 3
+    for bad in (0, -0.1, 0.6, float("nan"), "0.01"):
+        with pytest.raises(ConfigError, match="alpha"):
+            analyze(marginal, alpha=bad)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxpace
+from jaxpace.diagnosis.culprit import WATCH_ALPHA
 from jaxpace.errors import ConfigError
 from jaxpace.watch import WindowResult
 from jaxpace.watch.decide import log_line, verdict
@@ -882,7 +883,8 @@ def _fake_analyze(names_by_windows, also=()):
     first rank), with process 3 its finding below the line."""
     import types
 
-    def analyze(recs, warmup_steps=0):
+    def analyze(recs, warmup_steps=0, alpha=None):
+        assert alpha == WATCH_ALPHA  # (watch's level)
         n = len(set(recs.columns["step"].tolist())) // 5
         named = names_by_windows.get(n)
         ranks = [

@@ -56,3 +56,23 @@ def test_a_period_splits_into_the_chunks_near_a_window_and_the_rest():
     assert got["far_extra_s"] == pytest.approx(0.03)
     assert got["near_extra_s"] == pytest.approx(1.5 - 1.2)
     assert wi.where_it_goes({"plain_s": 1.0}) is None
+
+
+def test_the_outside_table_has_a_row_per_process_between_its_markers(tmp_path):
+    from benchmarks import watch
+    from benchmarks.fsdp import write_section
+
+    runs = [
+        {"rounds": 30, "calls": 250, "held_us": 160.0, "watch_us": 170.0, "extra_us": 9.7,
+         "ci95_us": [8.1, 11.3]},
+        {"rounds": 30, "calls": 250, "held_us": 177.0, "watch_us": 185.0, "extra_us": 7.7,
+         "ci95_us": [-1.0, 16.4]},
+    ]  # fmt: skip
+    text = watch.markdown_outside(runs, "vm")
+    assert text.startswith(watch.BEGIN_OUTSIDE) and text.endswith(watch.END_OUTSIDE)
+    assert "| 0 | 160 us | 170 us | +9.7 us [+8.1, +11.3] |" in text
+    assert "| 1 | 177 us | 185 us | +7.7 us [-1.0, +16.4] |" in text
+    doc = tmp_path / "b.md"
+    doc.write_text(f"top\n{watch.BEGIN_OUTSIDE}\nold\n{watch.END_OUTSIDE}\nbottom\n")
+    write_section(text, doc, watch.BEGIN_OUTSIDE, watch.END_OUTSIDE)
+    assert doc.read_text() == f"top\n{text}\nbottom\n"

@@ -80,6 +80,7 @@ from jaxpace.diagnosis.stats import (
 
 __all__ = [
     "ALPHA",
+    "WATCH_ALPHA",
     "CONSISTENCY_BLOCKS",
     "CONSISTENCY_MAX_STEPS",
     "CONSISTENCY_MIN_STEPS",
@@ -140,6 +141,28 @@ SMALL_JOB_THRESHOLDS: dict[int, tuple[float, ...]] = {
     13: (7.05, 5.66, 5.37, 5.42, 5.79, 6.63),
     14: (6.68, 5.41, 5.04, 4.99, 5.12, 5.58),
     15: (6.59, 5.33, 4.87, 4.71, 4.85, 5.07, 5.51),
+}
+# The level of watch's live decision (`jaxpace.watch`). A report decides once; watch
+# decides window after window, about 15,000 times a job-week at its default cadence, and
+# the healthy fleets' static outliers that ALPHA's line names in 0.10-0.14% of 8-device
+# fleets were named again and again: 9.3e-5 false alarms a window at 8 processes where one
+# a job-week needs 6.6e-5 (docs/diagnostics.md, "Watch's false alarms").
+WATCH_ALPHA = 1e-4
+# The same thresholds at WATCH_ALPHA (`python -m benchmarks.small_job_calibration
+# --alpha 1e-4 --fleets 4000000`).
+SMALL_JOB_THRESHOLDS_WATCH: dict[int, tuple[float, ...]] = {
+    4: (152.83,),
+    5: (48.83, 167.81),
+    6: (24.65, 39.22),
+    7: (18.44, 22.47, 44.18),
+    8: (14.22, 15.18, 19.61),
+    9: (12.45, 11.70, 14.06, 20.39),
+    10: (11.09, 9.74, 10.80, 13.41),
+    11: (10.15, 8.59, 9.10, 9.82, 13.02),
+    12: (9.20, 7.89, 7.79, 8.30, 9.52),
+    13: (9.12, 7.45, 7.20, 7.41, 7.92, 9.71),
+    14: (8.54, 6.67, 6.58, 6.58, 6.84, 7.79),
+    15: (8.12, 6.58, 6.17, 5.98, 6.46, 6.93, 7.69),
 }
 # Each stage is calibrated at this share of its alpha / stages: a margin for the
 # simulation's own error, so that the family-wise rate stays at or below alpha.
@@ -365,12 +388,14 @@ def calibrate_small_job(count: int, alpha: float, fleets: int, seed: int = 0) ->
 def small_job_thresholds(count: int, alpha: float = ALPHA) -> tuple:
     """Per stage, the threshold of the small-job test at `count` (4-15) members.
 
-    At `ALPHA` the precomputed `SMALL_JOB_THRESHOLDS`; at another level a
-    calibration over 200,000 simulated fleets (a fraction of a second).
+    At `ALPHA` and `WATCH_ALPHA` the precomputed `SMALL_JOB_THRESHOLDS` and
+    `SMALL_JOB_THRESHOLDS_WATCH`; at another level a calibration over 200,000
+    simulated fleets (a fraction of a second).
     """
     R = int(count)
-    if alpha == ALPHA and R in SMALL_JOB_THRESHOLDS:
-        return SMALL_JOB_THRESHOLDS[R]
+    table = {ALPHA: SMALL_JOB_THRESHOLDS, WATCH_ALPHA: SMALL_JOB_THRESHOLDS_WATCH}.get(alpha)
+    if table is not None and R in table:
+        return table[R]
     return calibrate_small_job(R, SMALL_JOB_MARGIN * alpha, 200_000)
 
 

@@ -97,6 +97,7 @@ def analyze(
     site: str | None = None,
     topology_groups: Mapping[str, Any] | None = None,
     expected_transfer_s: float | None = None,
+    alpha: float = stages.ALPHA,
 ) -> Report:
     """Analyzes a run's timing records: the whole step, or one site.
 
@@ -115,14 +116,18 @@ def analyze(
         hosts when ranks span several.
       expected_transfer_s: alpha-beta expectation of the collective's transfer
         time; transfer well above it counts as topology contention.
+      alpha: the family-wise level of the culprit decision: the chance that a healthy
+        run names anybody (ranks; groups apart). Default `ALPHA` (0.001);
+        `jaxpace.watch` decides at `WATCH_ALPHA` (0.0001), as it decides window after
+        window. A stricter level names fewer marginal stragglers.
 
     Returns:
       A `Report`.
 
     Raises:
       RecordsError: unreadable records, or `site` not among them.
-      ConfigError: `warmup_steps` not an integer >= 0, or `expected_transfer_s`
-        not a number >= 0.
+      ConfigError: `warmup_steps` not an integer >= 0, `expected_transfer_s`
+        not a number >= 0, or `alpha` not in (0, 0.5].
 
     >>> from jaxpace.report import synthetic_records
     >>> recs = synthetic_records(8, 60, late_rank=3, late_s=0.002, seed=0)
@@ -136,9 +141,12 @@ def analyze(
         check_number(
             "expected_transfer_s", expected_transfer_s, lo=0.0, hi=math.inf, error=ConfigError
         )
+    check_number("alpha", alpha, lo=0.0, hi=0.5, lo_open=True, error=ConfigError)
     loaded = _load(records)
     with loaded.records:
-        return _analyze(loaded, warmup_steps, site, topology_groups, expected_transfer_s)
+        return _analyze(
+            loaded, warmup_steps, site, topology_groups, expected_transfer_s, float(alpha)
+        )
 
 
 def _analyze(
@@ -147,6 +155,7 @@ def _analyze(
     site: str | None,
     topology_groups: Mapping[str, Any] | None,
     expected_transfer_s: float | None,
+    alpha: float = stages.ALPHA,
 ) -> Report:
     """`analyze` of records already loaded (`Loaded.records`: `SiteRecords`)."""
     recs = loaded.records
@@ -161,7 +170,7 @@ def _analyze(
     iteration = stages.iteration_stats(sel.iter_all[sel.rows])
     amplification = stages.amplification(sel.compute)
     groups = stages.normalize_groups(topology_groups, recs, data)
-    culprits = stages.rank_culprits(data, sel, iteration, groups)
+    culprits = stages.rank_culprits(data, sel, iteration, groups, alpha)
     notes += culprits.notes
     ctx = stages.run_context(recs, site, data)
     culprits, refused = stages.refuse_invariant(culprits, ctx, site)

@@ -1,7 +1,8 @@
 """The live decision over consecutive windows: the report's analysis on pooled windows.
 
 The deciding process runs `jaxpace.report.analyze` (the one culprit decision
-the report makes) on the newest window's combined records; when it names
+the report makes, at watch's stricter level `WATCH_ALPHA`: it decides window
+after window) on the newest window's combined records; when it names
 nobody, on the consecutive windows kept (up to `MAX_POOLED`) pooled (the
 evidence of one 5-step window is too little for that decision), and says how
 many it used. At most two analyses per window: their cost lands on process 0.
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxpace.diagnosis.culprit import WATCH_ALPHA
 from jaxpace.records.reader import Records
 from jaxpace.watch.summary import merge
 
@@ -267,7 +269,7 @@ def _analyses(
     rep, pooled, by_pool, alone = None, 0, False, None
     for n in sorted({1, len(run)}):
         try:
-            got = analyze(merge(run[-n:], run_id=run_id), warmup_steps=0)
+            got = analyze(merge(run[-n:], run_id=run_id), warmup_steps=0, alpha=WATCH_ALPHA)
         except Exception as e:  # noqa: BLE001 - a window that cannot be analyzed is partial
             notes = (*notes, f"analysis failed on {n} windows: {type(e).__name__}: {e}")
             break

@@ -85,6 +85,7 @@ class CulpritRanking:
     fleet: FleetSpread | None = None  # the fleet's per-rank spread, slowest ranks
     decision: Decision | None = None  # the shared decision's arrays
     likely: Likely | None = None  # below the line: last in most steps, not named
+    alpha: float = ALPHA  # the family-wise level the culprits were decided at
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -97,6 +98,7 @@ def rank_culprits(
     sel: StepSelection,
     iteration: IterationStats,
     groups: Mapping[str, Mapping[int, str]] | None = None,
+    alpha: float = ALPHA,
 ) -> CulpritRanking:
     """Per-rank statistics, the ranking, culprits and late groups.
 
@@ -104,17 +106,19 @@ def rank_culprits(
       data, sel, iteration: the earlier stages' results.
       groups: `{kind: {rank: label}}` to test as groups (see `normalize_groups`);
         processes with several ranks are always tested.
+      alpha: the family-wise level of naming anybody in a healthy run (ranks, and
+        groups apart): `ALPHA` for a report, `WATCH_ALPHA` for watch's live decision.
     """
     rows, n, R = sel.rows, sel.n, data.ranks.size
     lat = data.lateness[rows]
-    dec = decide(lat, iteration.p50_s)
+    dec = decide(lat, iteration.p50_s, alpha)
     last_fraction = dec.last_counts / max(n, 1)
     late, d, floor = dec.late, dec.d, dec.floor_s
     order = sorted(range(R), key=lambda i: (not late[i], -d[i], int(data.ranks[i])))
-    found = late_groups(data, lat, groups or {}, floor, iteration.p50_s) if n >= 2 else ()
+    found = late_groups(data, lat, groups or {}, floor, iteration.p50_s, alpha) if n >= 2 else ()
     explained = np.zeros(R, bool)
     for g in found:
-        explained[_explained_by(g, data, lat, iteration.p50_s)] = True
+        explained[_explained_by(g, data, lat, iteration.p50_s, alpha)] = True
     individual = [i for i in dec.culprits if not explained[i]]
     rank_stats = _rank_stats(data, sel, lat, dec)
     culprit_i = individual[0] if individual else None
@@ -154,6 +158,7 @@ def rank_culprits(
         fleet=fleet,
         decision=dec,
         likely=likely,
+        alpha=alpha,
     )
 
 
@@ -256,13 +261,15 @@ def likely_finding(
     )
 
 
-def _explained_by(g: GroupFinding, data: SiteData, lat: np.ndarray, step_s: float) -> np.ndarray:
+def _explained_by(
+    g: GroupFinding, data: SiteData, lat: np.ndarray, step_s: float, alpha: float = ALPHA
+) -> np.ndarray:
     """The members of late group `g` its lateness explains: all but those late against
     the group's other members too (`decide` on the members alone), who are named alone."""
     members = np.flatnonzero(np.isin(data.ranks, g.ranks))
     if members.size < 3 or lat.shape[0] < 2:
         return members
-    within = decide(lat[:, members], step_s)
+    within = decide(lat[:, members], step_s, alpha)
     return members[~within.late]
 
 
@@ -363,8 +370,9 @@ def late_groups(
     groups: Mapping[str, Mapping[int, str]],
     floor: float,
     step_s: float = math.nan,
+    alpha: float = ALPHA,
 ) -> tuple[GroupFinding, ...]:
-    """Groups whose ranks are late together, most significant first.
+    """Groups whose ranks are late together, most significant first (family-wise `alpha`).
 
     The decision is `jaxpace.diagnosis.culprit.decide_groups` (the three tests of
     the ranks, on each group's per-step lateness over the other ranks, against
@@ -387,7 +395,7 @@ def late_groups(
             late_ranks=tuple(int(r) for r in data.ranks[g.late_members]),
             fleet_sd=g.fleet_sd,
         )
-        for g in decide_groups(lateness, parts, floor, step_s)
+        for g in decide_groups(lateness, parts, floor, step_s, alpha)
     )
 
 

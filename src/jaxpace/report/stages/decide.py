@@ -10,7 +10,7 @@ from jaxpace.diagnosis.stats import num_text, p_text
 from jaxpace.report.fleet_view import below_line
 from jaxpace.report.model import LIKELY_MODE, FailureMode, PeriodicOutliers, WaitingCost
 from jaxpace.report.render.text import format_ms, ranges
-from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, rank_evidence
+from jaxpace.report.stages.culprit import CulpritRanking, rank_evidence
 
 __all__ = ["decisions"]
 
@@ -114,7 +114,7 @@ def _nobody(c: CulpritRanking, R: int, n: int) -> str:
     )
     return (
         f"{head}: {rank_evidence(top, R, n, c.fleet, over)}. A culprit needs Holm p < "
-        f"{ALPHA:g}, to be outside the fleet's spread and more than the noise floor "
+        f"{c.alpha:g}, to be outside the fleet's spread and more than the noise floor "
         f"{format_ms(c.noise_floor_s)}{every}; no group is late and no failure mode stands "
         "out." + cost
     )

@@ -22,7 +22,7 @@ from jaxpace.report.model import (
     SiteData,
 )
 from jaxpace.report.render.text import format_ms, ranges
-from jaxpace.report.stages.culprit import ALPHA, CulpritRanking, late_groups, rank_evidence
+from jaxpace.report.stages.culprit import CulpritRanking, late_groups, rank_evidence
 from jaxpace.report.stages.steps import StepSelection, iteration_stats
 
 __all__ = [
@@ -78,7 +78,7 @@ def straggler_mode(c: CulpritRanking, n: int) -> FailureMode:
         return FailureMode("persistent_straggler", 0.0, False, ("no ranks",))
     i = c.order[0]
     top = c.rank_stats[i]
-    sig = min(top.p_adjusted, top.last_p_adjusted) < ALPHA
+    sig = min(top.p_adjusted, top.last_p_adjusted) < c.alpha
     return FailureMode(
         "persistent_straggler",
         0.4 if sig else 0.0,
@@ -86,7 +86,7 @@ def straggler_mode(c: CulpritRanking, n: int) -> FailureMode:
         (
             f"slowest rank, {below_line(c.fleet, short=True)}: "
             + rank_evidence(top, R, n, c.fleet, _over(c, i)),
-            f"a culprit needs Holm p < {ALPHA:g}, to be outside the fleet's normal spread, and "
+            f"a culprit needs Holm p < {c.alpha:g}, to be outside the fleet's normal spread, and "
             f"an excess above the noise floor {format_ms(c.noise_floor_s)}",
         ),
     )
