@@ -1,6 +1,7 @@
 """Calibrates the small-job fleet test (`jaxpace.diagnosis.culprit.SMALL_JOB_THRESHOLDS`).
 
-`python -m benchmarks.small_job_calibration [--fleets N] [--check N]`: per rank
+`python -m benchmarks.small_job_calibration [--fleets N] [--check N] [--alpha A]` (`--alpha
+1e-4 --fleets 4000000`: `SMALL_JOB_THRESHOLDS_WATCH`, watch's level): per rank
 count R = 4..15, the per-stage thresholds (each stage exceeds its threshold on
 a normal fleet with probability SMALL_JOB_MARGIN x ALPHA / stages), printed as the table to paste
 into `_culprit.py`; then, with the thresholds in the code, the family-wise
@@ -36,10 +37,17 @@ def main() -> None:
     ap.add_argument("--fleets", type=int, default=2_000_000)
     ap.add_argument("--check", type=int, default=1_000_000)
     ap.add_argument("--spread", type=float, default=HEALTHY_SIGMA)
+    ap.add_argument(
+        "--alpha",
+        type=float,
+        default=ALPHA,
+        help=f"family-wise level (default ALPHA = {ALPHA:g}; watch's WATCH_ALPHA is 1e-4)",
+    )
     args = ap.parse_args()
-    print("SMALL_JOB_THRESHOLDS = {")
+    alpha = args.alpha
+    print("SMALL_JOB_THRESHOLDS = {" if alpha == ALPHA else f"thresholds at {alpha:g} = {{")
     for R in range(4, FLEET_MIN_MEMBERS):
-        q = calibrate_small_job(R, SMALL_JOB_MARGIN * ALPHA, args.fleets, seed=1)
+        q = calibrate_small_job(R, SMALL_JOB_MARGIN * alpha, args.fleets, seed=1)
         print(f"    {R}: ({', '.join(f'{v:.2f}' for v in q)}),", flush=True)
     print("}")
     print(
@@ -53,12 +61,12 @@ def main() -> None:
         if R >= 4:  # anybody named <=> some stage over its threshold (`_small_job`)
             r = small_job_stages(R)
             st = stage_statistics(-np.sort(-x, axis=1), r)
-            named = int((st > np.asarray(small_job_thresholds(R))).any(axis=1).sum())
+            named = int((st > np.asarray(small_job_thresholds(R, alpha))).any(axis=1).sum())
         over = (x - median_of_others(x)).max(axis=1)
-        share = float(np.quantile(over, 1.0 - ALPHA)) * args.spread
+        share = float(np.quantile(over, 1.0 - alpha)) * args.spread
         speed = np.minimum(np.exp(args.spread * x), 1.2)
         speed /= np.median(speed, axis=1, keepdims=True)
-        logn = float(np.quantile((speed - median_of_others(speed)).max(axis=1), 1.0 - ALPHA))
+        logn = float(np.quantile((speed - median_of_others(speed)).max(axis=1), 1.0 - alpha))
         print(f"{R:3d} {named / args.check:.5f} {share:.4f} {logn:.4f}", flush=True)
 
 

@@ -20,6 +20,7 @@ Writes `benchmarks/results/watch_alarms.json` and the section between the
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -69,10 +70,11 @@ def run_one(
     sites: int = 1,
     late: int | None = None,
     late_fraction: float = 0.2,
+    alpha: float | None = None,
 ) -> dict:
     """One healthy job of `windows` windows through watch's decision; what it named.
     `late`: a process computing `late_fraction` of a step more (a check that the path
-    names one)."""
+    names one). `alpha`: the decision's level in place of watch's `WATCH_ALPHA`."""
     from benchmarks.accuracy import fleet_run
     from jaxpace.watch import decide as _decide
     from jaxpace.watch.summary import combine
@@ -95,12 +97,23 @@ def run_one(
         )
         kept.append((w + 1, first, first + WINDOW - 1, recs, tuple(notes), frozenset()))
         kept = kept[-_decide.MAX_POOLED :]
-        r = _decide.decide(kept, history)
+        r = _decide.decide(kept, history, analyze=_at_level(alpha))
         history.append(r)
         named += r.culprit_process is not None
         likely += r.likely is not None
         names.append(r.culprit_process)
     return {"seed": seed, "windows": windows, "named": named, "likely": likely, "names": names}
+
+
+def _at_level(alpha: float | None):
+    """`jaxpace.report.analyze` at `alpha` whatever level watch asks for (None: as asked)."""
+    from jaxpace.report.analyze import analyze
+
+    if alpha is None:
+        return analyze
+    return lambda recs, warmup_steps=0, alpha=None, _level=alpha: analyze(
+        recs, warmup_steps=warmup_steps, alpha=_level
+    )
 
 
 def _onsets(names: list) -> int:
@@ -128,18 +141,27 @@ def need(step_s: float, window_cost_s: float, budget: float) -> tuple[float, flo
     return per_week, 1.0 / per_week
 
 
-def run(sizes, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
+def _map(fn, todo: list[tuple], jobs: int, chunksize: int) -> list:
+    """`fn(*args)` for each of `todo`, in order; in `jobs` spawned processes when > 1."""
+    if jobs <= 1:
+        return [fn(*a) for a in todo]
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        return pool.starmap(fn, todo, chunksize=chunksize)
+
+
+def run(
+    sizes, runs: int, windows: int, seed0: int, jobs: int = 1, alpha: float | None = None
+) -> dict:
+    import functools
+
     out: dict = {"runs": runs, "windows_per_run": windows, "seed0": seed0, "sizes": {}}
+    out["alpha"] = alpha
+    one = functools.partial(run_one, alpha=alpha)
     for P in sizes:
         t0 = time.perf_counter()
-        todo = [(P, windows, seed0 + i) for i in range(runs)]
-        if jobs > 1:
-            import multiprocessing
-
-            with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-                got = pool.starmap(run_one, todo, chunksize=8)
-        else:
-            got = [run_one(*a) for a in todo]
+        got = _map(one, [(P, windows, seed0 + i) for i in range(runs)], jobs, 8)
         n = sum(g["windows"] for g in got)
         k = sum(g["named"] for g in got)
         onsets = sum(_onsets(g["names"]) for g in got)
@@ -165,33 +187,30 @@ def run(sizes, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
     return out
 
 
-def recall(sizes, fractions, runs: int, windows: int, seed0: int, jobs: int = 1) -> dict:
+def recall(
+    sizes, fractions, runs: int, windows: int, seed0: int, jobs: int = 1, alphas=(None,)
+) -> dict:
     """The other side of the false alarms: jobs of the same fleets with process
     `LATE_PROCESS` computing `fraction` of a step more, through the same path; how many
     windows after the first named it, and how many named another process."""
     import functools
 
-    out: dict = {"runs": runs, "windows_per_run": windows, "seed0": seed0, "cases": []}
-    for P in sizes:
-        for f in fractions:
-            one = functools.partial(run_one, late=LATE_PROCESS, late_fraction=f)
-            todo = [(P, windows, seed0 + i) for i in range(runs)]
-            if jobs > 1:
-                import multiprocessing
+    from jaxpace.diagnosis.culprit import WATCH_ALPHA
 
-                with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-                    got = pool.starmap(one, todo, chunksize=4)
-            else:
-                got = [one(*a) for a in todo]
-            names = [g["names"] for g in got]
-            out["cases"].append({
-                "processes": P,
-                "late_fraction": f,
-                "after_first": sum(len(n) - 1 for n in names),
-                "named_late": sum(x == LATE_PROCESS for n in names for x in n[1:]),
-                "named_other": sum(x not in (None, LATE_PROCESS) for n in names for x in n),
-            })  # fmt: skip
-            print(f"  {P} processes, late {f:.0%}: {out['cases'][-1]}", flush=True)
+    out: dict = {"runs": runs, "windows_per_run": windows, "seed0": seed0, "cases": []}
+    for P, alpha, f in itertools.product(sizes, alphas, fractions):
+        one = functools.partial(run_one, late=LATE_PROCESS, late_fraction=f, alpha=alpha)
+        got = _map(one, [(P, windows, seed0 + i) for i in range(runs)], jobs, 4)
+        names = [g["names"] for g in got]
+        out["cases"].append({
+            "processes": P,
+            "alpha": WATCH_ALPHA if alpha is None else alpha,
+            "late_fraction": f,
+            "after_first": sum(len(n) - 1 for n in names),
+            "named_late": sum(x == LATE_PROCESS for n in names for x in n[1:]),
+            "named_other": sum(x not in (None, LATE_PROCESS) for n in names for x in n),
+        })  # fmt: skip
+        print(f"  {P} processes, late {f:.0%}: {out['cases'][-1]}", flush=True)
     return out
 
 
@@ -202,13 +221,14 @@ def markdown_recall(res: dict, command: str) -> str:
         f"{res['seed0'] + res['runs'] - 1}, {res['windows_per_run']} windows each) with "
         f"process {LATE_PROCESS} computing a share of the step more, through the same path.",
         "",
-        "| processes | late by (share of a step) | windows after the first | named the late "
-        "process | named another |",
-        "|---:|---:|---:|---:|---:|",
+        "| processes | level | late by (share of a step) | windows after the first | named "
+        "the late process | named another |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for c in res["cases"]:
         lines.append(
-            f"| {c['processes']} | {c['late_fraction']:.0%} | {c['after_first']:,} | "
+            f"| {c['processes']} | {c['alpha']:g} | {c['late_fraction']:.0%} | "
+            f"{c['after_first']:,} | "
             f"{c['named_late']:,} ({c['named_late'] / max(c['after_first'], 1):.0%}) | "
             f"{c['named_other']} |"
         )
@@ -217,6 +237,7 @@ def markdown_recall(res: dict, command: str) -> str:
 
 
 def markdown(res: dict, command: str) -> str:
+    from jaxpace.diagnosis.culprit import WATCH_ALPHA
     from jaxpace.watch.schedule import BUDGET
 
     cases = [(0.005, 0.2), (1.0, 0.2), (5.0, 0.5)]
@@ -226,7 +247,13 @@ def markdown(res: dict, command: str) -> str:
         f"process), {res['runs']} runs (seeds {res['seed0']}-{res['seed0'] + res['runs'] - 1}) "
         f"of {res['windows_per_run']} windows of {WINDOW} steps each, every window through "
         "watch's path as process 0 runs it live (each process's summary, `summary.combine`, "
-        "`decide.decide` pooling up to 8 windows, with the history). Named: the verdict's "
+        "`decide.decide` pooling up to 8 windows, with the history), at "
+        + (
+            f"the level {res['alpha']:g}"
+            if res.get("alpha") is not None
+            else f"watch's level (`WATCH_ALPHA` = {WATCH_ALPHA:g})"
+        )
+        + ". Named: the verdict's "
         "confidence `named` (a false alarm); likely: `likely` (below the line, not an "
         "alarm). Upper bound: one-sided 95% (Clopper-Pearson).",
         "",
@@ -281,6 +308,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(DOC))
     ap.add_argument(
+        "--alpha",
+        type=float,
+        nargs="+",
+        default=None,
+        help="the decision's level in place of watch's WATCH_ALPHA (with --late: several)",
+    )
+    ap.add_argument(
         "--late",
         type=float,
         nargs="+",
@@ -293,15 +327,22 @@ def main(argv=None) -> int:
     if args.late is not None:
         if min(args.sizes) <= LATE_PROCESS or not all(0 < f <= 10 for f in args.late):
             ap.error(f"--late needs sizes above {LATE_PROCESS} processes and shares in (0, 10]")
-        res = recall(args.sizes, args.late, args.runs, args.windows, args.seed0, max(args.jobs, 1))
+        alphas = tuple(args.alpha or (None,))
+        res = recall(
+            args.sizes, args.late, args.runs, args.windows, args.seed0, max(args.jobs, 1), alphas
+        )
         cmd = (
             f"python -m benchmarks watch-alarms --late {' '.join(f'{f:g}' for f in args.late)} "
             f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --windows "
             f"{args.windows} --seed0 {args.seed0}"
+            + (f" --alpha {' '.join(f'{a:g}' for a in args.alpha)}" if args.alpha else "")
         )
         write_block(markdown_recall(res, cmd), Path(args.markdown), BEGIN_RECALL, END_RECALL)
         return 0
-    res = run(args.sizes, args.runs, args.windows, args.seed0, max(args.jobs, 1))
+    if args.alpha is not None and len(args.alpha) != 1:
+        ap.error("--alpha takes one level without --late")
+    alpha = args.alpha[0] if args.alpha else None
+    res = run(args.sizes, args.runs, args.windows, args.seed0, max(args.jobs, 1), alpha)
     res["date"] = time.strftime("%Y-%m-%d")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -310,7 +351,7 @@ def main(argv=None) -> int:
         f"--{k} {v}" if not isinstance(v, list) else f"--{k} " + " ".join(map(str, v))
         for k, v in (("sizes", args.sizes), ("runs", args.runs), ("windows", args.windows),
                      ("seed0", args.seed0))
-    )  # fmt: skip
+    ) + (f" --alpha {alpha:g}" if alpha is not None else "")  # fmt: skip
     write_block(markdown(res, cmd), Path(args.markdown))
     return 0
 
