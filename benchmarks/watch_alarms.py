@@ -74,7 +74,7 @@ def run_one(
 ) -> dict:
     """One healthy job of `windows` windows through watch's decision; what it named.
     `late`: a process computing `late_fraction` of a step more (a check that the path
-    names one). `alpha`: the decision's level in place of watch's `WATCH_ALPHA`."""
+    names one). `alpha`: the decision's level in place of watch's `decide.LEVEL`."""
     from benchmarks.accuracy import fleet_run
     from jaxpace.watch import decide as _decide
     from jaxpace.watch.summary import combine
@@ -195,7 +195,7 @@ def recall(
     windows after the first named it, and how many named another process."""
     import functools
 
-    from jaxpace.diagnosis.culprit import WATCH_ALPHA
+    from jaxpace.watch.decide import LEVEL
 
     out: dict = {"runs": runs, "windows_per_run": windows, "seed0": seed0, "cases": []}
     for P, alpha, f in itertools.product(sizes, alphas, fractions):
@@ -204,7 +204,7 @@ def recall(
         names = [g["names"] for g in got]
         out["cases"].append({
             "processes": P,
-            "alpha": WATCH_ALPHA if alpha is None else alpha,
+            "alpha": LEVEL if alpha is None else alpha,
             "late_fraction": f,
             "after_first": sum(len(n) - 1 for n in names),
             "named_late": sum(x == LATE_PROCESS for n in names for x in n[1:]),
@@ -237,7 +237,7 @@ def markdown_recall(res: dict, command: str) -> str:
 
 
 def markdown(res: dict, command: str) -> str:
-    from jaxpace.diagnosis.culprit import WATCH_ALPHA
+    from jaxpace.watch.decide import LEVEL
     from jaxpace.watch.schedule import BUDGET
 
     cases = [(0.005, 0.2), (1.0, 0.2), (5.0, 0.5)]
@@ -251,7 +251,7 @@ def markdown(res: dict, command: str) -> str:
         + (
             f"the level {res['alpha']:g}"
             if res.get("alpha") is not None
-            else f"watch's level (`WATCH_ALPHA` = {WATCH_ALPHA:g})"
+            else f"watch's level (`decide.LEVEL` = {LEVEL:g})"
         )
         + ". Named: the verdict's "
         "confidence `named` (a false alarm); likely: `likely` (below the line, not an "
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
         type=float,
         nargs="+",
         default=None,
-        help="the decision's level in place of watch's WATCH_ALPHA (with --late: several)",
+        help="the decision's level in place of watch's decide.LEVEL (with --late: several)",
     )
     ap.add_argument(
         "--late",

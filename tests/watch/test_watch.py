@@ -11,10 +11,9 @@ import jax.numpy as jnp
 import pytest
 
 import jaxpace
-from jaxpace.diagnosis.culprit import WATCH_ALPHA
 from jaxpace.errors import ConfigError
 from jaxpace.watch import WindowResult
-from jaxpace.watch.decide import log_line, verdict
+from jaxpace.watch.decide import LEVEL, log_line, verdict
 from jaxpace.watch.heartbeat import WARMUP_CALLS, StallDetector
 from jaxpace.watch.schedule import MAX_CALLS, Schedule
 from jaxpace.watch.wrapper import Watched
@@ -884,7 +883,7 @@ def _fake_analyze(names_by_windows, also=()):
     import types
 
     def analyze(recs, warmup_steps=0, alpha=None):
-        assert alpha == WATCH_ALPHA  # (watch's level)
+        assert alpha == LEVEL  # (watch's level)
         n = len(set(recs.columns["step"].tolist())) // 5
         named = names_by_windows.get(n)
         ranks = [

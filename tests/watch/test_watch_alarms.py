@@ -72,4 +72,4 @@ def test_late_runs_write_the_recall_table_between_its_markers(tmp_path):
     text = doc.read_text()
     assert text.startswith(f"# D\n\n{alarms.BEGIN_RECALL}\n") and text.endswith("tail\n")
     assert "old" not in text
-    assert "| 8 | 0.0001 | 50% | 6 | 6 (100%) | 0 |" in text, text
+    assert "| 8 | 0.001 | 50% | 6 | 6 (100%) | 0 |" in text, text

@@ -142,7 +142,8 @@ SMALL_JOB_THRESHOLDS: dict[int, tuple[float, ...]] = {
     14: (6.68, 5.41, 5.04, 4.99, 5.12, 5.58),
     15: (6.59, 5.33, 4.87, 4.71, 4.85, 5.07, 5.51),
 }
-# The level of watch's live decision (`jaxpace.watch`). A report decides once; watch
+# A stricter level for watch's live decision (`jaxpace.watch`; not its `decide.LEVEL` yet:
+# too strict for a 2nd window's 10 steps on a noisy CPU job). A report decides once; watch
 # decides window after window, about 15,000 times a job-week at its default cadence, and
 # the healthy fleets' static outliers that ALPHA's line names in 0.10-0.14% of 8-device
 # fleets were named again and again: 9.3e-5 false alarms a window at 8 processes where one
