@@ -1,7 +1,8 @@
 """Calibrates the small-job fleet test (`jaxpace.diagnosis.culprit.SMALL_JOB_THRESHOLDS`).
 
 `python -m benchmarks.small_job_calibration [--fleets N] [--check N] [--alpha A]` (`--alpha
-1e-4 --fleets 4000000`: `SMALL_JOB_THRESHOLDS_WATCH`, watch's level): per rank
+1e-4 --fleets 4000000`: `SMALL_JOB_THRESHOLDS_WATCH`, the stricter level measured for
+watch): per rank
 count R = 4..15, the per-stage thresholds (each stage exceeds its threshold on
 a normal fleet with probability SMALL_JOB_MARGIN x ALPHA / stages), printed as the table to paste
 into `_culprit.py`; then, with the thresholds in the code, the family-wise
@@ -41,7 +42,7 @@ def main() -> None:
         "--alpha",
         type=float,
         default=ALPHA,
-        help=f"family-wise level (default ALPHA = {ALPHA:g}; watch's WATCH_ALPHA is 1e-4)",
+        help=f"family-wise level (default ALPHA = {ALPHA:g}; WATCH_ALPHA, measured for watch, is 1e-4)",
     )
     args = ap.parse_args()
     alpha = args.alpha

@@ -117,9 +117,10 @@ def analyze(
       expected_transfer_s: alpha-beta expectation of the collective's transfer
         time; transfer well above it counts as topology contention.
       alpha: the family-wise level of the culprit decision: the chance that a healthy
-        run names anybody (ranks; groups apart). Default `ALPHA` (0.001);
-        `jaxpace.watch` decides at `WATCH_ALPHA` (0.0001), as it decides window after
-        window. A stricter level names fewer marginal stragglers.
+        run names anybody (ranks; groups apart). Default `ALPHA` (0.001), which
+        `jaxpace.watch` uses too; `WATCH_ALPHA` (0.0001) is a stricter level measured
+        for watch's repeated decisions. A stricter level names fewer marginal
+        stragglers.
 
     Returns:
       A `Report`.

@@ -1,10 +1,10 @@
 """The live decision over consecutive windows: the report's analysis on pooled windows.
 
 The deciding process runs `jaxpace.report.analyze` (the one culprit decision
-the report makes, at the report's level: `LEVEL`) on the newest window's combined records; when it names
-nobody, on the consecutive windows kept (up to `MAX_POOLED`) pooled (the
-evidence of one 5-step window is too little for that decision), and says how
-many it used. At most two analyses per window: their cost lands on process 0.
+the report makes, at the report's level: `LEVEL`) on the newest window's
+combined records; when it names nobody, on the consecutive windows kept (up
+to `MAX_POOLED`) pooled (the evidence of one 5-step window is too little for
+that decision), and says how many it used. At most two analyses per window: their cost lands on process 0.
 A process not (yet) named is reported as `likely`: the report's own `likely`
 (last in most steps, significant, below what the job's size names) when it has
 one, else the process whose devices were last in every execution of the newest

@@ -107,7 +107,7 @@ def rank_culprits(
       groups: `{kind: {rank: label}}` to test as groups (see `normalize_groups`);
         processes with several ranks are always tested.
       alpha: the family-wise level of naming anybody in a healthy run (ranks, and
-        groups apart): `ALPHA` for a report, `WATCH_ALPHA` for watch's live decision.
+        groups apart): `ALPHA` by default (the report and watch).
     """
     rows, n, R = sel.rows, sel.n, data.ranks.size
     lat = data.lateness[rows]
