@@ -150,6 +150,15 @@ class Watched:
         self._quiet_until = MAX_CALLS if stopped else self.schedule.next_busy(k + 1)
         return out
 
+    def _run(self, plain: bool, args: tuple, kwargs: dict) -> Any:
+        """`fn(*args, **kwargs)` in the plain form (`plain`: jaxpace collectives trace as
+        their `jax.lax` calls) or the measured one; the flag restored after it."""
+        prev = self._set_plain(plain)
+        try:
+            return self._fn(*args, **kwargs)
+        finally:
+            self._restore_plain(prev)
+
     def _call(self, k: int, args: tuple, kwargs: dict) -> Any:
         """Call `k` with what the schedule has it do (`__call__`'s path for the calls not
         simply between windows)."""
@@ -163,11 +172,7 @@ class Watched:
             self._adopt(announced, k)
         edge = self.schedule.edge(k)
         if not (edge.window or edge.pre_block) or (self._stopped and self._open is None):
-            prev = self._set_plain(True)
-            try:
-                out = self._fn(*args, **kwargs)
-            finally:
-                self._restore_plain(prev)
+            out = self._run(True, args, kwargs)
             if self._after is not None:
                 self._after_check(k)
             return out
@@ -178,8 +183,7 @@ class Watched:
         try:
             # Inside a window, a program with jaxpace collectives runs its measured form;
             # the choice depends on the call count alone (every process runs the same).
-            with _pass_through(not (edge.window and self._dropins and not self._stopped)):
-                out = self._fn(*args, **kwargs)
+            out = self._run(not (edge.window and self._dropins and not self._stopped), args, kwargs)
         except BaseException:
             if self._open is not None:
                 self._end(self._open[0], why="the step raised inside the window")
@@ -245,8 +249,7 @@ class Watched:
         from jaxpace.collectives import measure
 
         before = measure.passed_through_count()
-        with _pass_through(True):
-            out = self._fn(*args, **kwargs)
+        out = self._run(True, args, kwargs)
         self._dropins = measure.passed_through_count() > before
         self._mark = (1, time.perf_counter())
         w = self._worker
@@ -442,12 +445,6 @@ class Watched:
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """Watched methods bind like functions."""
         return self if obj is None else functools.partial(self, obj)
-
-
-def _pass_through(on: bool) -> Any:
-    from jaxpace.collectives.measure import pass_through
-
-    return pass_through(on)
 
 
 def lean_profile_options() -> Any:
