@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -106,12 +107,13 @@ def run_one(
 
 
 def _at_level(alpha: float | None):
-    """`jaxpace.report.analyze` at `alpha` whatever level watch asks for (None: as asked)."""
+    """`jaxpace.report.analyze` with both tests at `alpha`, whatever levels watch asks for
+    (None: as asked, `decide.LEVEL` and the fleet line at `decide.FLEET_LEVEL`)."""
     from jaxpace.report.analyze import analyze
 
     if alpha is None:
         return analyze
-    return lambda recs, warmup_steps=0, alpha=None, _level=alpha: analyze(
+    return lambda recs, warmup_steps=0, alpha=None, fleet_alpha=None, _level=alpha: analyze(
         recs, warmup_steps=warmup_steps, alpha=_level
     )
 
@@ -195,8 +197,6 @@ def recall(
     windows after the first named it, and how many named another process."""
     import functools
 
-    from jaxpace.watch.decide import LEVEL
-
     out: dict = {"runs": runs, "windows_per_run": windows, "seed0": seed0, "cases": []}
     for P, alpha, f in itertools.product(sizes, alphas, fractions):
         one = functools.partial(run_one, late=LATE_PROCESS, late_fraction=f, alpha=alpha)
@@ -204,7 +204,8 @@ def recall(
         names = [g["names"] for g in got]
         out["cases"].append({
             "processes": P,
-            "alpha": LEVEL if alpha is None else alpha,
+            "alpha": alpha,
+            "level": level_text(alpha),
             "late_fraction": f,
             "after_first": sum(len(n) - 1 for n in names),
             "named_late": sum(x == LATE_PROCESS for n in names for x in n[1:]),
@@ -227,7 +228,7 @@ def markdown_recall(res: dict, command: str) -> str:
     ]
     for c in res["cases"]:
         lines.append(
-            f"| {c['processes']} | {c['alpha']:g} | {c['late_fraction']:.0%} | "
+            f"| {c['processes']} | {c['level']} | {c['late_fraction']:.0%} | "
             f"{c['after_first']:,} | "
             f"{c['named_late']:,} ({c['named_late'] / max(c['after_first'], 1):.0%}) | "
             f"{c['named_other']} |"
@@ -236,8 +237,16 @@ def markdown_recall(res: dict, command: str) -> str:
     return "\n".join(lines)
 
 
+def level_text(alpha: float | None) -> str:
+    """The levels a run used: `alpha` for both tests, or watch's own (None)."""
+    from jaxpace.watch.decide import FLEET_LEVEL, LEVEL
+
+    if alpha is not None:
+        return f"{alpha:g}"
+    return f"watch's: {LEVEL:g}, the fleet line {FLEET_LEVEL:g}"
+
+
 def markdown(res: dict, command: str) -> str:
-    from jaxpace.watch.decide import LEVEL
     from jaxpace.watch.schedule import BUDGET
 
     cases = [(0.005, 0.2), (1.0, 0.2), (5.0, 0.5)]
@@ -249,9 +258,10 @@ def markdown(res: dict, command: str) -> str:
         "watch's path as process 0 runs it live (each process's summary, `summary.combine`, "
         "`decide.decide` pooling up to 8 windows, with the history), at "
         + (
-            f"the level {res['alpha']:g}"
+            f"the level {res['alpha']:g} for both tests"
             if res.get("alpha") is not None
-            else f"watch's level (`decide.LEVEL` = {LEVEL:g})"
+            else "watch's levels (test 1 at `decide.LEVEL`, the fleet line at "
+            f"`decide.FLEET_LEVEL`: {level_text(None)})"
         )
         + ". Named: the verdict's "
         "confidence `named` (a false alarm); likely: `likely` (below the line, not an "
@@ -296,6 +306,23 @@ def write_block(block: str, path: Path = DOC, begin: str = BEGIN, end: str = END
     path.write_text(text)
 
 
+def _level_arg(text: str) -> float | None:
+    """`--alpha`'s values: a level in (0, 0.5], or `watch` (watch's own levels: None)."""
+    if text == "watch":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0 < v <= 0.5:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a level in (0, 0.5] or 'watch'")
+    return v
+
+
+def _level_name(alpha: float | None) -> str:
+    return "watch" if alpha is None else f"{alpha:g}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks watch-alarms", description=__doc__.splitlines()[0]
@@ -309,10 +336,11 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", default=str(DOC))
     ap.add_argument(
         "--alpha",
-        type=float,
+        type=_level_arg,
         nargs="+",
         default=None,
-        help="the decision's level in place of watch's decide.LEVEL (with --late: several)",
+        help="both tests' level in place of watch's levels (decide.LEVEL, decide.FLEET_LEVEL);"
+        " 'watch' for watch's own (with --late: several)",
     )
     ap.add_argument(
         "--late",
@@ -335,7 +363,7 @@ def main(argv=None) -> int:
             f"python -m benchmarks watch-alarms --late {' '.join(f'{f:g}' for f in args.late)} "
             f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --windows "
             f"{args.windows} --seed0 {args.seed0}"
-            + (f" --alpha {' '.join(f'{a:g}' for a in args.alpha)}" if args.alpha else "")
+            + (f" --alpha {' '.join(_level_name(a) for a in args.alpha)}" if args.alpha else "")
         )
         write_block(markdown_recall(res, cmd), Path(args.markdown), BEGIN_RECALL, END_RECALL)
         return 0
@@ -351,7 +379,7 @@ def main(argv=None) -> int:
         f"--{k} {v}" if not isinstance(v, list) else f"--{k} " + " ".join(map(str, v))
         for k, v in (("sizes", args.sizes), ("runs", args.runs), ("windows", args.windows),
                      ("seed0", args.seed0))
-    ) + (f" --alpha {alpha:g}" if alpha is not None else "")  # fmt: skip
+    ) + (f" --alpha {_level_name(alpha)}" if alpha is not None else "")  # fmt: skip
     write_block(markdown(res, cmd), Path(args.markdown))
     return 0
 

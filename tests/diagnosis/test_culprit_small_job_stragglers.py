@@ -103,6 +103,53 @@ def test_watch_levels_thresholds_hold_their_level_and_are_stricter():
         assert WATCH_ALPHA / 4 <= rate <= WATCH_ALPHA + err, (R, rate)
 
 
+def test_fleet_alpha_sets_the_fleet_lines_level_alone():
+    """`fleet_alpha` (watch's `decide.FLEET_LEVEL`) moves test 2 alone. A static outlier
+    of 8 ranks, 12 SDs of the others' spread over 60 quiet steps (test 1 overwhelming),
+    sits between the fleet line at ALPHA (9.67) and at WATCH_ALPHA (14.22): named at
+    ALPHA, not with `fleet_alpha=WATCH_ALPHA`. A rank 2 noise SDs late over 10 noisy steps
+    (past the small-job step rule; 30 draws): where both tests at WATCH_ALPHA name it,
+    so does `fleet_alpha=WATCH_ALPHA`, and where that does, so does ALPHA; test 1 at
+    WATCH_ALPHA loses most of them (here 4 of 30 against 17)."""
+    from jaxpace.diagnosis.culprit import WATCH_ALPHA
+
+    base = np.array([-1.15, -0.67, -0.32, 0.0, 0.32, 0.67, 1.15, 12.0]) * 2e-4
+    lat = base[None, :] + np.random.default_rng(0).normal(0, 2e-5, (60, 8))
+    at = decide(lat, T)
+    strict = decide(lat, T, fleet_alpha=WATCH_ALPHA)
+    assert at.late.nonzero()[0].tolist() == [7] and not strict.late.any()
+    assert strict.p_adjusted[7] < 1e-6 and strict.fleet.threshold > at.fleet.threshold
+    np.testing.assert_array_equal(at.p_adjusted, strict.p_adjusted)
+    named = {"report": 0, "fleet line": 0, "both": 0}
+    for seed in range(30):
+        noisy = np.random.default_rng(seed).normal(0, 4e-3, (10, 8))
+        noisy[:, 3] += 8e-3
+        got = (
+            decide(noisy, 0.03).late,
+            decide(noisy, 0.03, fleet_alpha=WATCH_ALPHA).late,
+            decide(noisy, 0.03, WATCH_ALPHA).late,
+        )
+        assert not any(g[np.arange(8) != 3].any() for g in got), seed
+        assert got[0][3] >= got[1][3] >= got[2][3], seed
+        for k, g in zip(named, got, strict=True):
+            named[k] += bool(g[3])
+    assert named["fleet line"] >= 2 * named["both"] + 5, named
+
+
+def test_a_calibration_at_run_time_keeps_fleets_beyond_each_stage():
+    """Off the tables (groups of two kinds share a level: WATCH_ALPHA / 2), enough fleets
+    that `_TAIL_FLEETS` lie beyond each stage's quantile: fresh fleets name anybody at
+    about the level asked (at 200,000 fleets, 3 would lie beyond)."""
+    level = _culprit.WATCH_ALPHA / 2
+    R, n = 8, 2_000_000
+    q = np.asarray(_culprit.small_job_thresholds(R, level))
+    assert (q > np.asarray(_culprit.SMALL_JOB_THRESHOLDS_WATCH[R])).all()
+    x = np.random.default_rng([R, 97]).standard_normal((n, R))
+    st = _culprit.stage_statistics(-np.sort(-x, axis=1), _culprit.small_job_stages(R))
+    rate = (st > q).any(axis=1).mean()
+    assert level / 4 <= rate <= level + 3 * np.sqrt(level / n), rate
+
+
 def test_distance_over_threshold_is_exactly_the_named_members():
     rng = np.random.default_rng(3)
     for R in range(4, 16):

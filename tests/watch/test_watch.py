@@ -13,7 +13,7 @@ import pytest
 import jaxpace
 from jaxpace.errors import ConfigError
 from jaxpace.watch import WindowResult
-from jaxpace.watch.decide import LEVEL, log_line, verdict
+from jaxpace.watch.decide import FLEET_LEVEL, LEVEL, log_line, verdict
 from jaxpace.watch.heartbeat import WARMUP_CALLS, StallDetector
 from jaxpace.watch.schedule import MAX_CALLS, Schedule
 from jaxpace.watch.wrapper import Watched
@@ -882,8 +882,8 @@ def _fake_analyze(names_by_windows, also=()):
     first rank), with process 3 its finding below the line."""
     import types
 
-    def analyze(recs, warmup_steps=0, alpha=None):
-        assert alpha == LEVEL  # (watch's level)
+    def analyze(recs, warmup_steps=0, alpha=None, fleet_alpha=None):
+        assert (alpha, fleet_alpha) == (LEVEL, FLEET_LEVEL)  # (watch's levels)
         n = len(set(recs.columns["step"].tolist())) // 5
         named = names_by_windows.get(n)
         ranks = [

@@ -72,4 +72,21 @@ def test_late_runs_write_the_recall_table_between_its_markers(tmp_path):
     text = doc.read_text()
     assert text.startswith(f"# D\n\n{alarms.BEGIN_RECALL}\n") and text.endswith("tail\n")
     assert "old" not in text
-    assert "| 8 | 0.001 | 50% | 6 | 6 (100%) | 0 |" in text, text
+    assert "| 8 | watch's: 0.001, the fleet line 0.0001 | 50% | 6 | 6 (100%) | 0 |" in text, text
+
+
+def test_alpha_takes_watchs_levels_by_name_and_refuses_a_level_outside(tmp_path, capsys):
+    """`--alpha watch 0.001`: one row at watch's own levels, one with both tests at 0.001;
+    a level outside (0, 0.5] is refused, naming what is expected."""
+    doc = tmp_path / "diagnostics.md"
+    doc.write_text(f"{alarms.BEGIN_RECALL}\n{alarms.END_RECALL}\n")
+    args = ["--late", "0.5", "--sizes", "8", "--runs", "1", "--windows", "3", "--out",
+            str(tmp_path), "--markdown", str(doc), "--alpha", "watch", "0.001"]  # fmt: skip
+    assert alarms.main(args) == 0
+    text = doc.read_text()
+    assert "--alpha watch 0.001`" in text, text
+    assert "| 8 | watch's: 0.001, the fleet line 0.0001 | 50% |" in text, text
+    assert "| 8 | 0.001 | 50% |" in text, text
+    with pytest.raises(SystemExit):
+        alarms.main(["--alpha", "0.7"])
+    assert "expected a level in (0, 0.5] or 'watch'" in capsys.readouterr().err

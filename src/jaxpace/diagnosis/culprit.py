@@ -142,9 +142,9 @@ SMALL_JOB_THRESHOLDS: dict[int, tuple[float, ...]] = {
     14: (6.68, 5.41, 5.04, 4.99, 5.12, 5.58),
     15: (6.59, 5.33, 4.87, 4.71, 4.85, 5.07, 5.51),
 }
-# A stricter level for watch's live decision (`jaxpace.watch`; not its `decide.LEVEL` yet:
-# too strict for a 2nd window's 10 steps on a noisy CPU job). A report decides once; watch
-# decides window after window, about 15,000 times a job-week at its default cadence, and
+# A stricter level for watch's fleet line (test 2; `jaxpace.watch.decide.FLEET_LEVEL`;
+# test 1 stays at ALPHA: 1e-4 was too strict for a 2nd window's 10 steps on a noisy CPU
+# job). A report decides once; watch decides window after window, about 15,000 times a job-week at its default cadence, and
 # the healthy fleets' static outliers that ALPHA's line names in 0.10-0.14% of 8-device
 # fleets were named again and again: 9.3e-5 false alarms a window at 8 processes where one
 # a job-week needs 6.6e-5 (docs/diagnostics.md, "Watch's false alarms").
@@ -390,14 +390,23 @@ def small_job_thresholds(count: int, alpha: float = ALPHA) -> tuple:
     """Per stage, the threshold of the small-job test at `count` (4-15) members.
 
     At `ALPHA` and `WATCH_ALPHA` the precomputed `SMALL_JOB_THRESHOLDS` and
-    `SMALL_JOB_THRESHOLDS_WATCH`; at another level a calibration over 200,000
-    simulated fleets (a fraction of a second).
+    `SMALL_JOB_THRESHOLDS_WATCH`; at another level a calibration over at least
+    200,000 simulated fleets, and enough that `_TAIL_FLEETS` of them lie beyond each
+    stage's quantile (0.2-1.4 s a million fleets here, once per size and level).
     """
     R = int(count)
     table = {ALPHA: SMALL_JOB_THRESHOLDS, WATCH_ALPHA: SMALL_JOB_THRESHOLDS_WATCH}.get(alpha)
     if table is not None and R in table:
         return table[R]
-    return calibrate_small_job(R, SMALL_JOB_MARGIN * alpha, 200_000)
+    level = SMALL_JOB_MARGIN * alpha
+    fleets = max(200_000, math.ceil(_TAIL_FLEETS * small_job_stages(R) / level))
+    return calibrate_small_job(R, level, fleets)
+
+
+# Simulated fleets beyond a stage's quantile, at least, when calibrating at run time:
+# at 200,000 fleets a level of 5e-5 over 3 stages (watch's fleet line over two kinds of
+# group) would leave 3 fleets beyond it.
+_TAIL_FLEETS = 20
 
 
 def noise_floor(excess: np.ndarray, p50_s: float) -> float:
@@ -540,14 +549,18 @@ def _evidence(
     return significant & outlier & (effect > floor_s)
 
 
-def decide(lateness: np.ndarray, step_s: float, alpha: float = ALPHA) -> Decision:
+def decide(
+    lateness: np.ndarray, step_s: float, alpha: float = ALPHA, fleet_alpha: float | None = None
+) -> Decision:
     """The culprit decision on (steps, ranks) lateness (`max_j wait_j - wait_i`, seconds).
 
     Args:
       lateness: one row per analyzed step, one column per rank.
       step_s: the median step time (seconds; NaN when unknown), for the noise
         floor and the small-job rule.
-      alpha: the family-wise error rate.
+      alpha: the family-wise error rate (test 1; test 2 too unless `fleet_alpha`).
+      fleet_alpha: test 2's level (the fleet line), when stricter than test 1's:
+        watch's repeated decisions (`jaxpace.watch.decide.FLEET_LEVEL`).
     """
     lat = np.asarray(lateness, dtype=np.float64)
     n, R = lat.shape
@@ -562,7 +575,7 @@ def decide(lateness: np.ndarray, step_s: float, alpha: float = ALPHA) -> Decisio
     half = t95(df) * se if df >= 1 else np.full(R, np.inf)
     p_adj, last_p_adj = holm(p), holm(_last_arrival_p(last, R, n))
     floor = noise_floor(excess, step_s) if n else 20e-6
-    fleet = fleet_test(mean_ex, step_s, alpha, over_s=mean_ex)
+    fleet = fleet_test(mean_ex, step_s, fleet_alpha or alpha, over_s=mean_ex)
     evidence = _evidence((p_adj < alpha) | (last_p_adj < alpha), fleet.outlier, d, floor)
     steady = short_run_consistent(excess, floor)
     late, episode = evidence & steady, evidence & ~steady
@@ -669,6 +682,7 @@ def decide_groups(
     floor_s: float,
     step_s: float = math.nan,
     alpha: float = ALPHA,
+    fleet_alpha: float | None = None,
 ) -> tuple[LateGroup, ...]:
     """The culprit decision for groups: the late ones, most significant first.
 
@@ -678,6 +692,7 @@ def decide_groups(
       floor_s: the ranks' noise floor (`Decision.floor_s`).
       step_s: the median step time (seconds; NaN when unknown).
       alpha: the family-wise error rate over every group of every kind.
+      fleet_alpha: test 2's level when stricter than `alpha` (as for `decide`).
 
     Per kind and group, per step: the mean lateness of its members minus that
     of the other ranks. Test 1: its mean over steps against a batch-means t
@@ -701,10 +716,11 @@ def decide_groups(
     # tau is estimated inside the groups of each kind, so late groups do not inflate it.
     se_rank, _ = batch_means_se(lateness)
     med_se2 = float(np.median(se_rank**2)) if np.isfinite(se_rank).all() else 0.0
+    level = fleet_alpha or alpha
     for kind, names, codes in partitions:
         G = names.size
         sizes = np.bincount(codes, minlength=G)
-        outlier, dist = _group_outliers(codes, m_rank, sizes, step_s, alpha / len(partitions))
+        outlier, dist = _group_outliers(codes, m_rank, sizes, step_s, level / len(partitions))
         order = np.argsort(codes, kind="stable")
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         sums = np.add.reduceat(lateness[:, order], starts, axis=1)  # (n, G)

@@ -98,6 +98,7 @@ def analyze(
     topology_groups: Mapping[str, Any] | None = None,
     expected_transfer_s: float | None = None,
     alpha: float = stages.ALPHA,
+    fleet_alpha: float | None = None,
 ) -> Report:
     """Analyzes a run's timing records: the whole step, or one site.
 
@@ -121,6 +122,9 @@ def analyze(
         `jaxpace.watch` uses too; `WATCH_ALPHA` (0.0001) is a stricter level measured
         for watch's repeated decisions. A stricter level names fewer marginal
         stragglers.
+      fleet_alpha: the level of the fleet line alone (test 2: outside the fleet's own
+        spread), when stricter than `alpha`; None (the default): `alpha`. Watch
+        decides at `alpha=ALPHA, fleet_alpha=WATCH_ALPHA`.
 
     Returns:
       A `Report`.
@@ -128,7 +132,7 @@ def analyze(
     Raises:
       RecordsError: unreadable records, or `site` not among them.
       ConfigError: `warmup_steps` not an integer >= 0, `expected_transfer_s`
-        not a number >= 0, or `alpha` not in (0, 0.5].
+        not a number >= 0, or `alpha` or `fleet_alpha` not in (0, 0.5].
 
     >>> from jaxpace.report import synthetic_records
     >>> recs = synthetic_records(8, 60, late_rank=3, late_s=0.002, seed=0)
@@ -143,11 +147,15 @@ def analyze(
             "expected_transfer_s", expected_transfer_s, lo=0.0, hi=math.inf, error=ConfigError
         )
     check_number("alpha", alpha, lo=0.0, hi=0.5, lo_open=True, error=ConfigError)
+    if fleet_alpha is not None:
+        check_number("fleet_alpha", fleet_alpha, lo=0.0, hi=0.5, lo_open=True, error=ConfigError)
+        fleet_alpha = float(fleet_alpha)
     loaded = _load(records)
     with loaded.records:
         return _analyze(
-            loaded, warmup_steps, site, topology_groups, expected_transfer_s, float(alpha)
-        )
+            loaded, warmup_steps, site, topology_groups, expected_transfer_s, float(alpha),
+            fleet_alpha,
+        )  # fmt: skip
 
 
 def _analyze(
@@ -157,6 +165,7 @@ def _analyze(
     topology_groups: Mapping[str, Any] | None,
     expected_transfer_s: float | None,
     alpha: float = stages.ALPHA,
+    fleet_alpha: float | None = None,
 ) -> Report:
     """`analyze` of records already loaded (`Loaded.records`: `SiteRecords`)."""
     recs = loaded.records
@@ -171,7 +180,7 @@ def _analyze(
     iteration = stages.iteration_stats(sel.iter_all[sel.rows])
     amplification = stages.amplification(sel.compute)
     groups = stages.normalize_groups(topology_groups, recs, data)
-    culprits = stages.rank_culprits(data, sel, iteration, groups, alpha)
+    culprits = stages.rank_culprits(data, sel, iteration, groups, alpha, fleet_alpha)
     notes += culprits.notes
     ctx = stages.run_context(recs, site, data)
     culprits, refused = stages.refuse_invariant(culprits, ctx, site)

@@ -86,6 +86,15 @@ class CulpritRanking:
     decision: Decision | None = None  # the shared decision's arrays
     likely: Likely | None = None  # below the line: last in most steps, not named
     alpha: float = ALPHA  # the family-wise level the culprits were decided at
+    fleet_alpha: float | None = None  # test 2's level when stricter than `alpha`
+
+    @property
+    def fleet_level(self) -> str:
+        """ " (at level L)" after "outside the fleet's spread" when test 2 ran at its own
+        stricter level; "" otherwise."""
+        if self.fleet_alpha is None or self.fleet_alpha == self.alpha:
+            return ""
+        return f" (at level {self.fleet_alpha:g})"
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -99,6 +108,7 @@ def rank_culprits(
     iteration: IterationStats,
     groups: Mapping[str, Mapping[int, str]] | None = None,
     alpha: float = ALPHA,
+    fleet_alpha: float | None = None,
 ) -> CulpritRanking:
     """Per-rank statistics, the ranking, culprits and late groups.
 
@@ -108,17 +118,22 @@ def rank_culprits(
         processes with several ranks are always tested.
       alpha: the family-wise level of naming anybody in a healthy run (ranks, and
         groups apart): `ALPHA` by default (the report and watch).
+      fleet_alpha: the fleet line's (test 2's) level when stricter than `alpha`
+        (watch: `WATCH_ALPHA`); None: `alpha`.
     """
     rows, n, R = sel.rows, sel.n, data.ranks.size
     lat = data.lateness[rows]
-    dec = decide(lat, iteration.p50_s, alpha)
+    dec = decide(lat, iteration.p50_s, alpha, fleet_alpha)
     last_fraction = dec.last_counts / max(n, 1)
     late, d, floor = dec.late, dec.d, dec.floor_s
     order = sorted(range(R), key=lambda i: (not late[i], -d[i], int(data.ranks[i])))
-    found = late_groups(data, lat, groups or {}, floor, iteration.p50_s, alpha) if n >= 2 else ()
+    step_s = iteration.p50_s
+    found = (
+        late_groups(data, lat, groups or {}, floor, step_s, alpha, fleet_alpha) if n >= 2 else ()
+    )
     explained = np.zeros(R, bool)
     for g in found:
-        explained[_explained_by(g, data, lat, iteration.p50_s, alpha)] = True
+        explained[_explained_by(g, data, lat, step_s, alpha, fleet_alpha)] = True
     individual = [i for i in dec.culprits if not explained[i]]
     rank_stats = _rank_stats(data, sel, lat, dec)
     culprit_i = individual[0] if individual else None
@@ -159,6 +174,7 @@ def rank_culprits(
         decision=dec,
         likely=likely,
         alpha=alpha,
+        fleet_alpha=fleet_alpha,
     )
 
 
@@ -262,14 +278,19 @@ def likely_finding(
 
 
 def _explained_by(
-    g: GroupFinding, data: SiteData, lat: np.ndarray, step_s: float, alpha: float = ALPHA
+    g: GroupFinding,
+    data: SiteData,
+    lat: np.ndarray,
+    step_s: float,
+    alpha: float = ALPHA,
+    fleet_alpha: float | None = None,
 ) -> np.ndarray:
     """The members of late group `g` its lateness explains: all but those late against
     the group's other members too (`decide` on the members alone), who are named alone."""
     members = np.flatnonzero(np.isin(data.ranks, g.ranks))
     if members.size < 3 or lat.shape[0] < 2:
         return members
-    within = decide(lat[:, members], step_s, alpha)
+    within = decide(lat[:, members], step_s, alpha, fleet_alpha)
     return members[~within.late]
 
 
@@ -371,6 +392,7 @@ def late_groups(
     floor: float,
     step_s: float = math.nan,
     alpha: float = ALPHA,
+    fleet_alpha: float | None = None,
 ) -> tuple[GroupFinding, ...]:
     """Groups whose ranks are late together, most significant first (family-wise `alpha`).
 
@@ -395,7 +417,7 @@ def late_groups(
             late_ranks=tuple(int(r) for r in data.ranks[g.late_members]),
             fleet_sd=g.fleet_sd,
         )
-        for g in decide_groups(lateness, parts, floor, step_s, alpha)
+        for g in decide_groups(lateness, parts, floor, step_s, alpha, fleet_alpha)
     )
 
 

@@ -114,7 +114,8 @@ def _nobody(c: CulpritRanking, R: int, n: int) -> str:
     )
     return (
         f"{head}: {rank_evidence(top, R, n, c.fleet, over)}. A culprit needs Holm p < "
-        f"{c.alpha:g}, to be outside the fleet's spread and more than the noise floor "
+        f"{c.alpha:g}, to be outside the fleet's spread{c.fleet_level} and more than the "
+        "noise floor "
         f"{format_ms(c.noise_floor_s)}{every}; no group is late and no failure mode stands "
         "out." + cost
     )

@@ -86,7 +86,8 @@ def straggler_mode(c: CulpritRanking, n: int) -> FailureMode:
         (
             f"slowest rank, {below_line(c.fleet, short=True)}: "
             + rank_evidence(top, R, n, c.fleet, _over(c, i)),
-            f"a culprit needs Holm p < {c.alpha:g}, to be outside the fleet's normal spread, and "
+            f"a culprit needs Holm p < {c.alpha:g}, to be outside the fleet's normal "
+            f"spread{c.fleet_level}, and "
             f"an excess above the noise floor {format_ms(c.noise_floor_s)}",
         ),
     )
