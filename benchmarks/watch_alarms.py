@@ -222,7 +222,8 @@ def markdown_recall(res: dict, command: str) -> str:
         f"{res['seed0'] + res['runs'] - 1}, {res['windows_per_run']} windows each) with "
         f"process {LATE_PROCESS} computing a share of the step more, through the same path.",
         "",
-        "| processes | level | late by (share of a step) | windows after the first | named "
+        "| processes | level (both tests, or test 1 and the fleet line) | late by (share of a "
+        "step) | windows after the first | named "
         "the late process | named another |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
@@ -243,10 +244,11 @@ def level_text(alpha: float | None) -> str:
 
     if alpha is not None:
         return f"{alpha:g}"
-    return f"watch's: {LEVEL:g}, the fleet line {FLEET_LEVEL:g}"
+    return f"{LEVEL:g}, fleet line {FLEET_LEVEL:g} (watch's)"
 
 
 def markdown(res: dict, command: str) -> str:
+    from jaxpace.watch.decide import FLEET_LEVEL, LEVEL
     from jaxpace.watch.schedule import BUDGET
 
     cases = [(0.005, 0.2), (1.0, 0.2), (5.0, 0.5)]
@@ -260,8 +262,8 @@ def markdown(res: dict, command: str) -> str:
         + (
             f"the level {res['alpha']:g} for both tests"
             if res.get("alpha") is not None
-            else "watch's levels (test 1 at `decide.LEVEL`, the fleet line at "
-            f"`decide.FLEET_LEVEL`: {level_text(None)})"
+            else f"watch's levels (test 1 at `decide.LEVEL` = {LEVEL:g}, the fleet line at "
+            f"`decide.FLEET_LEVEL` = {FLEET_LEVEL:g})"
         )
         + ". Named: the verdict's "
         "confidence `named` (a false alarm); likely: `likely` (below the line, not an "

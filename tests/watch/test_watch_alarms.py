@@ -72,7 +72,7 @@ def test_late_runs_write_the_recall_table_between_its_markers(tmp_path):
     text = doc.read_text()
     assert text.startswith(f"# D\n\n{alarms.BEGIN_RECALL}\n") and text.endswith("tail\n")
     assert "old" not in text
-    assert "| 8 | watch's: 0.001, the fleet line 0.0001 | 50% | 6 | 6 (100%) | 0 |" in text, text
+    assert "| 8 | 0.001, fleet line 0.0001 (watch's) | 50% | 6 | 6 (100%) | 0 |" in text, text
 
 
 def test_alpha_takes_watchs_levels_by_name_and_refuses_a_level_outside(tmp_path, capsys):
@@ -85,7 +85,7 @@ def test_alpha_takes_watchs_levels_by_name_and_refuses_a_level_outside(tmp_path,
     assert alarms.main(args) == 0
     text = doc.read_text()
     assert "--alpha watch 0.001`" in text, text
-    assert "| 8 | watch's: 0.001, the fleet line 0.0001 | 50% |" in text, text
+    assert "| 8 | 0.001, fleet line 0.0001 (watch's) | 50% |" in text, text
     assert "| 8 | 0.001 | 50% |" in text, text
     with pytest.raises(SystemExit):
         alarms.main(["--alpha", "0.7"])
