@@ -141,7 +141,7 @@ def test_a_calibration_at_run_time_keeps_fleets_beyond_each_stage():
     that `_TAIL_FLEETS` lie beyond each stage's quantile: fresh fleets name anybody at
     about the level asked (at 200,000 fleets, 3 would lie beyond)."""
     level = _culprit.WATCH_ALPHA / 2
-    R, n = 8, 2_000_000
+    R, n = 8, 1_000_000
     q = np.asarray(_culprit.small_job_thresholds(R, level))
     assert (q > np.asarray(_culprit.SMALL_JOB_THRESHOLDS_WATCH[R])).all()
     x = np.random.default_rng([R, 97]).standard_normal((n, R))
