@@ -2,10 +2,10 @@
 
 The deciding process runs `jaxpace.report.analyze` (the one culprit decision
 the report makes; test 1 at the report's level `LEVEL`, the fleet line at the
-stricter `FLEET_LEVEL`) on the newest window's
-combined records; when it names nobody, on the consecutive windows kept (up
-to `MAX_POOLED`) pooled (the evidence of one 5-step window is too little for
-that decision), and says how many it used. At most two analyses per window: their cost lands on process 0.
+stricter `FLEET_LEVEL`) on the newest window's combined records; when it names
+nobody, on the consecutive windows kept (up to `MAX_POOLED`) pooled (the
+evidence of one 5-step window is too little for that decision), and says how
+many it used. At most two analyses per window: their cost lands on process 0.
 A process not (yet) named is reported as `likely`: the report's own `likely`
 (last in most steps, significant, below what the job's size names) when it has
 one, else the process whose devices were last in every execution of the newest
