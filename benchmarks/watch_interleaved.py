@@ -71,6 +71,11 @@ def _thread_cpu_s(name: str = "jaxpace-watch") -> float:
     return total
 
 
+def _busy(e) -> bool:
+    """The call of edge `e` blocks or is inside a window."""
+    return bool(e.window or e.pre_block)
+
+
 def child(workload: str, periods: int, out: str, index: int = 0) -> None:
     """One process: `periods` whole periods of the watched step, in chunks, each chunk
     followed by as many calls of the unwatched step (see the module docstring)."""
@@ -81,7 +86,6 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
     import jaxpace
     from benchmarks.watch import _build
     from jaxpace.collectives.measure import pass_through
-    from jaxpace.watch.schedule import Edge
 
     # One step and one state for both arms: two builds of the same step in one process
     # differ by about 2% (module docstring), which would be charged to watch.
@@ -92,7 +96,6 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
     fn = jaxpace.watch(step)
     sched = fn.schedule
     k = 0  # the watched calls so far (the wrapper's own count)
-    nothing = Edge()
 
     def plain(n: int) -> float:
         """`n` unwatched calls: the step as watch runs it between windows, without watch
@@ -134,7 +137,7 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
         later)."""
         nonlocal k, state
         decided0 = len(fn.history())
-        end_at = None
+        end_at, pending = None, False
         row = {"thread_cpu_in_plain_s": 0.0, "chunk_log": []}
         while end_at is None or k < end_at:
             turn[0] += 1
@@ -143,15 +146,22 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
             c0, t = k, time.perf_counter()
             near = 0  # (the chunk holds a window's calls, or calls while one is analyzed)
             while True:
+                # (The loop's own bookkeeping, attribute reads, is kept as light as the
+                # unwatched loop's: its cost would be charged to watch.)
                 e = sched.edge(k)
                 state = fn(*state)
                 k += 1
                 if e.end:
-                    end_at = k + TAIL
+                    end_at, pending = k + TAIL, True
+                if e.window or e.pre_block:
+                    near = True
+                if pending:  # (until the window's decision is made)
+                    pending = len(fn.history()) == decided0
+                    near = True
+                if end_at is None and k - c0 < CHUNK:
+                    continue
                 done = end_at is not None and k >= end_at
-                pending = end_at is not None and len(fn.history()) == decided0
-                near |= e != nothing or pending
-                if done or (k - c0 >= CHUNK and sched.edge(k) == nothing and (
+                if done or (k - c0 >= CHUNK and not _busy(sched.edge(k)) and (
                         not pending or k - (end_at - TAIL) >= WAIT)):  # fmt: skip
                     break
             jax.block_until_ready(state)

@@ -710,7 +710,7 @@ def test_the_deciding_process_takes_its_own_summary_from_memory_when_a_stall_cut
 def test_auto_cadence_spaces_windows_by_their_measured_cost_and_every_process_adopts_it():
     """`every="auto"`: process 0 decides window 1 (calls 100-104) and announces window 2
     where a window costing 50 ms (its slowest process: 25 ms of extra time on the step's
-    thread + 25 ms of trace CPU; process 0's decision adds its own) is 0.5% of the time
+    thread + 25 ms of trace CPU; process 0's decision adds its own) is `BUDGET` of the time
     between windows at 5 ms per step; process 1 reads it with the result and its wrapper
     blocks and profiles on the announced calls."""
     from jaxpace.watch import exchange, schedule
@@ -734,7 +734,7 @@ def test_auto_cadence_spaces_windows_by_their_measured_cost_and_every_process_ad
     v = workers[0]._verdicts[-1]
     cost = v["cost_s"]["window_cost_s"]
     assert 0.050 <= cost < 0.050 + 1.0, v["cost_s"]  # + process 0's decision CPU
-    gap = math.ceil(cost / (0.005 * 0.005))
+    gap = math.ceil(cost / (schedule.BUDGET * 0.005))
     assert v["next_window"] == {"window": 2, "first_step": max(100 + gap, 130 + 2001)}, v
     assert ws[0][0]._announced == (2, v["next_window"]["first_step"])
     workers[1]._read_result(100.0)

@@ -38,12 +38,14 @@ MAX_CALLS = 1 << 62
 # `every="auto"`. A window's cost (its extra time on the step's thread, and watch's CPU
 # time for it on the background thread, charged as if taken from the step: the slowest
 # process's, with the decision on process 0) is at most `BUDGET` of the time from one
-# window's start to the next: half of the 1% that watch may cost a step on average, the
-# other half for what the estimate misses. Windows stay at most `MAX_GAP_S` apart (a
+# window's start to the next: a quarter of the 1% that watch may cost a step on average.
+# The rest is for what the estimate misses: at 0.5%, the windows cost about what watch
+# estimated, and the calls between them 0.1-0.6% more on 4-5 ms CPU steps, so the whole
+# came to 0.65-0.95% (docs/benchmarks.md). Windows stay at most `MAX_GAP_S` apart (a
 # costlier window then exceeds the budget). An announced window starts at least
 # `MARGIN_S` after the announcement (non-deciding processes read it every 2 s).
 FIRST_WINDOW_AT = 100
-BUDGET = 0.005
+BUDGET = 0.0025
 MAX_GAP_S = 600.0
 MARGIN_S = 10.0
 
@@ -133,10 +135,10 @@ def spacing(
     seconds) is `budget` of that time at `step_s` seconds per call; at least `window + 1`
     calls (a call before each window blocks), at most `max_gap_s` of steps.
 
-    >>> spacing(0.05, 0.005, window=5)  # 50 ms per window of 5 ms steps: 10 s apart
-    2000
-    >>> spacing(0.05, 1.0, window=5)  # 1 s steps: every 10 calls
-    10
+    >>> spacing(0.05, 0.005, window=5)  # 50 ms per window of 5 ms steps: 20 s apart
+    4000
+    >>> spacing(0.05, 1.0, window=5)  # 1 s steps: every 20 calls
+    20
     """
     if not (math.isfinite(step_s) and step_s > 0):
         step_s = 1e-3
