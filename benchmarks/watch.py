@@ -621,6 +621,8 @@ def _verdict(lo: float, hi: float) -> str:
 
 
 def markdown(res: dict, command: str) -> str:
+    from jaxpace.watch.schedule import BUDGET
+
     lines = [
         BEGIN,
         "## watch (`python -m benchmarks watch`)",
@@ -697,7 +699,8 @@ def markdown(res: dict, command: str) -> str:
         "the end of the trace's collection, less the window's calls at the step time "
         "outside windows, plus that block) and the background thread's CPU time for the "
         "window (writing and reading the trace; the decision's added on process 0). The "
-        "next window is placed where that cost is 0.5% of the time between window starts "
+        f"next window is placed where that cost is {BUDGET:.2%} of the time between window "
+        "starts "
         "(at least 10 s after the announcement). A call inside a window is the window's "
         "wall time over its calls; `stop_trace` is the collection on the step's thread "
         "(the conversion to files runs on watch's thread). Summary and decision are wall "
@@ -770,6 +773,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--processes", type=int, default=None, help="--interleaved: processes a step (default 6)"
+    )
+    ap.add_argument(
+        "--more",
+        action="store_true",
+        help="--interleaved: add the processes to the step's processes in the results so far "
+        "(the same code again); the interval over all of them",
     )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks.md"))

@@ -237,7 +237,11 @@ def _run_child(workload: str, periods: int, tmp: str, i: int) -> dict:
     return run_child(["--interleaved-child", workload, str(periods), out, str(i)], out, 1800)
 
 
-def run(processes: int, pairs: int, workloads, previous: dict | None = None) -> dict:
+def run(
+    processes: int, pairs: int, workloads, previous: dict | None = None, more: bool = False
+) -> dict:
+    """`processes` fresh processes a step in `workloads`; `more`: added to the step's
+    processes already in `previous` (the same code run again), the interval over all."""
     import numpy as np
 
     from benchmarks.watch import WORKLOADS, _machine, interval
@@ -246,8 +250,11 @@ def run(processes: int, pairs: int, workloads, previous: dict | None = None) -> 
     out["date"] = time.strftime("%Y-%m-%d")
     with tempfile.TemporaryDirectory() as tmp:
         for wl in workloads:
-            runs = []
-            for i in range(processes):
+            runs = list(out.get(wl, {}).get("runs", [])) if more else []
+            earlier = len(runs)  # (from earlier invocations, `more`)
+            if more and any(r["blocks"] and len(r["blocks"]) != pairs for r in runs):
+                raise SystemExit(f"--more: {wl}'s processes so far ran other --pairs")
+            for i in range(len(runs), len(runs) + processes):
                 r = _run_child(wl, pairs, tmp, i)
                 ratios, charged = pair_ratios(r)
                 r["ratios"], r["charged"] = ratios, charged
@@ -272,7 +279,9 @@ def run(processes: int, pairs: int, workloads, previous: dict | None = None) -> 
                     / sum(b["plain_s"] for b in blocks)
                 ),
                 "load": [round(x, 2) for x in os.getloadavg()],
-                "processes": processes,
+                "processes": len(runs),
+                "earlier": earlier,
+                "earlier_load": out.get(wl, {}).get("load") if earlier else None,
                 "pairs": pairs,
             }  # fmt: skip
             out[wl] = fig
@@ -334,7 +343,12 @@ def markdown(res: dict) -> str:
             f"{f['thread_cpu_between_ms_per_s']:.2f} ms CPU a second | {load} |"
         )
     for wl in WORKLOADS:
-        got = res.get(wl, {}).get("where") or []
+        f = res.get(wl, {})
+        if f.get("earlier"):
+            lines += ["", f"{wl}: {f['earlier']} of the {f['processes']} processes ran in an "
+                      "earlier invocation of the same code (`--more` added the others; load "
+                      f"average then {' / '.join(f'{x:g}' for x in f.get('earlier_load') or [])})."]  # fmt: skip
+        got = f.get("where") or []
         if got:
             far = [w["far_ratio"] for w in got]
             near = [w["near_extra_s"] * 1e3 for w in got]
@@ -353,11 +367,15 @@ def main(args) -> int:
 
     processes = args.processes or 6
     pairs = args.pairs or 1
-    if processes < 2 or pairs < 1:
-        raise SystemExit("--processes must be >= 2 (an interval) and --pairs >= 1")
+    if processes < (1 if args.more else 2) or pairs < 1:
+        raise SystemExit("--processes must be >= 2 (an interval; >= 1 with --more), --pairs >= 1")
     prev = Path(args.out) / "watch_interleaved.json"
     res = run(
-        processes, pairs, args.workloads, json.loads(prev.read_text()) if prev.exists() else None
+        processes,
+        pairs,
+        args.workloads,
+        json.loads(prev.read_text()) if prev.exists() else None,
+        more=bool(getattr(args, "more", False)),
     )
     publish(res, markdown(res), args.out, "watch_interleaved", args.markdown, BEGIN, END)
     return 0

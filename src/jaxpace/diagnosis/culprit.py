@@ -144,11 +144,11 @@ SMALL_JOB_THRESHOLDS: dict[int, tuple[float, ...]] = {
 }
 # A stricter level for watch's fleet line (test 2; `jaxpace.watch.decide.FLEET_LEVEL`;
 # test 1 stays at ALPHA: 1e-4 was too strict for a 2nd window's 10 steps on a noisy CPU
-# job). A report decides once; watch decides window after window, about 15,000 times a
+# job). A report decides once; watch decides window after window, about 7,500 times a
 # job-week at its default cadence, and the healthy fleets' static outliers that ALPHA's
 # line names in 0.10-0.14% of 8-device fleets were named again and again: 9.3e-5 false
-# alarms a window at 8 processes where one a job-week needs 6.6e-5 (docs/diagnostics.md,
-# "Watch's false alarms").
+# alarms a window at 8 processes where one a job-week needed 6.6e-5 at the 0.5% cadence
+# (1.3e-4 at today's 0.25%; docs/diagnostics.md, "Watch's false alarms").
 WATCH_ALPHA = 1e-4
 # The same thresholds at WATCH_ALPHA (`python -m benchmarks.small_job_calibration
 # --alpha 1e-4 --fleets 4000000`).

@@ -53,9 +53,10 @@ def watch(
     Where windows go. `every="auto"` (the default): the first window at call
     100; each later one where process 0 announces it with the decision of the
     window before (every process reads it at least 10 s ahead, and blocks and
-    profiles on the calls announced), so that a window's measured cost is 0.5%
-    of the time between window starts: half of the 1% a watched step may cost
-    on average, the other half for what the estimate misses. The cost is the
+    profiles on the calls announced), so that a window's measured cost is 0.25%
+    of the time between window starts: a quarter of the 1% a watched step may
+    cost on average, the rest for what the estimate misses (the calls between
+    windows cost 0.1-0.6% more on 4-5 ms CPU steps, docs/benchmarks.md). The cost is the
     slowest process's extra time on the step's thread plus its CPU time on
     watch's thread (charged in full, as if taken from the step; process 0's
     decision added to its own), or, when larger, what the calls after the
