@@ -153,7 +153,7 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
                 k += 1
                 if e.end:
                     end_at, pending = k + TAIL, True
-                if e.window or e.pre_block:
+                if _busy(e):
                     near = True
                 if pending:  # (until the window's decision is made)
                     pending = len(fn.history()) == decided0
@@ -375,7 +375,7 @@ def main(args) -> int:
         pairs,
         args.workloads,
         json.loads(prev.read_text()) if prev.exists() else None,
-        more=bool(getattr(args, "more", False)),
+        more=args.more,
     )
     publish(res, markdown(res), args.out, "watch_interleaved", args.markdown, BEGIN, END)
     return 0
