@@ -263,6 +263,9 @@ class Engine:
         # In place: each file's identity when it was opened (`_file_identity`), checked
         # after every query (`_arrays`): the run is read from its files, not from a copy.
         self._identity: dict[str, tuple[int, int, int] | None] = {}
+        # In place: each site's rows read from its row groups by number, not queried
+        # (`parquet_reader.RowGroupReader`); None: queried.
+        self._direct: Any = None
 
     def _spill_hint(self) -> str:
         cap = self.con.execute("SELECT current_setting('max_temp_directory_size')").fetchone()
@@ -272,6 +275,7 @@ class Engine:
         )
 
     def close(self) -> None:
+        self._close_direct()
         self.con.close()
         for d in self._jsonl_dirs:
             shutil.rmtree(d, ignore_errors=True)
@@ -345,6 +349,8 @@ class Engine:
         when the files' statistics do not rule them out (`_every_row_a_step`)."""
         good, names, grouped, sites, layouts = [], set(), True, set(), set()
         zero, clean, ranks, rows = set(ZERO_UNLESS_USED), True, [], 0
+        summaries: list[Any] = []
+        footers: list[tuple[Any, dict[str, list[int]]]] = []  # (for `RowGroupReader`)
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
@@ -358,6 +364,8 @@ class Engine:
                 clean &= head.clean
                 ranks.append(head.ranks)
                 rows += head.rows
+                summaries.append(head.summary)
+                footers.append((head.meta, head.groups))
         if not good:
             return
         import duckdb
@@ -380,8 +388,10 @@ class Engine:
                     if None not in ranks
                     else None,
                     "execution" in names,
+                    None if None in summaries else tuple(summaries),
                 )
                 self._define_view()
+                self._direct = _row_group_reader(good, footers, names, len(layouts))
             else:
                 self.con.execute(f"INSERT INTO steps {select}")
         except duckdb.OutOfMemoryException as e:
@@ -419,10 +429,16 @@ class Engine:
             self.in_place, self._kept, self._identity = False, [], {}
         self._sites_of_row_groups = self._summary = self._fill = self._zero_in_stats = None
         self._footers = None
+        self._close_direct()
         for d in self._jsonl_dirs:  # (a JSONL run read before: its view is gone)
             shutil.rmtree(d, ignore_errors=True)
         self._jsonl_dirs = []
         self.con.execute(_TABLE_SQL)
+
+    def _close_direct(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
 
     def _drop_parquet_rows(self, drops: Drops) -> None:
         """Refuses null values; drops, counts and locates the rows out of range."""
@@ -635,6 +651,10 @@ class Engine:
         # and fetches every column if rows were dropped since `fetch_cursor` decided it.)
         fill = self._site_fill() if on is None else self._fill or _Fill(frozenset())
         asked = [k for k in STEP_COLUMNS if k not in fill.left_out]
+        if self._direct is not None and not self._kept and not self.executions_numbered:
+            cols = fill.filled(self._read_row_groups(site, asked))
+            self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
+            return cols
         if self.executions_numbered:
             sql = (
                 f"SELECT {', '.join('s.' + k for k in asked)}, m.ex AS execution "
@@ -645,6 +665,22 @@ class Engine:
         cols = fill.filled(self._arrays(sql, [site], on))
         self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
         return cols
+
+    def _read_row_groups(self, site: str, asked: list[str]) -> dict[str, np.ndarray]:
+        """`site_columns`' rows of a run read in place, from the row groups directly
+        (`parquet_reader.RowGroupReader`: the same rows, in the same order)."""
+        import pyarrow as pa
+
+        try:
+            got = self._direct.read(site, asked)
+        except (pa.ArrowException, OSError) as e:
+            self.check_unchanged()  # (a file gone or replaced: say which)
+            raise RecordsError(
+                f"cannot read the rows of site `{site}` from the run's Parquet files: "
+                f"{str(e).splitlines()[0][:200]}"
+            ) from None
+        self.check_unchanged()
+        return got
 
     def fetch_cursor(self) -> Any:
         """A second connection to the engine's database, for `site_columns(site, on=...)` in
@@ -761,6 +797,11 @@ class Engine:
         one scan (asked once, until rows are dropped): one GROUPING SETS query over
         (site, step), (site, rank, process, device) and (step, process), where three
         queries took three scans (2.7 s against 1.75 s over 33M rows in 1024 files)."""
+        if self._summary is None and self._footers is not None and not self._kept:
+            if self._footers.summaries is not None:  # (every file's own: no scan)
+                from jaxpace.records.file_summary import merge
+
+                self._summary = _Summary(*merge(self._footers.summaries))
         if self._summary is None:
             # (Rows, not distinct ranks, at each step: a duplicate record, which the
             # report's per-site analysis refuses, counts twice here; count(DISTINCT) is
@@ -1239,11 +1280,14 @@ class _Footers(NamedTuple):
       rows: the rows they count.
       ranks: the least and greatest `rank` their statistics show (None: some file has none).
       execution: whether some file has an `execution` column.
+      summaries: each file's own summary of its rows (`records.file_summary`), checked
+        against its footer; None when some file has none (the summary is a scan then).
     """
 
     rows: int
     ranks: tuple[int, int] | None
     execution: bool
+    summaries: tuple[Any, ...] | None = None
 
 
 class _ParquetHead(NamedTuple):
@@ -1259,6 +1303,8 @@ class _ParquetHead(NamedTuple):
       ranks: the least and greatest `rank` its statistics show (None: some row group
         has none).
       rows: its rows (the footer's count).
+      summary: its own summary of its rows (`records.file_summary`), when it has one that
+        agrees with its footer's statistics; else None.
     """
 
     header: dict[str, Any]
@@ -1269,6 +1315,20 @@ class _ParquetHead(NamedTuple):
     clean: bool
     ranks: tuple[int, int] | None
     rows: int
+    summary: Any = None
+    meta: Any = None
+    groups: dict[str, list[int]] | None = None
+
+
+def _row_group_reader(files: list[str], footers, names: set[str], layouts: int) -> Any:
+    """A `parquet_reader.RowGroupReader` over the files of a run read in place, when they
+    share one layout and their footers are small enough to keep (`FOOTER_BYTES_KEPT`);
+    else None (each site a query)."""
+    from jaxpace.records.parquet_reader import FOOTER_BYTES_KEPT, RowGroupReader
+
+    if layouts != 1 or sum(m.serialized_size for m, _ in footers) > FOOTER_BYTES_KEPT:
+        return None
+    return RowGroupReader(files, [m for m, _ in footers], [g for _, g in footers], names)
 
 
 def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
@@ -1288,6 +1348,8 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
             grouped = _one_site_per_row_group(stats)
             zero = _zero_in_statistics(stats)
             clean = _every_row_a_step(stats)
+            summary = _file_summary(pf.metadata, stats, grouped, rows)
+            groups = _site_groups(pf.metadata, stats) if grouped is not None else None
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
@@ -1299,8 +1361,33 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
     check_schema(schema, str(path))
     layout = tuple((x.name, str(x.type)) for x in schema)
     return _ParquetHead(
-        header, set(schema.names), grouped, layout, zero, clean, _rank_range(stats), rows
-    )
+        header, set(schema.names), grouped, layout, zero, clean, _rank_range(stats), rows,
+        summary, pf.metadata, groups,
+    )  # fmt: skip
+
+
+def _site_groups(meta: Any, stats: dict[str, list[_Stats | None]]) -> dict[str, list[int]]:
+    """`{site: its row groups}` of a file laid out one site to a row group (`stats`:
+    its `_statistics`, over the row groups that have rows)."""
+    out: dict[str, list[int]] = {}
+    with_rows = [g for g in range(meta.num_row_groups) if meta.row_group(g).num_rows]
+    for g, st in zip(with_rows, stats["site"], strict=True):
+        out.setdefault(st.min, []).append(g)
+    return out
+
+
+def _file_summary(meta: Any, stats: dict[str, list[_Stats | None]], grouped, rows: int):
+    """A file's own summary (`records.file_summary`) when it has one and it agrees with
+    the footer (each row group one site's, `grouped`); else None."""
+    from jaxpace.records import file_summary
+
+    kv = meta.metadata or {}
+    got = file_summary.parse(kv.get(file_summary.SUMMARY_KEY)) if grouped is not None else None
+    if got is None:
+        return None
+    sizes = [n for g in range(meta.num_row_groups) if (n := meta.row_group(g).num_rows)]
+    row_sites = [(st.min, n) for st, n in zip(stats["site"], sizes, strict=True)]
+    return got if file_summary.check(got, rows, stats, row_sites) else None
 
 
 def read_headers(path: Path) -> list[dict[str, Any]]:

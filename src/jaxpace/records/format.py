@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxpace.records import file_summary
 from jaxpace.records.safe_io import check_replaceable, make_dirs, write_atomic
 
 __all__ = [
@@ -263,6 +264,8 @@ def write_parquet(
     meta = {
         HEADER_KEY: json.dumps(dict(header), separators=(",", ":")).encode(),
         b"jaxpace.format": str(FORMAT_VERSION).encode(),
+        # What the report would otherwise scan every row for (`records.file_summary`).
+        file_summary.SUMMARY_KEY: file_summary.of_columns(columns, sites),
     }
     table = pa.table(arrays).replace_schema_metadata(meta)
     check_replaceable(p, "records")  # before the work of encoding

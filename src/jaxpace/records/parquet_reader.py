@@ -17,7 +17,7 @@ from typing import Any
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS
 
-__all__ = ["check_schema", "header_of", "is_parquet"]
+__all__ = ["FOOTER_BYTES_KEPT", "RowGroupReader", "check_schema", "header_of", "is_parquet"]
 
 
 def is_parquet(path: Path) -> bool:
@@ -77,3 +77,85 @@ def check_schema(schema: Any, where: str) -> None:
         t = t.value_type
     if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
         raise RecordsError(f"{where}: column `site` has type {t}, expected strings.")
+
+
+# The most footer bytes (serialized) `RowGroupReader` keeps parsed: about 150 MB of
+# memory held for 1024 files of 16-32 row groups (17-35 MB serialized); a larger run
+# is read by the engine's queries instead.
+FOOTER_BYTES_KEPT = 64 << 20
+
+
+class RowGroupReader:
+    """One site's rows of a run read in place, read from its row groups directly.
+
+    A native file holds each site's rows in row groups of their own
+    (`records.format.write_parquet`), and its footer, parsed when the run was opened,
+    says which. A DuckDB query for one site (`WHERE site = ?` over every file) costs
+    about 0.5 ms of CPU per file whatever it returns, most of it the filter over every
+    row group; reading the site's row groups by number with the footers kept costs
+    about half (0.27 s against 0.54 s of CPU for 2M rows from 1024 files). The files
+    are read in their order, each in its own order: the rows the query returns, in the
+    same order. Two threads read halves of the files (pyarrow reads without the GIL).
+
+    Args:
+      files: the run's files (in the engine's order).
+      metas: each file's parsed footer (`pyarrow.parquet.FileMetaData`).
+      groups: per file, `{site: [its row groups]}`.
+      names: the columns every file has.
+    """
+
+    def __init__(self, files, metas, groups, names) -> None:
+        self.files, self.metas, self.groups = list(files), list(metas), list(groups)
+        self.names = set(names)
+        self._pool = None
+
+    def read(self, site: str, columns) -> dict[str, Any]:
+        """`columns` (of `records.engine.STEP_COLUMNS`) of `site`'s rows as NumPy arrays,
+        int64 (`device` -1 where null) and `engaged` bool."""
+        import numpy as np
+        import pyarrow as pa
+
+        asked = [k for k in columns if k in self.names]
+        n = len(self.files)
+        parts = [range(0, n // 2), range(n // 2, n)]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(2, thread_name_prefix="jaxpace-row-groups")
+        got = [t for part in self._pool.map(lambda r: self._read(r, site, asked), parts)
+               for t in part]  # fmt: skip
+        table = pa.concat_tables(got) if got else None
+        rows = table.num_rows if table is not None else 0
+        out = {}
+        for k in columns:
+            if k not in self.names or table is None:
+                out[k] = np.full(
+                    rows, -1 if k == "device" else 0, bool if k == "engaged" else np.int64
+                )
+                continue
+            col = table.column(k)
+            if k == "device" and col.null_count:
+                col = col.fill_null(-1)
+            a = col.to_numpy()
+            out[k] = a.astype(bool if k == "engaged" else np.int64, copy=False)
+        return out
+
+    def _read(self, which: range, site: str, asked: list[str]) -> list:
+        import pyarrow.parquet as pq
+
+        out = []
+        for i in which:
+            g = self.groups[i].get(site)
+            if not g:
+                continue
+            pf = pq.ParquetFile(self.files[i], metadata=self.metas[i], pre_buffer=False)
+            try:
+                out.append(pf.read_row_groups(g, columns=asked, use_threads=False))
+            finally:
+                pf.close()
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
