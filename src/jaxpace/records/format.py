@@ -264,9 +264,14 @@ def write_parquet(
     meta = {
         HEADER_KEY: json.dumps(dict(header), separators=(",", ":")).encode(),
         b"jaxpace.format": str(FORMAT_VERSION).encode(),
-        # What the report would otherwise scan every row for (`records.file_summary`).
-        file_summary.SUMMARY_KEY: file_summary.of_columns(columns, sites),
     }
+    # What the report would otherwise scan every row for (`records.file_summary`): in the
+    # footer's key-value metadata alone, not also in the Arrow schema's copy of it (which
+    # would double it in every footer the report keeps).
+    summary = {file_summary.SUMMARY_KEY: file_summary.of_columns(columns, sites)}
+    late = hasattr(pq.ParquetWriter, "add_key_value_metadata")  # (not in older pyarrow)
+    if not late:
+        meta.update(summary)
     table = pa.table(arrays).replace_schema_metadata(meta)
     check_replaceable(p, "records")  # before the work of encoding
     buf = pa.BufferOutputStream()
@@ -287,6 +292,8 @@ def write_parquet(
             writer.write_table(
                 table.slice(start, stop - start), row_group_size=max(stop - start, 1)
             )
+        if late:
+            writer.add_key_value_metadata(summary)
     return write_atomic(p, buf.getvalue().to_pybytes(), what="records", make_parents=True)
 
 

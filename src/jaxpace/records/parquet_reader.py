@@ -83,6 +83,8 @@ def check_schema(schema: Any, where: str) -> None:
 # memory held for 1024 files of 16-32 row groups (17-35 MB serialized); a larger run
 # is read by the engine's queries instead.
 FOOTER_BYTES_KEPT = 64 << 20
+# Files whose tables `RowGroupReader` gathers before copying their columns out.
+_BATCH = 64
 
 
 class RowGroupReader:
@@ -111,49 +113,70 @@ class RowGroupReader:
 
     def read(self, site: str, columns) -> dict[str, Any]:
         """`columns` (of `records.engine.STEP_COLUMNS`) of `site`'s rows as NumPy arrays,
-        int64 (`device` -1 where null) and `engaged` bool."""
-        import numpy as np
-        import pyarrow as pa
+        int64 (`device` -1 where null) and `engaged` bool.
 
+        Each file's rows are copied into their place in arrays sized from the footers
+        and then let go, so the memory is the site's arrays and two files' rows."""
+        import numpy as np
+
+        sizes = [
+            sum(self.metas[i].row_group(g).num_rows for g in self.groups[i].get(site, ()))
+            for i in range(len(self.files))
+        ]
+        at = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        rows = int(at[-1])
+        out = {
+            k: np.full(rows, -1, np.int64)
+            if k == "device" and k not in self.names
+            else np.empty(rows, bool if k == "engaged" else np.int64)
+            for k in columns
+        }
         asked = [k for k in columns if k in self.names]
         n = len(self.files)
-        parts = [range(0, n // 2), range(n // 2, n)]
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(2, thread_name_prefix="jaxpace-row-groups")
-        got = [t for part in self._pool.map(lambda r: self._read(r, site, asked), parts)
-               for t in part]  # fmt: skip
-        table = pa.concat_tables(got) if got else None
-        rows = table.num_rows if table is not None else 0
-        out = {}
-        for k in columns:
-            if k not in self.names or table is None:
-                out[k] = np.full(
-                    rows, -1 if k == "device" else 0, bool if k == "engaged" else np.int64
-                )
-                continue
-            col = table.column(k)
-            if k == "device" and col.null_count:
-                col = col.fill_null(-1)
-            a = col.to_numpy()
-            out[k] = a.astype(bool if k == "engaged" else np.int64, copy=False)
+        halves = [range(0, n // 2), range(n // 2, n)]
+        for done in self._pool.map(lambda r: self._read(r, site, asked, at, out), halves):
+            assert done is None
+        for k in columns:  # (a column no file has: zeros, as the query's)
+            if k not in self.names and k != "device":
+                out[k][:] = 0
         return out
 
-    def _read(self, which: range, site: str, asked: list[str]) -> list:
+    def _read(self, which: range, site: str, asked: list[str], at, out) -> None:
+        """Files `which`' rows of `site` into `out` at their offsets `at`, `_BATCH` files'
+        tables at a time (one copy per column of a batch, not of each file)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        out = []
+        batch: list = []
+        first = which.start
         for i in which:
             g = self.groups[i].get(site)
-            if not g:
-                continue
-            pf = pq.ParquetFile(self.files[i], metadata=self.metas[i], pre_buffer=False)
-            try:
-                out.append(pf.read_row_groups(g, columns=asked, use_threads=False))
-            finally:
-                pf.close()
-        return out
+            if g:
+                pf = pq.ParquetFile(self.files[i], metadata=self.metas[i], pre_buffer=False)
+                try:
+                    table = pf.read_row_groups(g, columns=asked, use_threads=False)
+                finally:
+                    pf.close()
+                if table.num_rows != at[i + 1] - at[i]:
+                    raise OSError(
+                        f"{self.files[i]}: {table.num_rows} rows where its footer said "
+                        f"{at[i + 1] - at[i]}"
+                    )
+                batch.append(table)
+            if len(batch) == _BATCH or i == which.stop - 1:
+                if batch:
+                    lo, hi = int(at[first]), int(at[i + 1])
+                    both = pa.concat_tables(batch)
+                    for k in asked:
+                        col = both.column(k)
+                        if k == "device" and col.null_count:
+                            col = col.fill_null(-1)
+                        out[k][lo:hi] = col.to_numpy()
+                batch, first = [], i + 1
 
     def close(self) -> None:
         if self._pool is not None:
