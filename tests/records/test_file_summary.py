@@ -165,7 +165,7 @@ def _queried(d, site):
     with Engine() as e:
         e.load(d)
         assert e._direct is not None
-        e._close_direct()
+        e._direct = None
         return e.site_columns(site)
 
 

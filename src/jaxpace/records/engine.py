@@ -275,7 +275,7 @@ class Engine:
         )
 
     def close(self) -> None:
-        self._close_direct()
+        self._direct = None
         self.con.close()
         for d in self._jsonl_dirs:
             shutil.rmtree(d, ignore_errors=True)
@@ -428,17 +428,11 @@ class Engine:
             self.con.execute("DROP VIEW steps_raw")
             self.in_place, self._kept, self._identity = False, [], {}
         self._sites_of_row_groups = self._summary = self._fill = self._zero_in_stats = None
-        self._footers = None
-        self._close_direct()
+        self._footers = self._direct = None
         for d in self._jsonl_dirs:  # (a JSONL run read before: its view is gone)
             shutil.rmtree(d, ignore_errors=True)
         self._jsonl_dirs = []
         self.con.execute(_TABLE_SQL)
-
-    def _close_direct(self) -> None:
-        if self._direct is not None:
-            self._direct.close()
-            self._direct = None
 
     def _drop_parquet_rows(self, drops: Drops) -> None:
         """Refuses null values; drops, counts and locates the rows out of range."""

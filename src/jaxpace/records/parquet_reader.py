@@ -97,7 +97,9 @@ class RowGroupReader:
     row group; reading the site's row groups by number with the footers kept costs
     about half (0.27 s against 0.54 s of CPU for 2M rows from 1024 files). The files
     are read in their order, each in its own order: the rows the query returns, in the
-    same order. Two threads read halves of the files (pyarrow reads without the GIL).
+    same order, in the calling thread: the report's pass over the sites reads the next
+    site in a background thread while it works on this one (`records.by_site`), and
+    two reading threads there took more CPU for the same wall time.
 
     Args:
       files: the run's files (in the engine's order).
@@ -109,7 +111,6 @@ class RowGroupReader:
     def __init__(self, files, metas, groups, names) -> None:
         self.files, self.metas, self.groups = list(files), list(metas), list(groups)
         self.names = set(names)
-        self._pool = None
 
     def read(self, site: str, columns) -> dict[str, Any]:
         """`columns` (of `records.engine.STEP_COLUMNS`) of `site`'s rows as NumPy arrays,
@@ -132,14 +133,7 @@ class RowGroupReader:
             for k in columns
         }
         asked = [k for k in columns if k in self.names]
-        n = len(self.files)
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(2, thread_name_prefix="jaxpace-row-groups")
-        halves = [range(0, n // 2), range(n // 2, n)]
-        for done in self._pool.map(lambda r: self._read(r, site, asked, at, out), halves):
-            assert done is None
+        self._read(range(len(self.files)), site, asked, at, out)
         for k in columns:  # (a column no file has: zeros, as the query's)
             if k not in self.names and k != "device":
                 out[k][:] = 0
@@ -177,8 +171,3 @@ class RowGroupReader:
                             col = col.fill_null(-1)
                         out[k][lo:hi] = col.to_numpy()
                 batch, first = [], i + 1
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
