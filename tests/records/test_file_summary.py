@@ -169,9 +169,15 @@ def _queried(d, site):
         return e.site_columns(site)
 
 
-@pytest.mark.parametrize("variant", ["native", "int32", "null_devices", "delays"])
-def test_a_sites_row_groups_read_directly_are_the_querys_rows_in_order(tmp_path, variant):
-    run = _run(loss=0.03)
+@pytest.mark.parametrize("variant", ["native", "int32", "null_devices", "delays", "gaps"])
+def test_a_sites_row_groups_read_directly_are_the_querys_rows_in_order(
+    tmp_path, monkeypatch, variant
+):
+    """`gaps`: the last site in two of the four files only, and two files to a batch (so
+    a batch ends on files without the site)."""
+    run = _run(loss=0.03, gaps=variant == "gaps")
+    if variant == "gaps":
+        monkeypatch.setattr(parquet_reader, "_BATCH", 2)
     cols = dict(run.columns)
     if variant == "null_devices":
         cols["device"] = np.where(cols["rank"] % 3 == 0, -1, cols["device"])
