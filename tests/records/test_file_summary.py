@@ -253,3 +253,18 @@ def test_the_report_is_the_same_with_and_without_the_summaries_and_row_group_rea
     assert fast.to_json() == slow.to_json()
     for k in ("lateness", "wait", "sync_wait", "compute", "step_time"):
         np.testing.assert_array_equal(getattr(fast.data, k), getattr(slow.data, k), err_msg=k)
+
+
+def test_without_add_key_value_metadata_the_summary_goes_in_the_schemas_metadata(
+    tmp_path, monkeypatch
+):
+    """An older pyarrow's writer has no `add_key_value_metadata`: the summary is written
+    with the header (in the schema's metadata, which the footer carries too) and used."""
+    monkeypatch.delattr(pq.ParquetWriter, "add_key_value_metadata")
+    run = _run(loss=0.02)
+    run.write_parquet(tmp_path)
+    f = sorted(tmp_path.iterdir())[0]
+    assert file_summary.SUMMARY_KEY in pq.ParquetFile(f).schema_arrow.metadata
+    merged, a, b = _both(tmp_path)
+    assert merged
+    _assert_same(a, b)
