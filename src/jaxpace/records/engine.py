@@ -646,17 +646,17 @@ class Engine:
         fill = self._site_fill() if on is None else self._fill or _Fill(frozenset())
         asked = [k for k in STEP_COLUMNS if k not in fill.left_out]
         if self._direct is not None and not self._kept and not self.executions_numbered:
-            cols = fill.filled(self._read_row_groups(site, asked))
-            self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
-            return cols
-        if self.executions_numbered:
-            sql = (
+            got = self._read_row_groups(site, asked)
+        elif self.executions_numbered:
+            got = self._arrays(
                 f"SELECT {', '.join('s.' + k for k in asked)}, m.ex AS execution "
-                "FROM steps s JOIN exec_map m USING (process, execution) WHERE s.site = $1"
+                "FROM steps s JOIN exec_map m USING (process, execution) WHERE s.site = $1",
+                [site],
+                on,
             )
         else:
-            sql = f"SELECT {', '.join(asked)} FROM steps WHERE site = $1"
-        cols = fill.filled(self._arrays(sql, [site], on))
+            got = self._arrays(f"SELECT {', '.join(asked)} FROM steps WHERE site = $1", [site], on)
+        cols = fill.filled(got)
         self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
         return cols
 
@@ -1347,8 +1347,11 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
             grouped = _one_site_per_row_group(stats)
             zero = _zero_in_statistics(stats)
             clean = _every_row_a_step(stats)
-            summary = _file_summary(pf.metadata, stats, grouped, rows)
-            groups = _site_groups(pf.metadata, stats) if grouped is not None else None
+            summary = groups = None
+            if grouped is not None:
+                sites_of = _row_group_sites(pf.metadata, stats)
+                summary = _file_summary(pf.metadata, stats, sites_of, rows)
+                groups = _site_groups(sites_of)
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
@@ -1365,27 +1368,32 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
     )  # fmt: skip
 
 
-def _site_groups(meta: Any, stats: dict[str, list[_Stats | None]]) -> dict[str, list[int]]:
-    """`{site: its row groups}` of a file laid out one site to a row group (`stats`:
-    its `_statistics`, over the row groups that have rows)."""
+def _row_group_sites(meta: Any, stats: dict[str, list[_Stats | None]]) -> list[tuple]:
+    """Each row group with rows of a file laid out one site to a row group, as (site, row
+    group, rows): its site from `stats` (`_statistics`, over those row groups)."""
+    with_rows = [(g, n) for g in range(meta.num_row_groups) if (n := meta.row_group(g).num_rows)]
+    return [(st.min, g, n) for st, (g, n) in zip(stats["site"], with_rows, strict=True)]
+
+
+def _site_groups(sites_of: list[tuple[str, int, int]]) -> dict[str, list[int]]:
+    """`{site: its row groups}` of a file laid out one site to a row group (`sites_of`:
+    each row group with rows as (site, row group, rows))."""
     out: dict[str, list[int]] = {}
-    with_rows = [g for g in range(meta.num_row_groups) if meta.row_group(g).num_rows]
-    for g, st in zip(with_rows, stats["site"], strict=True):
-        out.setdefault(st.min, []).append(g)
+    for site, g, _ in sites_of:
+        out.setdefault(site, []).append(g)
     return out
 
 
-def _file_summary(meta: Any, stats: dict[str, list[_Stats | None]], grouped, rows: int):
+def _file_summary(meta: Any, stats: dict[str, list[_Stats | None]], sites_of, rows: int):
     """A file's own summary (`records.file_summary`) when it has one and it agrees with
-    the footer (each row group one site's, `grouped`); else None."""
+    the footer (`sites_of`: each row group with rows as (site, row group, rows)); else
+    None."""
     from jaxpace.records import file_summary
 
-    kv = meta.metadata or {}
-    got = file_summary.parse(kv.get(file_summary.SUMMARY_KEY)) if grouped is not None else None
+    got = file_summary.parse((meta.metadata or {}).get(file_summary.SUMMARY_KEY))
     if got is None:
         return None
-    sizes = [n for g in range(meta.num_row_groups) if (n := meta.row_group(g).num_rows)]
-    row_sites = [(st.min, n) for st, n in zip(stats["site"], sizes, strict=True)]
+    row_sites = [(site, n) for site, _, n in sites_of]
     return got if file_summary.check(got, rows, stats, row_sites) else None
 
 

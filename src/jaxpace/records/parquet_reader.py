@@ -128,17 +128,14 @@ class RowGroupReader:
         ]
         at = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         rows = int(at[-1])
+        # (`device` is the one optional column: -1 where no file has it, as the query's.)
         out = {
             k: np.full(rows, -1, np.int64)
-            if k == "device" and k not in self.names
+            if k not in self.names
             else np.empty(rows, bool if k == "engaged" else np.int64)
             for k in columns
         }
-        asked = [k for k in columns if k in self.names]
-        self._read(site, asked, at, out)
-        for k in columns:  # (a column no file has: zeros, as the query's)
-            if k not in self.names and k != "device":
-                out[k][:] = 0
+        self._read(site, [k for k in columns if k in self.names], at, out)
         return out
 
     def _read(self, site: str, asked: list[str], at, out) -> None:
