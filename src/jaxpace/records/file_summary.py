@@ -79,11 +79,9 @@ def of_columns(columns: Mapping[str, np.ndarray], sites: Sequence[str]) -> bytes
     dev = np.where(dev < 0, -1, dev)  # (written as null, read as -1)
     out_sites: dict[str, Any] = {}
     if n:
-        # Rows per (site, step), and the distinct (site, rank, process, device): a count
-        # over packed keys (`unique_rows`), no sort where the ranges are small.
-        pairs = unique_rows(site, step)
-        key = (site - pairs[0, 0]) * (int(step.max()) - int(step.min()) + 1) + (step - step.min())
-        counts = _counts_of(key)
+        # Rows per (site, step), and the distinct (site, rank, process, device): counts
+        # over packed keys, no sort where the ranges are small.
+        pairs, counts = _pair_counts(site, step)
         quads = unique_rows(site, rank, proc, dev)
         cut_p = np.flatnonzero(np.diff(pairs[0]) != 0) + 1
         cut_q = np.flatnonzero(np.diff(quads[0]) != 0) + 1
@@ -103,12 +101,19 @@ def of_columns(columns: Mapping[str, np.ndarray], sites: Sequence[str]) -> bytes
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _counts_of(key: np.ndarray) -> np.ndarray:
-    """The rows of each distinct value of `key` (non-negative), in sorted order."""
+def _pair_counts(site: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`((2, K) distinct (site, step), sorted; the rows of each)`: one key per row, counted
+    (`bincount`) when its range is small, else `np.unique`."""
+    s0, t0 = int(site.min()), int(step.min())
+    span = int(step.max()) - t0 + 1
+    key = (site - s0) * span + (step - t0)
     if int(key.max()) <= 4 * key.size + 1024:
         c = np.bincount(key)
-        return c[c > 0]
-    return np.unique(key, return_counts=True)[1]
+        u = np.flatnonzero(c)
+        counts = c[u]
+    else:
+        u, counts = np.unique(key, return_counts=True)
+    return np.stack([u // span + s0, u % span + t0]), counts
 
 
 def _least_per(proc: np.ndarray, step: np.ndarray, arrive: np.ndarray):
@@ -239,11 +244,11 @@ def merge(files: Sequence[FileSummary]) -> Merged:
         step_ranks[site] = (*_rows_per_step(np.asarray(runs, np.int64).reshape(-1, 3)),
                             int(int_unique(t[0]).size))  # fmt: skip
         every.append(t)
-    t = np.concatenate(every, axis=1) if every else np.zeros((3, 0), np.int64)
-    rank_keys = unique_rows(*t) if t.size else np.zeros((3, 0), np.int64)
-    step = np.concatenate([f.first[0] for f in files]) if files else np.zeros(0, np.int64)
-    proc = np.concatenate([f.first[1] for f in files]) if files else np.zeros(0, np.int64)
-    least = np.concatenate([f.first[2] for f in files]) if files else np.zeros(0, np.int64)
+    rank_keys = unique_rows(*(np.concatenate(every, axis=1) if every else np.zeros((3, 0))))
+    step, proc, least = (
+        np.concatenate([f.first[i] for f in files]) if files else np.zeros(0, np.int64)
+        for i in range(3)
+    )
     k = step * 4294967296 + proc
     order = np.argsort(k, kind="stable")
     k, least = k[order], least[order]
