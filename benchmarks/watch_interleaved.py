@@ -71,11 +71,6 @@ def _thread_cpu_s(name: str = "jaxpace-watch") -> float:
     return total
 
 
-def _busy(e) -> bool:
-    """The call of edge `e` blocks or is inside a window."""
-    return bool(e.window or e.pre_block)
-
-
 def child(workload: str, periods: int, out: str, index: int = 0) -> None:
     """One process: `periods` whole periods of the watched step, in chunks, each chunk
     followed by as many calls of the unwatched step (see the module docstring)."""
@@ -153,7 +148,7 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
                 k += 1
                 if e.end:
                     end_at, pending = k + TAIL, True
-                if _busy(e):
+                if e.busy:
                     near = True
                 if pending:  # (until the window's decision is made)
                     pending = len(fn.history()) == decided0
@@ -161,7 +156,7 @@ def child(workload: str, periods: int, out: str, index: int = 0) -> None:
                 if end_at is None and k - c0 < CHUNK:
                     continue
                 done = end_at is not None and k >= end_at
-                if done or (k - c0 >= CHUNK and not _busy(sched.edge(k)) and (
+                if done or (k - c0 >= CHUNK and not sched.edge(k).busy and (
                         not pending or k - (end_at - TAIL) >= WAIT)):  # fmt: skip
                     break
             jax.block_until_ready(state)

@@ -66,6 +66,11 @@ class Edge:
     end: bool = False
     window: int = 0
 
+    @property
+    def busy(self) -> bool:
+        """Watch does something at this call: it is in a window or blocks before one."""
+        return bool(self.window or self.pre_block)
+
 
 _NOTHING = Edge()
 
@@ -79,6 +84,8 @@ class Schedule:
     [9, 10, 11, 12, 19, 20, 21, 22]
     >>> s.edge(9).pre_block, s.edge(10).start, s.edge(12).end, s.bounds(2)
     (True, True, True, (20, 22))
+    >>> [k for k in range(25) if s.edge(k).busy] == [9, 10, 11, 12, 19, 20, 21, 22]
+    True
     """
 
     every: int

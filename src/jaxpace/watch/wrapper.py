@@ -171,7 +171,7 @@ class Watched:
             self._seen = announced
             self._adopt(announced, k)
         edge = self.schedule.edge(k)
-        if not (edge.window or edge.pre_block) or (self._stopped and self._open is None):
+        if not edge.busy or (self._stopped and self._open is None):
             out = self._run(True, args, kwargs)
             if self._after is not None:
                 self._after_check(k)
