@@ -350,7 +350,7 @@ class Engine:
         good, names, grouped, sites, layouts = [], set(), True, set(), set()
         zero, clean, ranks, rows = set(ZERO_UNLESS_USED), True, [], 0
         summaries: list[Any] = []
-        footers: list[tuple[Any, dict[str, list[int]]]] = []  # (for `RowGroupReader`)
+        footers: list[tuple] = []  # (meta, groups, bounds) of each file, for `RowGroupReader`
         for f in files:
             head = _parquet_header(f, skipped)
             if head is not None:
@@ -365,7 +365,7 @@ class Engine:
                 ranks.append(head.ranks)
                 rows += head.rows
                 summaries.append(head.summary)
-                footers.append((head.meta, head.groups))
+                footers.append((head.meta, head.groups, head.bounds))
         if not good:
             return
         import duckdb
@@ -1317,6 +1317,7 @@ class _ParquetHead(NamedTuple):
     summary: Any = None
     meta: Any = None
     groups: dict[str, list[int]] | None = None
+    bounds: dict[str, tuple[int, int, int, int] | None] | None = None
 
 
 def _row_group_reader(files: list[str], footers, names: set[str], layouts: int) -> Any:
@@ -1325,9 +1326,10 @@ def _row_group_reader(files: list[str], footers, names: set[str], layouts: int) 
     else None (each site a query)."""
     from jaxpace.records.parquet_reader import FOOTER_BYTES_KEPT, RowGroupReader
 
-    if layouts != 1 or sum(m.serialized_size for m, _ in footers) > FOOTER_BYTES_KEPT:
+    if layouts != 1 or sum(f[0].serialized_size for f in footers) > FOOTER_BYTES_KEPT:
         return None
-    return RowGroupReader(files, [m for m, _ in footers], [g for _, g in footers], names)
+    metas, groups, bounds = zip(*footers, strict=True)
+    return RowGroupReader(files, metas, groups, names, bounds)
 
 
 def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
@@ -1347,11 +1349,12 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
             grouped = _one_site_per_row_group(stats)
             zero = _zero_in_statistics(stats)
             clean = _every_row_a_step(stats)
-            summary = groups = None
+            summary = groups = bounds = None
             if grouped is not None:
                 sites_of = _row_group_sites(pf.metadata, stats)
                 summary = _file_summary(pf.metadata, stats, sites_of, rows)
                 groups = _site_groups(sites_of)
+                bounds = _site_bounds(sites_of, stats)
         except (pa.ArrowException, OSError, ValueError) as e:
             skipped.append(
                 f"PARTIAL: skipped {path}: not a complete Parquet file ({str(e)[:120]}); "
@@ -1364,7 +1367,7 @@ def _parquet_header(path: Path, skipped: list[str]) -> _ParquetHead | None:
     layout = tuple((x.name, str(x.type)) for x in schema)
     return _ParquetHead(
         header, set(schema.names), grouped, layout, zero, clean, _rank_range(stats), rows,
-        summary, pf.metadata, groups,
+        summary, pf.metadata, groups, bounds,
     )  # fmt: skip
 
 
@@ -1382,6 +1385,22 @@ def _site_groups(sites_of: list[tuple[str, int, int]]) -> dict[str, list[int]]:
     for site, g, _ in sites_of:
         out.setdefault(site, []).append(g)
     return out
+
+
+def _site_bounds(sites_of, stats: dict[str, list[_Stats | None]]) -> dict[str, tuple | None]:
+    """`{site: (least step, greatest step, least rank, greatest rank)}` of a file laid out one
+    site to a row group, from its row groups' statistics (None: some row group has none),
+    where `RowGroupReader` places the site's rows on the site's grid."""
+    out: dict[str, tuple] = {}
+    unknown = set()
+    for (site, _, _), s, r in zip(sites_of, stats["step"], stats["rank"], strict=True):
+        if s is None or r is None:
+            unknown.add(site)
+            continue
+        b = (int(s.min), int(s.max), int(r.min), int(r.max))
+        w = out.get(site, b)
+        out[site] = (min(w[0], b[0]), max(w[1], b[1]), min(w[2], b[2]), max(w[3], b[3]))
+    return {site: None if site in unknown else out[site] for site in {*out, *unknown}}
 
 
 def _file_summary(meta: Any, stats: dict[str, list[_Stats | None]], sites_of, rows: int):

@@ -12,7 +12,7 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS
@@ -96,77 +96,230 @@ class RowGroupReader:
     about 0.5 ms of CPU per file whatever it returns, most of it the filter over every
     row group; reading the site's row groups by number with the footers kept costs
     about half (2M rows from 1024 files: 0.27 s of CPU against 0.54 s from zstd files,
-    0.13 s from LZ4 files). The files are read in their order, each in its own order:
-    the rows the query returns, in the same order. It reads in the calling thread: the
-    report's pass over the sites reads the next site in a background thread while it
-    works on this one (`records.by_site`), and two reading threads there took more CPU
-    for the same wall time.
+    0.13 s from LZ4 files). It reads in the calling thread: the report's pass over the
+    sites reads the next site in a background thread while it works on this one
+    (`records.by_site`), and two reading threads there took more CPU for the same wall
+    time.
+
+    The rows come in one of two orders, the same rows either way:
+
+    - *on the site's grid* (`_Cells`): sorted by (step, rank), when the footers' statistics
+      bound every file's steps and ranks and the (step x rank) grid they span holds at
+      most four cells a row. Each file's rows are written straight into their cells
+      (a file's rows of a step and its ranks in order are one block of the grid), so the
+      report, which works on that grid, finds them in place instead of gathering each
+      column from every file (`records.site_data._grid`). A cell written twice (a
+      process's file copied in twice) leaves the grid: the rows are read again in the
+      files' order, where the report names the duplicates;
+    - *in the files' order*, each file in its own order (the query's order), otherwise.
 
     Args:
       files: the run's files (in the engine's order).
       metas: each file's parsed footer (`pyarrow.parquet.FileMetaData`).
       groups: per file, `{site: [its row groups]}`.
       names: the columns every file has.
+      bounds: per file, `{site: (least step, greatest step, least rank, greatest rank)}`
+        from its statistics (None where unknown; no `bounds`: the files' order always).
     """
 
-    def __init__(self, files, metas, groups, names) -> None:
+    def __init__(self, files, metas, groups, names, bounds=None) -> None:
         self.files, self.metas, self.groups = list(files), list(metas), list(groups)
         self.names = set(names)
+        self.bounds = list(bounds) if bounds is not None else [{} for _ in self.files]
 
     def read(self, site: str, columns) -> dict[str, Any]:
         """`columns` (of `records.engine.STEP_COLUMNS`) of `site`'s rows as NumPy arrays,
-        int64 (`device` -1 where null) and `engaged` bool.
+        int64 (`device` -1 where null) and `engaged` bool; on the site's grid where the
+        class docstring says, else in the files' order.
 
-        The files' rows are copied into their place in arrays sized from the footers,
-        `_BATCH` files at a time, and then let go: the memory is the site's arrays and
-        one batch's rows."""
+        The files' rows are copied into their place in arrays sized from the footers
+        and then let go (in the files' order `_BATCH` files at a time): the memory is the
+        site's arrays and one batch's rows."""
         import numpy as np
 
         sizes = [
             sum(self.metas[i].row_group(g).num_rows for g in self.groups[i].get(site, ()))
             for i in range(len(self.files))
         ]
+        cells = _Cells.of(site, sizes, self.bounds)
+        if cells is not None:
+            got = self._read_cells(site, columns, sizes, cells)
+            if got is not None:
+                return got
         at = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        rows = int(at[-1])
-        # (`device` is the one optional column: -1 where no file has it, as the query's.)
-        out = {
+        out = self._empty(columns, int(at[-1]))
+        self._read(site, [k for k in columns if k in self.names], at, out)
+        return out
+
+    def _empty(self, columns, rows: int) -> dict[str, Any]:
+        """The output arrays (`device` is the one optional column: -1 where no file has
+        it, as the query's)."""
+        import numpy as np
+
+        return {
             k: np.full(rows, -1, np.int64)
             if k not in self.names
             else np.empty(rows, bool if k == "engaged" else np.int64)
             for k in columns
         }
-        self._read(site, [k for k in columns if k in self.names], at, out)
-        return out
+
+    def _table(self, i: int, site: str, asked: list[str], rows: int):
+        """File `i`'s rows of `site` (its row groups of it), checked against the footer."""
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(self.files[i], metadata=self.metas[i], pre_buffer=False)
+        try:
+            table = pf.read_row_groups(self.groups[i][site], columns=asked, use_threads=False)
+        finally:
+            pf.close()
+        if table.num_rows != rows:
+            raise OSError(f"{self.files[i]}: {table.num_rows} rows where its footer said {rows}")
+        return table
 
     def _read(self, site: str, asked: list[str], at, out) -> None:
         """The files' rows of `site` into `out` at their offsets `at`, `_BATCH` files'
         tables at a time (one copy per column of a batch, not of each file)."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         batch: list = []
         first, n = 0, len(self.files)
         for i in range(n):
-            g = self.groups[i].get(site)
-            if g:
-                pf = pq.ParquetFile(self.files[i], metadata=self.metas[i], pre_buffer=False)
-                try:
-                    table = pf.read_row_groups(g, columns=asked, use_threads=False)
-                finally:
-                    pf.close()
-                if table.num_rows != at[i + 1] - at[i]:
-                    raise OSError(
-                        f"{self.files[i]}: {table.num_rows} rows where its footer said "
-                        f"{at[i + 1] - at[i]}"
-                    )
-                batch.append(table)
+            if self.groups[i].get(site):
+                batch.append(self._table(i, site, asked, int(at[i + 1] - at[i])))
             if len(batch) == _BATCH or i == n - 1:
                 if batch:
                     lo, hi = int(at[first]), int(at[i + 1])
                     both = pa.concat_tables(batch)
                     for k in asked:
-                        col = both.column(k)
-                        if k == "device" and col.null_count:
-                            col = col.fill_null(-1)
-                        out[k][lo:hi] = col.to_numpy()
+                        out[k][lo:hi] = _numpy(both.column(k))
                 batch, first = [], i + 1
+
+    def _read_cells(self, site: str, columns, sizes: list[int], cells: _Cells):
+        """The rows of `site` placed on its grid `cells` (the class docstring); None when a
+        cell is written twice, or a file's rows stray outside its statistics."""
+        import numpy as np
+
+        asked = [k for k in columns if k in self.names]
+        values = [k for k in asked if k not in ("step", "rank")]
+        grid = {k: np.empty(cells.size, bool if k == "engaged" else np.int64) for k in values}
+        present = np.zeros((cells.steps, cells.ranks), bool)
+        for i, n in enumerate(sizes):
+            if not n:
+                continue
+            table = self._table(i, site, ["step", "rank", *values], n)
+            step, rank = _numpy(table.column("step")), _numpy(table.column("rank"))
+            block = cells.block(step, rank, self.bounds[i][site])
+            if block is not None:  # (a step and its ranks a row of the block)
+                present[block] = True
+                for k in values:
+                    grid[k].reshape(present.shape)[block] = _numpy(table.column(k)).reshape(
+                        present[block].shape
+                    )
+                continue
+            flat = cells.flat(step, rank)
+            if flat is None:
+                return None
+            present.reshape(-1)[flat] = True
+            for k in values:
+                grid[k][flat] = _numpy(table.column(k))
+        rows = sum(sizes)
+        if int(np.count_nonzero(present)) != rows:
+            return None  # (a cell twice: in the files' order, where the report names it)
+        return cells.columns(columns, grid, present, rows)
+
+
+class _Cells(NamedTuple):
+    """A site's (step x rank) grid: steps `step0`, `step0 + 1`, ... (`steps` of them) by ranks
+    `rank0`, ... (`ranks`), which `RowGroupReader` places the site's rows on."""
+
+    step0: int
+    steps: int
+    rank0: int
+    ranks: int
+
+    @property
+    def size(self) -> int:
+        return self.steps * self.ranks
+
+    @classmethod
+    def of(cls, site: str, sizes: list[int], bounds: list[dict]) -> _Cells | None:
+        """The grid the files' statistics span for `site`; None when a file with its rows
+        has no statistics of them, or the grid would hold over four cells a row."""
+        spans = [bounds[i].get(site) for i, n in enumerate(sizes) if n]
+        if not spans or any(b is None for b in spans):
+            return None
+        s0, s1 = min(b[0] for b in spans), max(b[1] for b in spans)
+        r0, r1 = min(b[2] for b in spans), max(b[3] for b in spans)
+        grid = cls(s0, s1 - s0 + 1, r0, r1 - r0 + 1)
+        return grid if grid.size <= 4 * sum(sizes) + 1024 else None
+
+    def block(self, step, rank, bound) -> tuple[slice, slice] | None:
+        """Where a file's rows go when they are every (step, rank) of its statistics'
+        `bound`, step by step and each step's ranks in order (the writer's order): the
+        grid's (rows, columns) slices; else None."""
+        import numpy as np
+
+        s_lo, s_hi, r_lo, r_hi = bound
+        shape = (s_hi - s_lo + 1, r_hi - r_lo + 1)
+        if step.size != shape[0] * shape[1]:
+            return None
+        if not (
+            (step.reshape(shape) == np.arange(s_lo, s_hi + 1)[:, None]).all()
+            and (rank.reshape(shape) == np.arange(r_lo, r_hi + 1)).all()
+        ):
+            return None
+        return (
+            slice(s_lo - self.step0, s_hi - self.step0 + 1),
+            slice(r_lo - self.rank0, r_hi - self.rank0 + 1),
+        )
+
+    def flat(self, step, rank):
+        """Each row's cell (flat index), or None when one is outside the grid."""
+        import numpy as np
+
+        s = step.astype(np.int64) - self.step0
+        r = rank.astype(np.int64) - self.rank0
+        if s.size and (
+            s.min() < 0 or s.max() >= self.steps or r.min() < 0 or r.max() >= self.ranks
+        ):
+            return None
+        s *= self.ranks
+        s += r
+        return s
+
+    def columns(self, columns, grid: dict, present, rows: int) -> dict[str, Any]:
+        """The output: every column in (step, rank) order, the cells with a row."""
+        import numpy as np
+
+        out = {}
+        if rows == self.size:
+            step = np.repeat(np.arange(self.step0, self.step0 + self.steps), self.ranks)
+            rank = np.tile(np.arange(self.rank0, self.rank0 + self.ranks), self.steps)
+            keep = None
+        else:
+            keep = np.flatnonzero(present)
+            step, rank = np.divmod(keep, self.ranks)
+            step += self.step0
+            rank += self.rank0
+        for k in columns:
+            if k == "step":
+                out[k] = step.astype(np.int64, copy=False)
+            elif k == "rank":
+                out[k] = rank.astype(np.int64, copy=False)
+            elif k in grid:
+                out[k] = grid[k] if keep is None else grid[k][keep]
+            else:  # (a column no file has: -1, as the query's)
+                out[k] = np.full(rows, -1, np.int64)
+        return out
+
+
+def _numpy(col) -> Any:
+    """A pyarrow column as NumPy (an integer column's nulls -1: `device`'s; one chunk
+    without a copy)."""
+    import pyarrow as pa
+
+    if col.null_count and pa.types.is_integer(col.type):
+        col = col.fill_null(-1)
+    if col.num_chunks == 1:
+        return col.chunk(0).to_numpy(zero_copy_only=False)
+    return col.to_numpy()

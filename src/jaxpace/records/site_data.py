@@ -115,6 +115,9 @@ class _Grid(NamedTuple):
     ranks: np.ndarray  # (R,)
     complete: np.ndarray  # (S,) the steps used: two or more ranks reported them
     present: np.ndarray  # (S', R) which rank reported each used step
+    # The rows are the cells in order, every cell one (`at` is 0, 1, ...): a column is its
+    # grid as it stands (`records.parquet_reader` reads a site's rows onto its grid).
+    in_order: bool = False
     # The columns `site_data_grid` placed for every step, for `stages.links` (None before).
     wait_s: np.ndarray | None = None  # (S, R) seconds, NaN where missing
     process: np.ndarray | None = None  # (S, R) -1 where missing
@@ -135,6 +138,13 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
     sel = c["site"] == records.sites.index(site)
     rows = None if sel.all() else np.flatnonzero(sel)  # (one site: no copy)
     step, rank = (c["step"], c["rank"]) if rows is None else (c["step"][rows], c["rank"][rows])
+    axes = _cells_in_order(step, rank) if rows is None else None
+    if axes is not None:
+        # (every cell once, in order: each column is its grid, nothing to place or gather;
+        # nothing missing, so no coverage note)
+        S, R = axes[0].size, axes[1].size
+        return _Grid(np.arange(S * R), True, *axes, np.ones(S, bool), np.ones((S, R), bool),
+                     in_order=True)  # fmt: skip
     ranks = _int_unique(rank)
     steps_all = _int_unique(step)
     R, S = ranks.size, steps_all.size
@@ -166,6 +176,28 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
         )
     notes.extend(_coverage_notes(site, steps_all, ranks, present, used))
     return _Grid(at, n_filled == S * R, steps_all, ranks, used, present[used])
+
+
+def _cells_in_order(step: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """`(steps, ranks)` when the rows are every cell of the (steps x ranks) grid once, step by
+    step and each step's ranks in order (`records.parquet_reader` reads a site so); else
+    None. Two comparisons over the rows, where placing them takes a count and a lookup of
+    each column."""
+    n = step.size
+    if n == 0:
+        return None
+    R = int(np.searchsorted(step, step[0], side="right"))  # (if sorted: checked below)
+    if R == 0 or n % R:
+        return None
+    steps, ranks = step[::R], rank[:R]
+    if (np.diff(steps) <= 0).any() or (np.diff(ranks) <= 0).any():
+        return None
+    if (
+        not (step.reshape(-1, R) == steps[:, None]).all()
+        or not (rank.reshape(-1, R) == ranks).all()
+    ):
+        return None
+    return steps.astype(np.int64), ranks.astype(np.int64)
 
 
 def _coverage_notes(
@@ -240,7 +272,14 @@ def _index_in(uniq: np.ndarray, a: np.ndarray) -> np.ndarray:
 def grid_column(
     records: Records, g: _Grid, col: str, dtype: type = np.int64, fill: Any = 0
 ) -> np.ndarray:
-    """Column `col` of the site as an (every step x rank) array, `fill` where missing."""
+    """Column `col` of the site as an (every step x rank) array, `fill` where missing
+    (read-only when it is the column itself: `g.in_order`)."""
+    if g.in_order:
+        a = records.columns[col].reshape(g.steps_all.size, g.ranks.size)
+        a = a.astype(dtype, copy=False)
+        if a.base is not None:  # (a view of the records' column: never written through)
+            a.flags.writeable = False
+        return a
     a = records.columns[col][g.at]  # (a missing cell's -1 picks the last row: filled below)
     a = a.astype(dtype, copy=False)
     if not g.full:
@@ -254,6 +293,8 @@ def _seconds(records: Records, g: _Grid, col: str) -> np.ndarray:
     x = records.columns[col]
     if x.size and not x.any():  # (a column of zeros, no delay: the same grid, no gather)
         a = np.zeros(g.at.size)
+    elif g.in_order:
+        a = x / 1e9
     else:
         a = x[g.at] / 1e9
     if not g.full:
@@ -293,9 +334,7 @@ def _own_clock(records: Records, g: _Grid, missing: np.ndarray) -> tuple[np.ndar
     arrive_i, done_i = _dense(records, g, "arrive_ns"), _dense(records, g, "done_ns")
     if not missing.any():  # (the same numbers, without the masks)
         origin_ns = arrive_i.min(axis=0, keepdims=True)
-        arrive_i -= origin_ns
-        done_i -= origin_ns
-        return arrive_i / 1e9, done_i / 1e9
+        return (arrive_i - origin_ns) / 1e9, (done_i - origin_ns) / 1e9
     origin_ns = np.where(missing, np.iinfo(np.int64).max, arrive_i).min(axis=0, keepdims=True)
     arrive = np.where(missing, np.nan, (arrive_i - origin_ns) / 1e9)
     return arrive, np.where(missing, np.nan, (done_i - origin_ns) / 1e9)
@@ -407,8 +446,11 @@ def site_evidence_grid(records: Records, site: str) -> tuple[SiteEvidence, list[
     notes.extend(_step_notes(records, steps))
     # Time in the collective before it could finish; its minimum is the transfer,
     # and each rank's earliness beyond that minimum is its sync wait.
-    entered = wait - delay
-    np.maximum(entered, 0.0, out=entered)
+    if records.columns["delay_ns"].any():
+        entered = wait - delay
+        np.maximum(entered, 0.0, out=entered)
+    else:  # (no delay: the same values, without reading a grid of zeros)
+        entered = np.maximum(wait, 0.0)
     codes = site_groups(records, site, g.ranks)
     if codes is None:
         # The sync wait is `earliness(entered)`: every value is finite and >= 0 (NaN where

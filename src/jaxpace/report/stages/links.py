@@ -114,9 +114,13 @@ def _period_s(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
     if steps.size < 2:
         return math.nan
     per_step = np.diff(arrive_ns, axis=0)
-    per_step /= np.diff(steps)[:, None]
+    gaps = np.diff(steps)
+    if (gaps != 1).any():  # (x / 1 is x: divided only where steps were skipped)
+        per_step /= gaps[:, None]
     per_step /= 1e9
-    per_step = per_step[np.isfinite(per_step) & (per_step > 0)]
+    # (`> 0` is False for NaN, a missing rank's; an arrival is never infinite)
+    keep = per_step > 0
+    per_step = per_step.reshape(-1) if keep.all() else per_step[keep]
     return float(np.median(per_step, overwrite_input=True)) if per_step.size else math.nan
 
 
@@ -229,7 +233,7 @@ class _StepOrder:
         every = bool(ok.all())
         first = self._first_of(g[0], g[4], every)
         if first is not None:
-            diff = g[3] - first  # (a new array: the median may reorder it in place)
+            diff = np.subtract(g[3], first, out=first)  # (`first` is new: reordered below)
             return (
                 float(np.median(diff.reshape(-1) if every else diff[ok], overwrite_input=True))
                 / 1e9

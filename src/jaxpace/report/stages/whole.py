@@ -388,14 +388,17 @@ class _Span:
         gap = np.flatnonzero(np.diff(steps_u) != 1) + 1  # first step after a gap
         self.breaks[e[gap]] = True
         shape = (g.steps_all.size, g.ranks.size)
+        if g.in_order:  # (the columns are the grid: no gather)
+            self._add_grid(c, e, shape, None, cols)
+            return True
         at = g.at.reshape(shape)
         self._add_grid(c, e, at, None if g.full else (at < 0), cols)
         return True
 
     def _add_grid(self, c, e, at, missing, cols) -> None:
-        """One site's rows on an (S steps x C columns) grid: `at` the row in each cell,
-        `missing` the cells without one (None: none), `cols` the grid's columns among all
-        (distinct, in order)."""
+        """One site's rows on an (S steps x C columns) grid: `at` the row in each cell (its
+        shape when the rows are the cells in order), `missing` the cells without one (None:
+        none), `cols` the grid's columns among all (distinct, in order)."""
         arrive = _cells(c["arrive_ns"], at, missing, self._HI)
         done = _cells(c["done_ns"], at, missing, self._LO)
         # Integer least and greatest: exact in any order, and the fill (the extreme of
@@ -441,7 +444,10 @@ def _place(row: np.ndarray, col: np.ndarray, S: int):
 
 
 def _cells(x: np.ndarray, at: np.ndarray, missing: np.ndarray | None, fill: int) -> np.ndarray:
-    """Column `x` on `_place`'s grid, `fill` where a cell has no record."""
+    """Column `x` on `_place`'s grid, `fill` where a cell has no record (`at` a shape: `x`
+    is the grid, every cell in order; read, never written)."""
+    if isinstance(at, tuple):
+        return x.reshape(at)
     out = x[at]
     if missing is not None:
         out[missing] = fill

@@ -1,0 +1,168 @@
+"""Issue 46: a site read in place comes on its (step x rank) grid, and the report uses it as
+it stands; anything the grid cannot hold is read in the files' order, as before.
+
+`parquet_reader.RowGroupReader` places each file's rows of a site straight into their
+cells (a block per file in the writer's order, cell by cell otherwise), so the site's
+rows come sorted by (step, rank); `site_data._grid` then finds every cell in order and
+gathers nothing. Checked here: the report on such reads equals the report on the same
+records in memory, bit for bit, for whole runs, runs with lost lines and files in
+another order; a cell written twice (a process's file copied in twice), a file without
+statistics and a grid too sparse to hold are read in the files' order, and the
+duplicate is still named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jaxpace.errors import RecordsError
+from jaxpace.records import site_data
+from jaxpace.records.by_site import open_run
+from jaxpace.records.synthetic import synthetic_run
+from jaxpace.report import analyze
+
+
+def _run(loss: float = 0.0, sites: int = 2, seed: int = 3):
+    """16 ranks, 4 to a process, 24 steps, `sites` sites; `loss` of the lines lost."""
+    run = synthetic_run(16, 24, late_rank=6, late_s=0.004, seed=seed, ranks_per_process=4)
+    n = len(run)
+    cols = {k: np.concatenate([v] * sites) for k, v in run.columns.items()}
+    cols["site"] = np.repeat(np.arange(sites), n)
+    cols["arrive_ns"] = cols["arrive_ns"] + cols["site"] * 2000
+    cols["done_ns"] = cols["done_ns"] + cols["site"] * 2000
+    keep = np.random.default_rng(seed).random(cols["step"].size) >= loss
+    cols = {k: v[keep] for k, v in cols.items()}
+    names = tuple(f"train.py:{20 + j}:layer{j}" for j in range(sites))
+    return dataclasses.replace(run, sites=names, columns=cols)
+
+
+def _in_memory(run):
+    """The report on the records in memory, their rows shuffled (so no site is in order
+    there: the grid is placed and gathered as always)."""
+    order = np.random.default_rng(1).permutation(len(run))
+    return analyze(dataclasses.replace(run, columns={k: v[order] for k, v in run.columns.items()}))
+
+
+def _sorted(cols) -> bool:
+    key = cols["step"] * (1 << 20) + cols["rank"]
+    return bool((np.diff(key) > 0).all())
+
+
+def _same_report(a, b) -> None:
+    assert a.culprit == b.culprit
+    assert a.to_json() == b.to_json()
+    for k in ("lateness", "wait", "sync_wait", "compute", "step_time", "arrive", "done"):
+        np.testing.assert_array_equal(getattr(a.data, k), getattr(b.data, k), err_msg=k)
+    assert [r.order_s for r in a.sites_table] == [r.order_s for r in b.sites_table]
+    assert len(a.sites_table) >= 2
+
+
+def _rewrite(path, shuffle: bool = False, statistics: bool = True, seed: int = 0) -> None:
+    """A file of the run rewritten as another writer might: one site to a row group, its
+    rows shuffled within each, or without statistics; the metadata kept."""
+    pf = pq.ParquetFile(path)
+    meta = pf.schema_arrow.metadata
+    tables = []
+    for g in range(pf.num_row_groups):
+        t = pf.read_row_group(g)
+        if shuffle:
+            t = t.take(np.random.default_rng(seed + g).permutation(t.num_rows))
+        tables.append(t)
+    with pq.ParquetWriter(path, tables[0].schema.with_metadata(meta),
+                          write_statistics=statistics) as w:  # fmt: skip
+        for t in tables:
+            w.write_table(t)
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.04])
+def test_a_site_comes_on_its_grid_and_the_report_is_the_in_memory_one(tmp_path, loss):
+    run = _run(loss)
+    run.write_parquet(tmp_path)
+    with open_run(tmp_path) as disk:
+        for name in run.sites:
+            one = disk.site(name)
+            assert _sorted(one.columns)
+            g = site_data._grid(one, name, [])
+            # Every cell in order where nothing is lost: nothing placed, nothing gathered.
+            assert g.in_order == (loss == 0.0)
+    _same_report(analyze(tmp_path), _in_memory(run))
+
+
+def test_files_in_another_order_are_placed_cell_by_cell(tmp_path):
+    run = _run(0.04)
+    run.write_parquet(tmp_path)
+    for i, f in enumerate(sorted(tmp_path.glob("*.parquet"))):
+        _rewrite(f, shuffle=True, seed=10 * i)
+    with open_run(tmp_path) as disk:
+        assert disk.engine._direct is not None
+        assert all(_sorted(disk.site(name).columns) for name in run.sites)
+    _same_report(analyze(tmp_path), _in_memory(run))
+
+
+def test_a_file_without_statistics_leaves_the_site_in_the_files_order(tmp_path):
+    run = _run()
+    run.write_parquet(tmp_path)
+    _rewrite(tmp_path / "records-p2.parquet", shuffle=True, statistics=False)
+    with open_run(tmp_path) as disk:
+        if disk.engine._direct is not None:  # (row groups read by number: files' order)
+            assert not _sorted(disk.site(run.sites[0]).columns)
+    _same_report(analyze(tmp_path), _in_memory(run))
+
+
+def test_a_grid_too_sparse_to_hold_is_read_in_the_files_order(tmp_path):
+    run = _run()
+    cols = dict(run.columns)
+    cols["rank"] = np.where(cols["rank"] >= 8, cols["rank"] + 10**6, cols["rank"])
+    run = dataclasses.replace(run, columns=cols)
+    run.write_parquet(tmp_path)
+    with open_run(tmp_path) as disk:
+        assert disk.engine._direct is not None
+        got = disk.site(run.sites[0]).columns
+        assert not _sorted(got)  # (16 ranks over a million columns: not placed)
+        assert np.unique(got["rank"]).size == 16
+
+
+def test_a_cell_written_twice_is_read_in_the_files_order_and_named(tmp_path):
+    run = _run()
+    run.write_parquet(tmp_path)
+    f = tmp_path / "records-p1.parquet"
+    pf = pq.ParquetFile(f)
+    meta = pf.schema_arrow.metadata
+    tables = [pf.read_row_group(g) for g in range(pf.num_row_groups)]
+    with pq.ParquetWriter(f, tables[0].schema.with_metadata(meta)) as w:
+        for t in tables:  # (each site's first row of process 1 twice)
+            w.write_table(pa.concat_tables([t, t.slice(0, 1)]))
+    with open_run(tmp_path) as disk:
+        assert disk.engine._direct is not None
+        got = disk.site(run.sites[0]).columns
+        assert len(got["step"]) == len(run) // 2 + 1
+        assert not _sorted(got)
+    with pytest.raises(RecordsError, match="duplicate records"):
+        analyze(tmp_path, site=run.sites[0])
+
+
+@pytest.mark.parametrize(
+    ("step", "rank", "want"),
+    [
+        ([0, 0, 1, 1], [3, 5, 3, 5], ([0, 1], [3, 5])),
+        ([7, 7, 7], [1, 2, 4], ([7], [1, 2, 4])),
+        ([2, 3, 9], [4, 4, 4], ([2, 3, 9], [4])),
+        ([0, 0, 1], [3, 5, 3], None),  # (a cell missing)
+        ([0, 0, 1, 1], [5, 3, 3, 5], None),  # (a step's ranks out of order)
+        ([1, 1, 0, 0], [3, 5, 3, 5], None),  # (steps out of order)
+        ([0, 0, 0, 0], [3, 5, 3, 5], None),  # (each cell twice)
+        ([0, 0, 1, 1], [3, 3, 3, 3], None),
+        ([], [], None),
+    ],
+)
+def test_cells_in_order_is_every_cell_once_step_by_step(step, rank, want):
+    got = site_data._cells_in_order(np.asarray(step, np.int64), np.asarray(rank, np.int64))
+    if want is None:
+        assert got is None
+    else:
+        assert [a.tolist() for a in got] == [list(w) for w in want]
