@@ -23,6 +23,7 @@ import pytest
 from jaxpace.errors import RecordsError
 from jaxpace.records import site_data
 from jaxpace.records.by_site import open_run
+from jaxpace.records.int_keys import grid_axes
 from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import analyze
 
@@ -160,8 +161,8 @@ def test_a_cell_written_twice_is_read_in_the_files_order_and_named(tmp_path):
         ([], [], None),
     ],
 )
-def test_cells_in_order_is_every_cell_once_step_by_step(step, rank, want):
-    got = site_data._cells_in_order(np.asarray(step, np.int64), np.asarray(rank, np.int64))
+def test_grid_axes_are_found_only_for_every_cell_once_step_by_step(step, rank, want):
+    got = grid_axes(np.asarray(step, np.int64), np.asarray(rank, np.int64))
     if want is None:
         assert got is None
     else:

@@ -1,7 +1,8 @@
 """Distinct integers and distinct rows of integer columns, without a sort where a count does.
 
 What the records' readers and the report's stages share to find a run's steps, ranks and
-(rank, process, device) triples (`records.site_data`, `records.by_site`, `records.engine`);
+(rank, process, device) triples (`records.site_data`, `records.by_site`, `records.engine`),
+and whether rows are every cell of a (step x rank) grid in order (`grid_axes`);
 NumPy alone, so any of them imports it.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["int_unique", "unique_rows"]
+__all__ = ["grid_axes", "int_unique", "unique_rows"]
 
 
 def int_unique(a: np.ndarray) -> np.ndarray:
@@ -46,3 +47,26 @@ def unique_rows(*cols: np.ndarray) -> np.ndarray:
         out[j] = (u & ((1 << bits[j]) - 1)) + lo[j]
         u = u >> bits[j]
     return out
+
+
+def grid_axes(step: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """`(steps, ranks)` when the rows are every cell of the (steps x ranks) grid once, step by
+    step and each step's ranks in order (`records.parquet_reader` reads a site so: `records.site_data` and the engine's fill
+    then find it so); else
+    None. Two comparisons over the rows, where placing them takes a count and a lookup of
+    each column."""
+    n = step.size
+    if n == 0:
+        return None
+    R = int(np.searchsorted(step, step[0], side="right"))  # (if sorted: checked below)
+    if R == 0 or n % R:
+        return None
+    steps, ranks = step[::R], rank[:R]
+    if (np.diff(steps) <= 0).any() or (np.diff(ranks) <= 0).any():
+        return None
+    if (
+        not (step.reshape(-1, R) == steps[:, None]).all()
+        or not (rank.reshape(-1, R) == ranks).all()
+    ):
+        return None
+    return steps.astype(np.int64), ranks.astype(np.int64)

@@ -17,7 +17,14 @@ from typing import Any, NamedTuple
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS
 
-__all__ = ["FOOTER_BYTES_KEPT", "RowGroupReader", "check_schema", "header_of", "is_parquet"]
+__all__ = [
+    "FOOTER_BYTES_KEPT",
+    "RowGroupReader",
+    "check_schema",
+    "header_of",
+    "is_parquet",
+    "pooled",
+]
 
 
 def is_parquet(path: Path) -> bool:
@@ -159,7 +166,7 @@ class RowGroupReader:
         return {
             k: np.full(rows, -1, np.int64)
             if k not in self.names
-            else np.empty(rows, bool if k == "engaged" else np.int64)
+            else pooled(rows, bool if k == "engaged" else np.int64)
             for k in columns
         }
 
@@ -201,7 +208,7 @@ class RowGroupReader:
 
         asked = [k for k in columns if k in self.names]
         values = [k for k in asked if k not in ("step", "rank")]
-        grid = {k: np.empty(cells.size, bool if k == "engaged" else np.int64) for k in values}
+        grid = {k: pooled(cells.size, bool if k == "engaged" else np.int64) for k in values}
         present = np.zeros((cells.steps, cells.ranks), bool)
         for i, n in enumerate(sizes):
             if not n:
@@ -293,8 +300,11 @@ class _Cells(NamedTuple):
 
         out = {}
         if rows == self.size:
-            step = np.repeat(np.arange(self.step0, self.step0 + self.steps), self.ranks)
-            rank = np.tile(np.arange(self.rank0, self.rank0 + self.ranks), self.steps)
+            step, rank = pooled(rows, np.int64), pooled(rows, np.int64)
+            step.reshape(self.steps, -1)[:] = np.arange(self.step0, self.step0 + self.steps)[
+                :, None
+            ]
+            rank.reshape(self.steps, -1)[:] = np.arange(self.rank0, self.rank0 + self.ranks)
             keep = None
         else:
             keep = np.flatnonzero(present)
@@ -311,6 +321,19 @@ class _Cells(NamedTuple):
             else:  # (a column no file has: -1, as the query's)
                 out[k] = np.full(rows, -1, np.int64)
         return out
+
+
+def pooled(n: int, dtype) -> Any:
+    """`np.empty(n, dtype)` in pyarrow's memory pool. A site's arrays are as large as the
+    site's rows (65 MB a column at 8M rows), and NumPy takes each one fresh from the
+    system, which fills it page by page as it is first written (at 262M rows, a third of
+    the report's CPU was the kernel's); the pool (mimalloc, jemalloc) keeps what a site
+    before let go and hands it out again."""
+    import numpy as np
+    import pyarrow as pa
+
+    dtype = np.dtype(dtype)
+    return np.frombuffer(pa.allocate_buffer(n * dtype.itemsize), dtype)
 
 
 def _numpy(col) -> Any:

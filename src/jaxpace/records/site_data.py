@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxpace import _text
 from jaxpace.errors import RecordsError
+from jaxpace.records.int_keys import grid_axes
 from jaxpace.records.int_keys import int_unique as _int_unique
 from jaxpace.records.reader import Records
 
@@ -109,7 +110,8 @@ def pick_site(recs: Any, site: str | None) -> str:
 class _Grid(NamedTuple):
     """Where each record of one site sits in the (step x rank) grid."""
 
-    at: np.ndarray  # (S * R,) the row (of the records' columns) in each cell; -1: none
+    at: np.ndarray | None  # (S * R,) the row (of the records' columns) in each cell; -1:
+    # none. None when `in_order` (the row of cell i is i).
     full: bool  # every cell has a record
     steps_all: np.ndarray  # (S,) every step seen
     ranks: np.ndarray  # (R,)
@@ -138,12 +140,12 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
     sel = c["site"] == records.sites.index(site)
     rows = None if sel.all() else np.flatnonzero(sel)  # (one site: no copy)
     step, rank = (c["step"], c["rank"]) if rows is None else (c["step"][rows], c["rank"][rows])
-    axes = _cells_in_order(step, rank) if rows is None else None
+    axes = grid_axes(step, rank) if rows is None else None
     if axes is not None:
         # (every cell once, in order: each column is its grid, nothing to place or gather;
         # nothing missing, so no coverage note)
         S, R = axes[0].size, axes[1].size
-        return _Grid(np.arange(S * R), True, *axes, np.ones(S, bool), np.ones((S, R), bool),
+        return _Grid(None, True, *axes, np.ones(S, bool), np.ones((S, R), bool),
                      in_order=True)  # fmt: skip
     ranks = _int_unique(rank)
     steps_all = _int_unique(step)
@@ -176,28 +178,6 @@ def _grid(records: Records, site: str, notes: list[str]) -> _Grid:
         )
     notes.extend(_coverage_notes(site, steps_all, ranks, present, used))
     return _Grid(at, n_filled == S * R, steps_all, ranks, used, present[used])
-
-
-def _cells_in_order(step: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """`(steps, ranks)` when the rows are every cell of the (steps x ranks) grid once, step by
-    step and each step's ranks in order (`records.parquet_reader` reads a site so); else
-    None. Two comparisons over the rows, where placing them takes a count and a lookup of
-    each column."""
-    n = step.size
-    if n == 0:
-        return None
-    R = int(np.searchsorted(step, step[0], side="right"))  # (if sorted: checked below)
-    if R == 0 or n % R:
-        return None
-    steps, ranks = step[::R], rank[:R]
-    if (np.diff(steps) <= 0).any() or (np.diff(ranks) <= 0).any():
-        return None
-    if (
-        not (step.reshape(-1, R) == steps[:, None]).all()
-        or not (rank.reshape(-1, R) == ranks).all()
-    ):
-        return None
-    return steps.astype(np.int64), ranks.astype(np.int64)
 
 
 def _coverage_notes(
@@ -292,7 +272,7 @@ def _seconds(records: Records, g: _Grid, col: str) -> np.ndarray:
     pass fewer (the division converts each integer to float as `astype` does)."""
     x = records.columns[col]
     if x.size and not x.any():  # (a column of zeros, no delay: the same grid, no gather)
-        a = np.zeros(g.at.size)
+        a = np.zeros(g.steps_all.size * g.ranks.size)
     elif g.in_order:
         a = x / 1e9
     else:
