@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
+from jaxpace.records import pool
 from jaxpace.records.int_keys import int_unique, unique_rows
 from jaxpace.records.reader import (
     Records,
@@ -98,8 +99,11 @@ class SiteRecords:
     def sites_in_order(self, names: Iterable[str]) -> Iterator[tuple[str, Records]]:
         """`(name, site(name))` for each of `names` in turn; on disk the next site is
         fetched while the caller works on this one (the module's docstring)."""
-        for name in names:
-            yield name, self.site(name)
+        try:
+            for name in names:
+                yield name, self.site(name)
+        finally:
+            pool.release()  # (the pass's arrays: not under what the caller does next)
 
     def _columns(self, name: str) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -256,6 +260,7 @@ class _OnDisk(SiteRecords):
         finally:
             ahead.stop()
             self._fetching.discard(ahead)
+            pool.release()
 
     def site_steps(self) -> dict[int, np.ndarray]:
         got = {s: v[0] for s, v in self._once("step_ranks").items()}

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.records import jsonl_checked
+from jaxpace.records import jsonl_checked, pool
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS, records_files
 from jaxpace.records.int_keys import grid_axes, unique_rows
 from jaxpace.records.jsonl_checked import Drops, ends_with_newline, first_line, read_checked
@@ -1040,12 +1040,10 @@ class _Fill:
         rank = got["rank"]
         axes = grid_axes(got["step"], rank) if self.lo is not None else None
         if axes is not None:  # (every cell in order, `RowGroupReader`'s: each step's ranks)
-            from jaxpace.records.parquet_reader import pooled
-
             ranks = axes[1]
             at = np.searchsorted(self.ranks, ranks) if self.ranks is not None else ranks - self.lo
             for k, x in (("process", self.process), ("device", self.device)):
-                got[k] = pooled(rank.size, np.int64)  # (each step's row: the ranks')
+                got[k] = pool.empty(rank.size, np.int64)  # (each step's row: the ranks')
                 got[k].reshape(axes[0].size, -1)[:] = x[at]
         elif self.lo is not None:
             at = np.searchsorted(self.ranks, rank) if self.ranks is not None else rank - self.lo

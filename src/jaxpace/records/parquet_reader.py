@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from jaxpace.errors import RecordsError
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS
+from jaxpace.records.pool import empty
 
 __all__ = [
     "FOOTER_BYTES_KEPT",
@@ -23,7 +24,6 @@ __all__ = [
     "check_schema",
     "header_of",
     "is_parquet",
-    "pooled",
 ]
 
 
@@ -166,7 +166,7 @@ class RowGroupReader:
         return {
             k: np.full(rows, -1, np.int64)
             if k not in self.names
-            else pooled(rows, bool if k == "engaged" else np.int64)
+            else empty(rows, bool if k == "engaged" else np.int64)
             for k in columns
         }
 
@@ -208,7 +208,7 @@ class RowGroupReader:
 
         asked = [k for k in columns if k in self.names]
         values = [k for k in asked if k not in ("step", "rank")]
-        grid = {k: pooled(cells.size, bool if k == "engaged" else np.int64) for k in values}
+        grid = {k: empty(cells.size, bool if k == "engaged" else np.int64) for k in values}
         present = np.zeros((cells.steps, cells.ranks), bool)
         for i, n in enumerate(sizes):
             if not n:
@@ -300,7 +300,7 @@ class _Cells(NamedTuple):
 
         out = {}
         if rows == self.size:
-            step, rank = pooled(rows, np.int64), pooled(rows, np.int64)
+            step, rank = empty(rows, np.int64), empty(rows, np.int64)
             step.reshape(self.steps, -1)[:] = np.arange(self.step0, self.step0 + self.steps)[
                 :, None
             ]
@@ -321,19 +321,6 @@ class _Cells(NamedTuple):
             else:  # (a column no file has: -1, as the query's)
                 out[k] = np.full(rows, -1, np.int64)
         return out
-
-
-def pooled(n: int, dtype) -> Any:
-    """`np.empty(n, dtype)` in pyarrow's memory pool. A site's arrays are as large as the
-    site's rows (65 MB a column at 8M rows), and NumPy takes each one fresh from the
-    system, which fills it page by page as it is first written (at 262M rows, a third of
-    the report's CPU was the kernel's); the pool (mimalloc, jemalloc) keeps what a site
-    before let go and hands it out again."""
-    import numpy as np
-    import pyarrow as pa
-
-    dtype = np.dtype(dtype)
-    return np.frombuffer(pa.allocate_buffer(n * dtype.itemsize), dtype)
 
 
 def _numpy(col) -> Any:

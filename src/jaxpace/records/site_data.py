@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxpace import _text
 from jaxpace.errors import RecordsError
+from jaxpace.records import pool
 from jaxpace.records.int_keys import grid_axes
 from jaxpace.records.int_keys import int_unique as _int_unique
 from jaxpace.records.reader import Records
@@ -255,10 +256,12 @@ def grid_column(
     """Column `col` of the site as an (every step x rank) array, `fill` where missing
     (read-only when it is the column itself: `g.in_order`)."""
     if g.in_order:
-        a = records.columns[col].reshape(g.steps_all.size, g.ranks.size)
-        a = a.astype(dtype, copy=False)
-        if a.base is not None:  # (a view of the records' column: never written through)
-            a.flags.writeable = False
+        x = records.columns[col].reshape(g.steps_all.size, g.ranks.size)
+        if x.dtype == np.dtype(dtype):  # (a view of the records' column: never written through)
+            x.flags.writeable = False
+            return x
+        a = pool.empty(x.shape, dtype)
+        np.copyto(a, x)
         return a
     a = records.columns[col][g.at]  # (a missing cell's -1 picks the last row: filled below)
     a = a.astype(dtype, copy=False)
@@ -274,7 +277,7 @@ def _seconds(records: Records, g: _Grid, col: str) -> np.ndarray:
     if x.size and not x.any():  # (a column of zeros, no delay: the same grid, no gather)
         a = np.zeros(g.steps_all.size * g.ranks.size)
     elif g.in_order:
-        a = x / 1e9
+        a = np.divide(x, 1e9, out=pool.empty(x.size))
     else:
         a = x[g.at] / 1e9
     if not g.full:
@@ -430,15 +433,16 @@ def site_evidence_grid(records: Records, site: str) -> tuple[SiteEvidence, list[
         entered = wait - delay
         np.maximum(entered, 0.0, out=entered)
     else:  # (no delay: the same values, without reading a grid of zeros)
-        entered = np.maximum(wait, 0.0)
+        entered = np.maximum(wait, 0.0, out=pool.empty(wait.shape))
     codes = site_groups(records, site, g.ranks)
     if codes is None:
         # The sync wait is `earliness(entered)`: every value is finite and >= 0 (NaN where
         # a record is missing: left out of the least), so the difference from the least.
         some = missing.any()
-        lateness = (np.nanmax if some else np.max)(wait, axis=1, keepdims=True) - wait
+        most = (np.nanmax if some else np.max)(wait, axis=1, keepdims=True)
+        lateness = np.subtract(most, wait, out=pool.empty(wait.shape))
         transfer = (np.nanmin if some else np.min)(entered, axis=1)
-        sync_wait = entered - transfer[:, None]
+        sync_wait = np.subtract(entered, transfer[:, None], out=entered)  # (entered: done)
     else:
         lateness, transfer, sync_wait = _within_groups(wait, entered, codes)
         notes.append(_groups_note(site, codes))

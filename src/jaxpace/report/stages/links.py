@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from jaxpace.records import pool
 from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
 from jaxpace.records.site_data import (
@@ -113,7 +114,9 @@ def _period_s(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
     between consecutive analyzed steps (its own clock), the median over ranks and steps."""
     if steps.size < 2:
         return math.nan
-    per_step = np.diff(arrive_ns, axis=0)
+    per_step = np.subtract(  # (`np.diff`, into the pool's memory)
+        arrive_ns[1:], arrive_ns[:-1], out=pool.empty((steps.size - 1, arrive_ns.shape[1]))
+    )
     gaps = np.diff(steps)
     if (gaps != 1).any():  # (x / 1 is x: divided only where steps were skipped)
         per_step /= gaps[:, None]
@@ -165,7 +168,8 @@ def _late_of_size(
     j = np.argmax(counts, axis=1)
     g = np.arange(G)
     wj = w[:, g, j]
-    others = w.copy()
+    others = pool.empty(w.shape)
+    np.copyto(others, w)
     others[:, g, j] = np.inf
     lo, hi = (m - 2) // 2, (m - 1) // 2
     others.partition((lo, hi), axis=2)  # the m - 1 others' middle two (the median) in place
@@ -258,7 +262,7 @@ class _StepOrder:
         of_rank = proc.max(axis=0)
         same = proc == of_rank
         if same.all() if every else (same | (proc < 0)).all():  # (a rank in one process)
-            out = table[:, of_rank]
+            out = np.take(table, of_rank, axis=1, out=pool.empty(proc.shape), mode="clip")
         else:
             out = table[np.arange(steps.size)[:, None], proc]  # (-1: the last column)
         return out if not np.isnan(out if every else out[proc >= 0]).any() else None
