@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jaxpace.errors import RecordsError
-from jaxpace.records import site_data
+from jaxpace.records import parquet_reader, site_data
 from jaxpace.records.by_site import open_run
 from jaxpace.records.int_keys import grid_axes
 from jaxpace.records.synthetic import synthetic_run
@@ -167,3 +167,26 @@ def test_grid_axes_are_found_only_for_every_cell_once_step_by_step(step, rank, w
         assert got is None
     else:
         assert [a.tolist() for a in got] == [list(w) for w in want]
+
+
+def test_a_site_read_ahead_holds_what_the_files_gave_until_it_is_taken(tmp_path):
+    """The pass over the sites reads the next one in another thread; a site with every cell
+    comes from there without `step`, `rank` and the per-rank columns, written where the
+    site is taken (`Engine.finish`): the same columns as a site read on its own."""
+    run = _run()
+    run.write_parquet(tmp_path)
+    with open_run(tmp_path) as disk:
+        e = disk.engine
+        got = e.site_columns(run.sites[1], on=e.fetch_cursor())
+        assert isinstance(got, parquet_reader.LaidOut)
+        assert not {"step", "rank", "process", "device"} & set(got)
+        done = e.finish(got)
+        alone = e.site_columns(run.sites[1])
+        assert list(done) == list(alone)
+        for k in alone:
+            assert done[k].dtype == alone[k].dtype, k
+            np.testing.assert_array_equal(done[k], alone[k], err_msg=k)
+        ahead = dict(disk.sites_in_order(disk.sites))
+        for name in run.sites:
+            for k, v in disk.site(name).columns.items():
+                np.testing.assert_array_equal(ahead[name].columns[k], v, err_msg=k)

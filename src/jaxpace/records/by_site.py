@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
-from jaxpace.records import pool
 from jaxpace.records.int_keys import int_unique, unique_rows
 from jaxpace.records.reader import (
     Records,
@@ -99,11 +98,8 @@ class SiteRecords:
     def sites_in_order(self, names: Iterable[str]) -> Iterator[tuple[str, Records]]:
         """`(name, site(name))` for each of `names` in turn; on disk the next site is
         fetched while the caller works on this one (the module's docstring)."""
-        try:
-            for name in names:
-                yield name, self.site(name)
-        finally:
-            pool.release()  # (the pass's arrays: not under what the caller does next)
+        for name in names:
+            yield name, self.site(name)
 
     def _columns(self, name: str) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -235,7 +231,7 @@ class _OnDisk(SiteRecords):
     def _columns(self, name: str) -> dict[str, np.ndarray]:
         for ahead in self._fetching:  # (fetched ahead by a pass of `sites_in_order`)
             if ahead.name == name:
-                return ahead.result()
+                return self.engine.finish(ahead.result())
         return self.engine.site_columns(name)
 
     def sites_in_order(self, names: Iterable[str]) -> Iterator[tuple[str, Records]]:
@@ -260,7 +256,6 @@ class _OnDisk(SiteRecords):
         finally:
             ahead.stop()
             self._fetching.discard(ahead)
-            pool.release()
 
     def site_steps(self) -> dict[int, np.ndarray]:
         got = {s: v[0] for s, v in self._once("step_ranks").items()}

@@ -46,6 +46,7 @@ from jaxpace.records import jsonl_checked, pool
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS, records_files
 from jaxpace.records.int_keys import grid_axes, unique_rows
 from jaxpace.records.jsonl_checked import Drops, ends_with_newline, first_line, read_checked
+from jaxpace.records.parquet_reader import LaidOut
 from jaxpace.records.safe_io import open_regular
 
 __all__ = ["Engine", "Loaded", "Reduction", "Scan", "connect"]
@@ -646,7 +647,10 @@ class Engine:
         fill = self._site_fill() if on is None else self._fill or _Fill(frozenset())
         asked = [k for k in STEP_COLUMNS if k not in fill.left_out]
         if self._direct is not None and not self._kept and not self.executions_numbered:
-            got = self._read_row_groups(site, asked)
+            got = self._read_row_groups(site, asked, lay_out=on is None)
+            if isinstance(got, LaidOut):  # (read ahead: `finish` lays it out where taken)
+                got.fill = fill
+                return got
         elif self.executions_numbered:
             got = self._arrays(
                 f"SELECT {', '.join('s.' + k for k in asked)}, m.ex AS execution "
@@ -656,17 +660,28 @@ class Engine:
             )
         else:
             got = self._arrays(f"SELECT {', '.join(asked)} FROM steps WHERE site = $1", [site], on)
+        return self._filled(fill, got)
+
+    def _filled(self, fill: _Fill, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         cols = fill.filled(got)
         self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
         return cols
 
-    def _read_row_groups(self, site: str, asked: list[str]) -> dict[str, np.ndarray]:
+    def finish(self, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A site's columns fetched in another thread (`site_columns(site, on=...)`), every
+        one written: a `LaidOut` site's `step` and `rank`, then the columns the fetch left
+        out (in the taking thread: the site read ahead holds only what the files gave)."""
+        if isinstance(got, LaidOut):
+            return self._filled(got.fill, got.lay_out())
+        return got
+
+    def _read_row_groups(self, site: str, asked: list[str], lay_out: bool = True):
         """`site_columns`' rows of a run read in place, from the row groups directly
         (`parquet_reader.RowGroupReader`: the same rows, in the same order)."""
         import pyarrow as pa
 
         try:
-            got = self._direct.read(site, asked)
+            got = self._direct.read(site, asked, lay_out)
         except (pa.ArrowException, OSError) as e:
             self.check_unchanged()  # (a file gone or replaced: say which)
             raise RecordsError(

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from jaxpace.errors import RecordsError
+from jaxpace.records import pool
 from jaxpace.records.by_site import SiteRecords, by_site
 from jaxpace.records.reader import Records
 from jaxpace.records.site_data import (
@@ -237,66 +238,80 @@ class _Sums:
 
     @classmethod
     def zeros(cls, E: int, R: int) -> _Sums:
-        z = lambda: np.zeros((E, R))  # noqa: E731
-        return cls(z(), z(), z(), z(), z(), z(), np.zeros(E), np.zeros(E), np.zeros(E, bool),
-                   np.full(R, -1, np.int64), ["?"] * R)  # fmt: skip
+        z = lambda dtype=np.float64: np.zeros((E, R), dtype)  # noqa: E731
+        # (The counts in int32, half the memory: exact, and every sum of them exact too.)
+        return cls(z(), z(), z(), z(), z(np.int32), z(np.int32), np.zeros(E), np.zeros(E),
+                   np.zeros(E, bool), np.full(R, -1, np.int64), ["?"] * R)  # fmt: skip
 
 
 def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes: list[str],
                visit=None):  # fmt: skip
     """Reads the sites one at a time: each one's arrivals and exits into `span`, and each
     one that is evidence into `a` (and every one to `visit`); returns (sites used, partial)."""
-    gid_of, ranks = rank_map
     partial, used = False, 0
     per_site = run.site_steps()
-    # (Each site's rows fetched while the one before is worked on: `sites_in_order`.)
+    # (Each site's rows fetched while the one before is worked on: `sites_in_order`. A
+    # site's arrays are let go in `_add_site` and here before the next is fetched, so the
+    # rows held are this site's and the next one's.)
     for si, (site, one) in enumerate(run.sites_in_order(run.sites)):
-        c = one.columns
-        gid = gid_of(c)
-        try:
-            d, site_notes, p, g = site_evidence_grid(one, site)
-        except RecordsError as e:
-            if si in exec_of:
-                span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
-            notes.append(f"`{site}` left out of the whole step: {e}")
-            if visit is not None:
-                visit(site, one, None)
-            continue
-        if gid is c["rank"]:  # (global ranks: each of the site's ranks is its own id)
-            cols = index_in(ranks, d.ranks)
-        else:  # (each rank's id from its first row)
-            local, first = first_of_each(c["rank"])
-            cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
-        if si in exec_of and not span.add_placed(c, exec_of[si], per_site[si], g, cols):
+        u, p = _add_site(si, site, one, (exec_of, per_site), rank_map, a, span, notes, visit=visit)
+        del one
+        used, partial = used + u, partial | p
+    pool.release()  # (what the pool holds of the pass: not under the stages after it)
+    return used, partial
+
+
+def _add_site(si: int, site: str, one, folds, rank_map, a: _Sums, span: _Span, notes: list[str],
+              *, visit=None) -> tuple[int, bool]:  # fmt: skip
+    """`_add_sites` of site `si` (its rows `one`; `folds`: (`execution_of`'s map, each
+    site's steps)): (1 when it is evidence, else 0; partial)."""
+    exec_of, per_site = folds
+    gid_of, ranks = rank_map
+    c = one.columns
+    gid = gid_of(c)
+    try:
+        d, site_notes, p, g = site_evidence_grid(one, site)
+    except RecordsError as e:
+        if si in exec_of:
             span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
+        notes.append(f"`{site}` left out of the whole step: {e}")
+        if visit is not None:
+            visit(site, one, None)
+        return 0, False
+    if gid is c["rank"]:  # (global ranks: each of the site's ranks is its own id)
+        cols = index_in(ranks, d.ranks)
+    else:  # (each rank's id from its first row)
+        local, first = first_of_each(c["rank"])
+        cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
+    if si in exec_of and not span.add_placed(c, exec_of[si], per_site[si], g, cols):
+        span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
+    ctx = run_context(one, site, d)
+    if ctx.invariant_over is not None or ctx.no_culprit is not None:
+        why = ctx.no_culprit or f"its operand was already invariant over `{ctx.invariant_over}`"
+        notes.append(f"`{site}` left out of the whole step: {why} (its waits are not evidence).")
         if visit is not None:
             visit(site, one, g)
-        ctx = run_context(one, site, d)
-        if ctx.invariant_over is not None or ctx.no_culprit is not None:
-            why = ctx.no_culprit or f"its operand was already invariant over `{ctx.invariant_over}`"
-            notes.append(
-                f"`{site}` left out of the whole step: {why} (its waits are not evidence)."
-            )
-            continue
-        used += 1
-        partial |= p
-        notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
-        e = exec_of[si][index_in(per_site[si], d.steps)]
-        full = bool(g.present.all())
-        sums = [(a.lat, d.lateness), (a.wait, d.wait), (a.sync, d.sync_wait)]
-        if d.delay.any():  # (no delay at this site: its zeros add nothing)
-            sums.append((a.delay, d.delay))
-        for acc, x in sums:
-            _add_cells(acc, e, cols, x if full else np.where(g.present, x, 0.0))
-        _add_cells(a.cnt, e, cols, 1.0 if full else g.present.astype(float))
-        _add_cells(a.expected, e, cols, 1.0)  # the site's members
-        np.add.at(a.ncoll, e, 1.0)
-        np.add.at(a.transfer, e, np.nan_to_num(d.transfer))
-        np.logical_or.at(a.engaged, e, d.engaged)
-        a.processes[cols] = d.processes
-        for j, h in zip(cols.tolist(), d.hosts, strict=True):
-            a.hosts[j] = h
-    return used, partial
+        return 0, False
+    notes.extend(n for n in site_notes if not n.startswith("PARTIAL"))
+    e = exec_of[si][index_in(per_site[si], d.steps)]
+    full = bool(g.present.all())
+    sums = [(a.lat, d.lateness), (a.wait, d.wait), (a.sync, d.sync_wait)]
+    if d.delay.any():  # (no delay at this site: its zeros add nothing)
+        sums.append((a.delay, d.delay))
+    for acc, x in sums:
+        _add_cells(acc, e, cols, x if full else np.where(g.present, x, 0.0))
+    _add_cells(a.cnt, e, cols, 1 if full else g.present)
+    _add_cells(a.expected, e, cols, 1)  # the site's members
+    np.add.at(a.ncoll, e, 1.0)
+    np.add.at(a.transfer, e, np.nan_to_num(d.transfer))
+    np.logical_or.at(a.engaged, e, d.engaged)
+    a.processes[cols] = d.processes
+    for j, h in zip(cols.tolist(), d.hosts, strict=True):
+        a.hosts[j] = h
+    if visit is not None:  # (after the sums: the site's lateness and sync wait let go)
+        del d, sums, x
+        visit(site, one, g)
+    return 1, p
 
 
 def _add_cells(acc: np.ndarray, e: np.ndarray, cols: np.ndarray, x: np.ndarray | float) -> None:
