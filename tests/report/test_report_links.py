@@ -6,9 +6,13 @@ layout that the records' header carries (groups of a 2 x 4 mesh, ppermute pairs)
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from conftest import run_4x2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxpace.collectives import layout as _site_layout
 from jaxpace.records import format as _record_format
@@ -121,3 +125,49 @@ def test_4x2_all_to_all_names_the_late_process(tmp_path):
     assert row.late[0].lead_s > 0.05
     rep = jp.report.analyze(recs)
     assert rep.culprits == (1,), rep.culprits
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(-1e6, 1e6, allow_nan=False, width=64),
+            st.sampled_from([0.0, 1.0, 2.5, -3.0]),  # (ties)
+        ),
+        min_size=1,
+        max_size=400,
+    ),
+    st.booleans(),
+)
+def test_the_banded_median_is_numpys(values, with_nan):
+    """`links._median` (a sample's band, then a partition of what falls in it) is
+    `np.median`: the band made small enough to be used here, ties, NaN, any size."""
+    x = np.asarray(values + [float("nan")] * with_nan, np.float64)
+    want = float(np.median(x))
+    with _band_from(8):
+        got = links._median(x.copy())
+    assert got == want or (np.isnan(got) and np.isnan(want))
+
+
+@pytest.mark.parametrize("n", [2_000_000, 300_001, 70_000])
+@pytest.mark.parametrize("kind", ["lognormal", "sorted", "reversed", "rounded"])
+def test_the_banded_median_is_numpys_on_large_arrays(n, kind):
+    rng = np.random.default_rng(n)
+    x = rng.lognormal(0, 1, n)
+    if kind == "sorted":
+        x.sort()
+    elif kind == "reversed":
+        x = np.sort(x)[::-1].copy()
+    elif kind == "rounded":  # (many ties at the middle)
+        x = np.round(x, 1)
+    assert links._median(x.copy()) == float(np.median(x))
+
+
+@contextlib.contextmanager
+def _band_from(n: int):
+    was = links._BAND_MEDIAN_MIN
+    links._BAND_MEDIAN_MIN = n
+    try:
+        yield
+    finally:
+        links._BAND_MEDIAN_MIN = was

@@ -124,7 +124,39 @@ def _period_s(steps: np.ndarray, arrive_ns: np.ndarray) -> float:
     # (`> 0` is False for NaN, a missing rank's; an arrival is never infinite)
     keep = per_step > 0
     per_step = per_step.reshape(-1) if keep.all() else per_step[keep]
-    return float(np.median(per_step, overwrite_input=True)) if per_step.size else math.nan
+    return _median(per_step) if per_step.size else math.nan
+
+
+# A median over at least this many values is found by `_median`'s band (else `np.median`).
+_BAND_MEDIAN_MIN = 1 << 16
+
+
+def _median(x: np.ndarray) -> float:
+    """`float(np.median(x))`, the same value (a zero's sign aside: the callers' values are
+    never -0.0), of a large array in about a third of the time.
+
+    The middle values lie, with overwhelming probability, within a narrow band of a sorted
+    sample of `x` (64k values, a band of four standard deviations of the sample's middle
+    rank each side); one pass counts the values below it and keeps the few within it,
+    and those are partitioned. Where the band misses the middle, or `x` holds NaN (a
+    value neither below, within nor above the band), `np.median` decides. `x` may be
+    reordered (as with `overwrite_input`)."""
+    n = x.size
+    if n < _BAND_MEDIAN_MIN:
+        return float(np.median(x, overwrite_input=True))
+    k0, k1 = (n - 1) // 2, n // 2
+    sample = np.sort(x[:: n // (_BAND_MEDIAN_MIN // 2)])
+    m = sample.size
+    d = 2 * math.isqrt(m) + 2  # (4 standard deviations of a binomial(m, 1/2) rank: 2 sqrt(m))
+    lo, hi = sample[max(m // 2 - d, 0)], sample[min(m // 2 + d, m - 1)]
+    below = int(np.count_nonzero(x < lo))
+    band = x[(x >= lo) & (x <= hi)]
+    above = int(np.count_nonzero(x > hi))
+    if below + band.size + above != n or not below <= k0 or not k1 < below + band.size:
+        return float(np.median(x, overwrite_input=True))
+    band.partition((k0 - below, k1 - below))
+    # (np.median's own last step: the mean of the middle one or two)
+    return float(np.mean(band[k0 - below : k1 - below + 1]))
 
 
 def _late_in_groups(
@@ -238,10 +270,7 @@ class _StepOrder:
         first = self._first_of(g[0], g[4], every)
         if first is not None:
             diff = np.subtract(g[3], first, out=first)  # (`first` is new: reordered below)
-            return (
-                float(np.median(diff.reshape(-1) if every else diff[ok], overwrite_input=True))
-                / 1e9
-            )
+            return _median(diff.reshape(-1) if every else diff[ok]) / 1e9
         key = np.broadcast_to(g[0][:, None], g[4].shape)[ok].astype(np.int64) * (1 << 32)
         first = self.first[np.searchsorted(self.keys, key + g[4][ok])]
         return float(np.median(g[3][ok] - first)) / 1e9
