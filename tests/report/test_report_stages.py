@@ -390,3 +390,32 @@ def test_fleet_alpha_sets_the_fleet_lines_level_and_the_text_says_it():
     clear = synthetic_records(8, 60, late_rank=3, late_s=0.001, seed=0)
     a, b = analyze(clear), analyze(clear, fleet_alpha=WATCH_ALPHA)
     assert a.culprit == b.culprit == 3 and a.ranking == b.ranking
+
+
+def test_the_slowest_ranks_savings_are_each_rank_left_out_of_the_step():
+    """`culprit._Savings` finds the per-step median and largest once for the slowest ranks;
+    each rank's saving is the leave-its-column-out model's, bit for bit: ties at the
+    largest, a NaN, one rank, a rank largest in every step."""
+    from jaxpace.report.stages.culprit import _Savings
+
+    def left_out(compute, transfer, i):
+        keep = np.ones(compute.shape[1], bool)
+        keep[i] = False
+        med = np.median(compute, axis=1)
+        rest = compute[:, keep].max(axis=1) if keep.any() else np.full(med.shape, -np.inf)
+        model = float((compute.max(axis=1) + transfer).mean())
+        return max(model - float((np.maximum(rest, med) + transfer).mean()), 0.0)
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        S, R = int(rng.integers(1, 20)), int(rng.integers(1, 10))
+        compute = rng.normal(0, 1, (S, R)).round(int(rng.integers(0, 3)))  # (ties)
+        if trial % 5 == 0:
+            compute[rng.integers(0, S), rng.integers(0, R)] = np.nan
+        if trial % 7 == 0:
+            compute[:, rng.integers(0, R)] += 5.0
+        transfer = rng.normal(0, 1, S)
+        savings = _Savings(compute, transfer)
+        for i in range(R):
+            want, got = left_out(compute, transfer, i), savings.saving_s(i)
+            assert got == want or (np.isnan(got) and np.isnan(want)), (trial, i)

@@ -294,18 +294,33 @@ def _explained_by(
     return members[~within.late]
 
 
-def _saving_s(compute: np.ndarray, transfer: np.ndarray, idx: np.ndarray) -> float:
-    """Mean step time saved if the ranks `idx` computed at the per-step median.
+class _Savings:
+    """Mean step time saved if one rank computed at the per-step median, for rank after
+    rank over the same compute (`fleet_summary`'s slowest): the per-step median, largest
+    and largest without the step's argmax found once, not once a rank.
 
     The model of `stages.waiting_costs`: step = ``max_i(compute_i) + transfer``.
     """
-    R = compute.shape[1]
-    keep = np.ones(R, bool)
-    keep[idx] = False
-    med = np.median(compute, axis=1)
-    rest = compute[:, keep].max(axis=1) if keep.any() else np.full(med.shape, -np.inf)
-    model = float((compute.max(axis=1) + transfer).mean())
-    return max(model - float((np.maximum(rest, med) + transfer).mean()), 0.0)
+
+    def __init__(self, compute: np.ndarray, transfer: np.ndarray) -> None:
+        self.transfer = transfer
+        self.med = np.median(compute, axis=1)
+        self.most = compute.max(axis=1)
+        self.model = float((self.most + transfer).mean())
+        self.at = compute.argmax(axis=1)  # (a NaN's first place where a row has one)
+        rows = np.arange(compute.shape[0])
+        if compute.shape[1] >= 2:
+            rest = compute.copy()
+            rest[rows, self.at] = -np.inf
+            self.second = rest.max(axis=1)  # (the largest of the others, NaN kept)
+        else:
+            self.second = np.full(self.most.shape, -np.inf)
+
+    def saving_s(self, i: int) -> float:
+        """Rank `i` at the median: the largest of the others where it is the step's
+        argmax, else the step's largest (the same values as leaving its column out)."""
+        rest = np.where(self.at == i, self.second, self.most)
+        return max(self.model - float((np.maximum(rest, self.med) + self.transfer).mean()), 0.0)
 
 
 def fleet_summary(
@@ -321,10 +336,11 @@ def fleet_summary(
     ok = comp.size and R >= 2 and math.isfinite(iteration.mean_s) and iteration.mean_s > 0
     tr = data.transfer[sel.rows][sel.compute_rows] if ok else None
     slow = []
+    savings = _Savings(comp, tr) if ok else None
     for i in np.argsort(-dec.d, kind="stable")[: min(top, R)]:
         if dec.d[i] <= 0:  # at or below the median rank: not slow
             break
-        saving = _saving_s(comp, tr, np.array([i])) if ok else math.nan
+        saving = savings.saving_s(int(i)) if savings is not None else math.nan
         slow.append(
             SlowRank(
                 rank=int(data.ranks[i]),
