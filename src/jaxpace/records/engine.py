@@ -677,7 +677,8 @@ class Engine:
 
     def _read_row_groups(self, site: str, asked: list[str], lay_out: bool = True):
         """`site_columns`' rows of a run read in place, from the row groups directly
-        (`parquet_reader.RowGroupReader`: the same rows, in the same order)."""
+        (`parquet_reader.RowGroupReader`: the query's rows, sorted by (step, rank) where
+        they fill the site's grid)."""
         import pyarrow as pa
 
         try:

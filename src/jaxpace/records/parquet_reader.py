@@ -18,13 +18,7 @@ from jaxpace.errors import RecordsError
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS
 from jaxpace.records.pool import empty
 
-__all__ = [
-    "FOOTER_BYTES_KEPT",
-    "RowGroupReader",
-    "check_schema",
-    "header_of",
-    "is_parquet",
-]
+__all__ = ["FOOTER_BYTES_KEPT", "RowGroupReader", "check_schema", "header_of", "is_parquet"]
 
 
 def is_parquet(path: Path) -> bool:
@@ -116,8 +110,8 @@ class RowGroupReader:
       (a file's rows of a step and its ranks in order are one block of the grid), so the
       report, which works on that grid, finds them in place instead of gathering each
       column from every file (`records.site_data._grid`). A cell written twice (a
-      process's file copied in twice) leaves the grid: the rows are read again in the
-      files' order, where the report names the duplicates;
+      row twice in a file another tool wrote) leaves the grid: the rows are read again in
+      the files' order, where the report names the duplicates;
     - *in the files' order*, each file in its own order (the query's order), otherwise.
 
     Args:
