@@ -85,9 +85,9 @@ def test_a_sites_columns_on_disk_are_those_in_memory_whatever_is_left_out_of_the
         asked.append(sql)
         return arrays(self, sql, params, on)
 
-    def spied_read(self, site, columns, lay_out=True):
+    def spied_read(self, site, columns):
         read.append(tuple(columns))
-        return rows_of(self, site, columns, lay_out)
+        return rows_of(self, site, columns)
 
     monkeypatch.setattr(Engine, "_arrays", spied)
     monkeypatch.setattr(RowGroupReader, "read", spied_read)

@@ -44,7 +44,7 @@ import numpy as np
 from jaxpace.errors import RecordsError
 from jaxpace.records import jsonl_checked, pool
 from jaxpace.records.format import HEADER_KEY, INT_STEP_FIELDS, records_files
-from jaxpace.records.int_keys import grid_axes, unique_rows
+from jaxpace.records.int_keys import unique_rows
 from jaxpace.records.jsonl_checked import Drops, ends_with_newline, first_line, read_checked
 from jaxpace.records.parquet_reader import LaidOut
 from jaxpace.records.safe_io import open_regular
@@ -647,10 +647,10 @@ class Engine:
         fill = self._site_fill() if on is None else self._fill or _Fill(frozenset())
         asked = [k for k in STEP_COLUMNS if k not in fill.left_out]
         if self._direct is not None and not self._kept and not self.executions_numbered:
-            got = self._read_row_groups(site, asked, lay_out=on is None)
+            got = self._read_row_groups(site, asked)
             if isinstance(got, LaidOut):  # (read ahead: `finish` lays it out where taken)
                 got.fill = fill
-                return got
+                return got if on is not None else self.finish(got)
         elif self.executions_numbered:
             got = self._arrays(
                 f"SELECT {', '.join('s.' + k for k in asked)}, m.ex AS execution "
@@ -662,8 +662,8 @@ class Engine:
             got = self._arrays(f"SELECT {', '.join(asked)} FROM steps WHERE site = $1", [site], on)
         return self._filled(fill, got)
 
-    def _filled(self, fill: _Fill, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        cols = fill.filled(got)
+    def _filled(self, fill: _Fill, got: dict[str, np.ndarray], cells=None) -> dict[str, np.ndarray]:
+        cols = fill.filled(got, cells)
         self.largest_fetch = max(self.largest_fetch, int(cols["step"].shape[0]))
         return cols
 
@@ -672,17 +672,17 @@ class Engine:
         one written: a `LaidOut` site's `step` and `rank`, then the columns the fetch left
         out (in the taking thread: the site read ahead holds only what the files gave)."""
         if isinstance(got, LaidOut):
-            return self._filled(got.fill, got.lay_out())
+            return self._filled(got.fill, got.lay_out(), got.cells)
         return got
 
-    def _read_row_groups(self, site: str, asked: list[str], lay_out: bool = True):
+    def _read_row_groups(self, site: str, asked: list[str]):
         """`site_columns`' rows of a run read in place, from the row groups directly
         (`parquet_reader.RowGroupReader`: the query's rows, sorted by (step, rank) where
         they fill the site's grid)."""
         import pyarrow as pa
 
         try:
-            got = self._direct.read(site, asked, lay_out)
+            got = self._direct.read(site, asked)
         except (pa.ArrowException, OSError) as e:
             self.check_unchanged()  # (a file gone or replaced: say which)
             raise RecordsError(
@@ -1050,17 +1050,17 @@ class _Fill:
     def left_out(self) -> frozenset[str]:
         return self.zero | (frozenset(PER_RANK) if self.lo is not None else frozenset())
 
-    def filled(self, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def filled(self, got: dict[str, np.ndarray], cells=None) -> dict[str, np.ndarray]:
         """The fetched columns `got` with the left-out ones filled in, in `STEP_COLUMNS`
-        order (then `execution`, when fetched)."""
+        order (then `execution`, when fetched); `cells`: the site's grid when `got` is every
+        cell of it in order (a `parquet_reader.LaidOut`'s), so each step's row is its ranks'."""
         rank = got["rank"]
-        axes = grid_axes(got["step"], rank) if self.lo is not None else None
-        if axes is not None:  # (every cell in order, `RowGroupReader`'s: each step's ranks)
-            ranks = axes[1]
+        if self.lo is not None and cells is not None:
+            ranks = np.arange(cells.rank0, cells.rank0 + cells.ranks)
             at = np.searchsorted(self.ranks, ranks) if self.ranks is not None else ranks - self.lo
             for k, x in (("process", self.process), ("device", self.device)):
-                got[k] = pool.empty(rank.size, np.int64)  # (each step's row: the ranks')
-                got[k].reshape(axes[0].size, -1)[:] = x[at]
+                got[k] = pool.empty(rank.size, np.int64)
+                got[k].reshape(cells.steps, -1)[:] = x[at]
         elif self.lo is not None:
             at = np.searchsorted(self.ranks, rank) if self.ranks is not None else rank - self.lo
             got["process"], got["device"] = self.process[at], self.device[at]

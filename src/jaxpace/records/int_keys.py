@@ -51,10 +51,9 @@ def unique_rows(*cols: np.ndarray) -> np.ndarray:
 
 def grid_axes(step: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """`(steps, ranks)` when the rows are every cell of the (steps x ranks) grid once, step by
-    step and each step's ranks in order (`records.parquet_reader` reads a site so: `records.site_data` and the engine's fill
-    then find it so); else
-    None. Two comparisons over the rows, where placing them takes a count and a lookup of
-    each column."""
+    step and each step's ranks in order (`records.parquet_reader` reads a site so, and
+    `records.site_data` finds it so); else None. Two comparisons over the rows, where
+    placing them takes a count and a lookup of each column."""
     n = step.size
     if n == 0:
         return None

@@ -128,11 +128,11 @@ class RowGroupReader:
         self.names = set(names)
         self.bounds = list(bounds) if bounds is not None else [{} for _ in self.files]
 
-    def read(self, site: str, columns, lay_out: bool = True) -> dict[str, Any]:
+    def read(self, site: str, columns) -> dict[str, Any]:
         """`columns` (of `records.engine.STEP_COLUMNS`) of `site`'s rows as NumPy arrays,
         int64 (`device` -1 where null) and `engaged` bool; on the site's grid where the
-        class docstring says, else in the files' order. Without `lay_out`, a site with
-        every cell of its grid comes as a `LaidOut`, `step` and `rank` left to write.
+        class docstring says, else in the files' order. A site with every cell of its grid
+        comes as a `LaidOut`, its `step` and `rank` written by `LaidOut.lay_out`.
 
         The files' rows are copied into their place in arrays sized from the footers
         and then let go (in the files' order `_BATCH` files at a time): the memory is the
@@ -145,7 +145,7 @@ class RowGroupReader:
         ]
         cells = _Cells.of(site, sizes, self.bounds)
         if cells is not None:
-            got = self._read_cells(site, columns, sizes, cells, lay_out)
+            got = self._read_cells(site, columns, sizes, cells)
             if got is not None:
                 return got
         at = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
@@ -196,7 +196,7 @@ class RowGroupReader:
                         out[k][lo:hi] = _numpy(both.column(k))
                 batch, first = [], i + 1
 
-    def _read_cells(self, site: str, columns, sizes: list[int], cells: _Cells, lay_out=True):
+    def _read_cells(self, site: str, columns, sizes: list[int], cells: _Cells):
         """The rows of `site` placed on its grid `cells` (the class docstring); None when a
         cell is written twice, or a file's rows stray outside its statistics."""
         import numpy as np
@@ -227,7 +227,7 @@ class RowGroupReader:
         rows = sum(sizes)
         if int(np.count_nonzero(present)) != rows:
             return None  # (a cell twice: in the files' order, where the report names it)
-        return cells.columns(columns, grid, present, rows, lay_out)
+        return cells.columns(columns, grid, present, rows)
 
 
 class _Cells(NamedTuple):
@@ -289,32 +289,19 @@ class _Cells(NamedTuple):
         s += r
         return s
 
-    def columns(self, columns, grid: dict, present, rows: int, lay_out: bool = True):
-        """The output: every column in (step, rank) order, the cells with a row (a
-        `LaidOut` without `step` and `rank` when every cell has one and not `lay_out`)."""
+    def columns(self, columns, grid: dict, present, rows: int):
+        """The output: every column in (step, rank) order, the cells with a row (a `LaidOut`
+        when every cell has one)."""
         import numpy as np
 
-        out = {}
         if rows == self.size:
-            if not lay_out:
-                return LaidOut(self, list(columns), grid)
-            step, rank = self.axes_columns()
-            keep = None
-        else:
-            keep = np.flatnonzero(present)
-            step, rank = np.divmod(keep, self.ranks)
-            step += self.step0
-            rank += self.rank0
-        for k in columns:
-            if k == "step":
-                out[k] = step.astype(np.int64, copy=False)
-            elif k == "rank":
-                out[k] = rank.astype(np.int64, copy=False)
-            elif k in grid:
-                out[k] = grid[k] if keep is None else grid[k][keep]
-            else:  # (a column no file has: -1, as the query's)
-                out[k] = np.full(rows, -1, np.int64)
-        return out
+            return LaidOut(self, list(columns), grid)
+        keep = np.flatnonzero(present)
+        step, rank = np.divmod(keep.astype(np.int64, copy=False), self.ranks)
+        step += self.step0
+        rank += self.rank0
+        have = {"step": step, "rank": rank, **{k: v[keep] for k, v in grid.items()}}
+        return _asked(columns, have, rows)
 
     def axes_columns(self) -> tuple[Any, Any]:
         """The `step` and `rank` columns of every cell in order."""
@@ -328,10 +315,11 @@ class _Cells(NamedTuple):
 
 class LaidOut(dict):
     """A site's columns read onto its grid, every cell a row, `step` and `rank` not written
-    yet (`lay_out` writes them). The pass over the sites reads a site ahead in another
-    thread (`records.by_site`) and writes these where it takes the site, so the site read
-    ahead holds only what the files gave (three columns of seven at 262M rows, where the
-    engine fills each rank's process and device too)."""
+    yet (`lay_out` writes them; the engine then fills each rank's process and device from
+    `cells`' ranks, `records.engine.Engine.finish`). The pass over the sites reads a site
+    ahead in another thread (`records.by_site`) and finishes it where it takes the site,
+    so the site read ahead holds only what the files gave (three columns of seven at 262M
+    rows)."""
 
     def __init__(self, cells: _Cells, columns: list[str], grid: dict) -> None:
         super().__init__(grid)
@@ -340,12 +328,15 @@ class LaidOut(dict):
 
     def lay_out(self) -> dict[str, Any]:
         """The columns, `step` and `rank` written, in the order asked."""
-        import numpy as np
-
         step, rank = self.cells.axes_columns()
-        have = {**self, "step": step, "rank": rank}
-        n = self.cells.size
-        return {k: have[k] if k in have else np.full(n, -1, np.int64) for k in self.columns}
+        return _asked(self.columns, {**self, "step": step, "rank": rank}, self.cells.size)
+
+
+def _asked(columns, have: dict, rows: int) -> dict[str, Any]:
+    """`columns` in order from `have`; a column no file has -1 (as the query's)."""
+    import numpy as np
+
+    return {k: have[k] if k in have else np.full(rows, -1, np.int64) for k in columns}
 
 
 def _numpy(col) -> Any:
