@@ -41,6 +41,7 @@ from jaxpace.records.reader import Records
 from jaxpace.records.site_data import (
     fill_missing,
     first_of_each,
+    grid_column,
     index_in,
     int_unique,
     site_data,
@@ -283,7 +284,7 @@ def _add_site(si: int, site: str, one, folds, rank_map, a: _Sums, span: _Span, n
     else:  # (each rank's id from its first row)
         local, first = first_of_each(c["rank"])
         cols = index_in(ranks, gid[first][index_in(local, d.ranks)])
-    if si in exec_of and not span.add_placed(c, exec_of[si], per_site[si], g, cols):
+    if si in exec_of and not span.add_placed(one, exec_of[si], per_site[si], g, cols):
         span.add(c, exec_of[si], per_site[si], index_in(ranks, gid))
     ctx = run_context(one, site, d)
     if ctx.invariant_over is not None or ctx.no_culprit is not None:
@@ -388,13 +389,15 @@ class _Span:
             np.maximum.at(self.done, (ex, col), c["done_ns"])
             return
         at, missing, cols = placed
-        self._add_grid(c, e, at, missing, cols)
+        arrive = _cells(c["arrive_ns"], at, missing, self._HI)
+        self._add_grid(e, arrive, _cells(c["done_ns"], at, missing, self._LO), cols)
 
-    def add_placed(self, c: dict[str, np.ndarray], e: np.ndarray, steps_u: np.ndarray, g,
+    def add_placed(self, one: Records, e: np.ndarray, steps_u: np.ndarray, g,
                    cols: np.ndarray) -> bool:  # fmt: skip
-        """`add` of a site its analysis placed on its (step x rank) grid `g`
+        """`add` of a site `one` its analysis placed on its (step x rank) grid `g`
         (`site_evidence_grid`'s), `cols` the grid's columns among all: the same sums
-        without placing the rows again. False (nothing added) when the grid is not on
+        without placing the rows again (`grid_column`: the columns as they stand when the
+        rows are the cells in order). False (nothing added) when the grid is not on
         `steps_u` or its columns are not in order."""
         if not np.array_equal(g.steps_all, steps_u) or (
             cols.size > 1 and (np.diff(cols) <= 0).any()
@@ -402,20 +405,14 @@ class _Span:
             return False
         gap = np.flatnonzero(np.diff(steps_u) != 1) + 1  # first step after a gap
         self.breaks[e[gap]] = True
-        shape = (g.steps_all.size, g.ranks.size)
-        if g.in_order:  # (the columns are the grid: no gather)
-            self._add_grid(c, e, shape, None, cols)
-            return True
-        at = g.at.reshape(shape)
-        self._add_grid(c, e, at, None if g.full else (at < 0), cols)
+        arrive = grid_column(one, g, "arrive_ns", np.int64, self._HI)
+        self._add_grid(e, arrive, grid_column(one, g, "done_ns", np.int64, self._LO), cols)
         return True
 
-    def _add_grid(self, c, e, at, missing, cols) -> None:
-        """One site's rows on an (S steps x C columns) grid: `at` the row in each cell (its
-        shape when the rows are the cells in order), `missing` the cells without one (None:
-        none), `cols` the grid's columns among all (distinct, in order)."""
-        arrive = _cells(c["arrive_ns"], at, missing, self._HI)
-        done = _cells(c["done_ns"], at, missing, self._LO)
+    def _add_grid(self, e, arrive, done, cols) -> None:
+        """One site's arrivals and exits on an (S steps x C columns) grid, the extremes of
+        int64 where a cell has no record; `cols` the grid's columns among all (distinct, in
+        order)."""
         # Integer least and greatest: exact in any order, and the fill (the extreme of
         # int64) never wins over a record.
         self.origin[cols] = np.minimum(self.origin[cols], arrive.min(axis=0))
@@ -459,10 +456,7 @@ def _place(row: np.ndarray, col: np.ndarray, S: int):
 
 
 def _cells(x: np.ndarray, at: np.ndarray, missing: np.ndarray | None, fill: int) -> np.ndarray:
-    """Column `x` on `_place`'s grid, `fill` where a cell has no record (`at` a shape: `x`
-    is the grid, every cell in order; read, never written)."""
-    if isinstance(at, tuple):
-        return x.reshape(at)
+    """Column `x` on `_place`'s grid, `fill` where a cell has no record."""
     out = x[at]
     if missing is not None:
         out[missing] = fill
