@@ -79,3 +79,28 @@ def probe(request, monkeypatch):
     else:
         monkeypatch.setattr(_native, "available", lambda: (False, "hidden by the test"))
     return request.param
+
+
+def multi_site_run(num_ranks=16, num_steps=24, sites=3, *, late_rank=5, late_s=0.003, seed=4,
+                   shift_ns=1000, loss=0.0):  # fmt: skip
+    """A run of `sites` sites, 4 ranks to a process: the synthetic run's rows repeated per
+    site (site j's arrivals and exits `j * shift_ns` later), `loss` of the lines dropped at
+    random (drawn with `seed`), the sites named `model.py:{10 + j}:layer{j}`."""
+    import dataclasses
+
+    import numpy as np
+
+    from jaxpace.records.synthetic import synthetic_run
+
+    run = synthetic_run(num_ranks, num_steps, late_rank=late_rank, late_s=late_s, seed=seed,
+                        ranks_per_process=4)  # fmt: skip
+    n = len(run)
+    cols = {k: np.concatenate([v] * sites) for k, v in run.columns.items()}
+    cols["site"] = np.repeat(np.arange(sites), n)
+    for k in ("arrive_ns", "done_ns"):
+        cols[k] = cols[k] + cols["site"] * shift_ns
+    if loss:
+        kept = np.random.default_rng(seed).random(cols["step"].size) >= loss
+        cols = {k: v[kept] for k, v in cols.items()}
+    names = tuple(f"model.py:{10 + j}:layer{j}" for j in range(sites))
+    return dataclasses.replace(run, sites=names, columns=cols)

@@ -22,12 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from conftest import multi_site_run
 
 from jaxpace.errors import RecordsError
 from jaxpace.records import file_summary, parquet_reader
 from jaxpace.records.by_site import open_run
 from jaxpace.records.engine import STEP_COLUMNS, Engine
-from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import analyze
 
 
@@ -35,19 +35,12 @@ def _run(sites: int = 3, loss: float = 0.0, gaps: bool = False, seed: int = 4):
     """16 ranks (4 to a process) over `sites` sites; `loss` of the lines dropped at random;
     `gaps`: every fifth step missing (sampled records) and the last site only in
     processes 0 and 1."""
-    run = synthetic_run(16, 30, late_rank=5, late_s=0.003, seed=seed, ranks_per_process=4)
-    n = len(run)
-    cols = {k: np.concatenate([v] * sites) for k, v in run.columns.items()}
-    cols["site"] = np.repeat(np.arange(sites), n)
-    cols["arrive_ns"] = cols["arrive_ns"] + cols["site"] * 1000
-    cols["done_ns"] = cols["done_ns"] + cols["site"] * 1000
-    keep = np.random.default_rng(seed).random(cols["step"].size) >= loss
-    if gaps:
-        keep &= cols["step"] % 5 != 4
-        keep &= (cols["site"] != sites - 1) | (cols["process"] < 2)
-    cols = {k: v[keep] for k, v in cols.items()}
-    names = tuple(f"model.py:{10 + j}:layer{j}" for j in range(sites))
-    return dataclasses.replace(run, sites=names, columns=cols)
+    run = multi_site_run(16, 30, sites, seed=seed, loss=loss)
+    if not gaps:
+        return run
+    c = run.columns
+    keep = (c["step"] % 5 != 4) & ((c["site"] != sites - 1) | (c["process"] < 2))
+    return dataclasses.replace(run, columns={k: v[keep] for k, v in c.items()})
 
 
 def _both(d) -> tuple:

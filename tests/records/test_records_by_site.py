@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import multi_site_run
 
 from jaxpace.records import by_site as _by_site
 from jaxpace.records import engine as _engine
@@ -27,17 +28,7 @@ from jaxpace.report import analyze
 def _multi_site(num_ranks, num_steps, sites, seed=0, late_rank=5):
     """A run of `sites` sites: the synthetic run's rows repeated per site (site j's waits
     shifted by j microseconds), the late rank late everywhere."""
-    run = synthetic_run(num_ranks, num_steps, late_rank=late_rank, late_s=0.003, seed=seed,
-                        ranks_per_process=4)  # fmt: skip
-    c = run.columns
-    n = len(run)
-    cols = {k: np.concatenate([v] * sites) for k, v in c.items()}
-    cols["site"] = np.repeat(np.arange(sites), n)
-    shift = np.repeat(np.arange(sites), n) * 1000
-    for k in ("arrive_ns", "done_ns"):
-        cols[k] = cols[k] + shift
-    names = tuple(f"model.py:{10 + j}:layer{j}" for j in range(sites))
-    return dataclasses.replace(run, sites=names, columns=cols)
+    return multi_site_run(num_ranks, num_steps, sites, late_rank=late_rank, seed=seed)
 
 
 def _without_paths(notes, *dirs) -> list[str]:

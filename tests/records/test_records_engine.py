@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import multi_site_run
 
 from jaxpace import cli
 from jaxpace.errors import RecordsError
@@ -210,15 +211,11 @@ def one_row_group_each(run_dir):
 
 
 def _multi_site_run(sites=3):
-    run = synthetic_run(16, 24, late_rank=5, late_s=0.003, seed=4, ranks_per_process=4)
-    n = len(run)
-    cols = {k: np.concatenate([v] * sites) for k, v in run.columns.items()}
+    run = multi_site_run(16, 24, sites, shift_ns=0)
+    n = len(run) // sites
     # Sites interleaved row by row (as a ring of several sites may be): the writer groups them.
     order = np.arange(n * sites).reshape(sites, n).T.ravel()
-    cols = {k: v[order] for k, v in cols.items()}
-    cols["site"] = np.tile(np.arange(sites), n)
-    names = tuple(f"model.py:{10 + j}:layer{j}" for j in range(sites))
-    return dataclasses.replace(run, sites=names, columns=cols)
+    return dataclasses.replace(run, columns={k: v[order] for k, v in run.columns.items()})
 
 
 def test_the_native_parquet_layout_is_one_site_to_a_row_group(tmp_path):

@@ -18,13 +18,13 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import multi_site_run
 
 from jaxpace.errors import RecordsError
 from jaxpace.records.by_site import by_site, open_run
 from jaxpace.records.engine import STEP_COLUMNS, Engine
 from jaxpace.records.parquet_reader import RowGroupReader
 from jaxpace.records.reader import load_records
-from jaxpace.records.synthetic import synthetic_run
 
 _THREAD = "jaxpace-site-fetch"
 
@@ -33,17 +33,14 @@ def _run(sites: int = 3, used: bool = False, moved: bool = False):
     """16 ranks (4 to a process) over `sites` sites; `used`: rank 5 delayed every third step
     and every rank engaged from step 10; `moved`: rank 3's rows from step 12 on recorded by
     process 1 (its file), so rank 3 has two (process, device) pairs."""
-    run = synthetic_run(16, 24, late_rank=5, late_s=0.003, seed=4, ranks_per_process=4)
-    n = len(run)
-    cols = {k: np.concatenate([v] * sites) for k, v in run.columns.items()}
-    cols["site"] = np.repeat(np.arange(sites), n)
+    run = multi_site_run(16, 24, sites, shift_ns=0)
+    cols = dict(run.columns)
     if used:
         cols["delay_ns"] = np.where((cols["rank"] == 5) & (cols["step"] % 3 == 0), 1000, 0)
         cols["engaged"] = cols["step"] >= 10
     if moved:
         cols["process"] = np.where((cols["rank"] == 3) & (cols["step"] >= 12), 1, cols["process"])
-    names = tuple(f"model.py:{10 + j}:layer{j}" for j in range(sites))
-    return dataclasses.replace(run, sites=names, columns=cols)
+    return dataclasses.replace(run, columns=cols)
 
 
 def _sorted(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -19,27 +19,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import multi_site_run
 
 from jaxpace.errors import RecordsError
 from jaxpace.records import parquet_reader, site_data
 from jaxpace.records.by_site import open_run
 from jaxpace.records.int_keys import grid_axes
-from jaxpace.records.synthetic import synthetic_run
 from jaxpace.report import analyze
 
 
 def _run(loss: float = 0.0, sites: int = 2, seed: int = 3):
     """16 ranks, 4 to a process, 24 steps, `sites` sites; `loss` of the lines lost."""
-    run = synthetic_run(16, 24, late_rank=6, late_s=0.004, seed=seed, ranks_per_process=4)
-    n = len(run)
-    cols = {k: np.concatenate([v] * sites) for k, v in run.columns.items()}
-    cols["site"] = np.repeat(np.arange(sites), n)
-    cols["arrive_ns"] = cols["arrive_ns"] + cols["site"] * 2000
-    cols["done_ns"] = cols["done_ns"] + cols["site"] * 2000
-    keep = np.random.default_rng(seed).random(cols["step"].size) >= loss
-    cols = {k: v[keep] for k, v in cols.items()}
-    names = tuple(f"train.py:{20 + j}:layer{j}" for j in range(sites))
-    return dataclasses.replace(run, sites=names, columns=cols)
+    return multi_site_run(16, 24, sites, late_rank=6, late_s=0.004, seed=seed, shift_ns=2000,
+                          loss=loss)  # fmt: skip
 
 
 def _in_memory(run):
