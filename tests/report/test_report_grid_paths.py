@@ -126,9 +126,9 @@ def test_span_from_the_sites_own_grid_equals_placing_the_rows_again(name):
             assert name in ("a record twice", "one rank a step")  # (refused: row by row)
             placed.add(c, e, steps_u, col)
             continue
-        assert placed.add_placed(c, e, steps_u, g, g.ranks.astype(np.intp))
+        assert placed.add_placed(one, e, steps_u, g, g.ranks.astype(np.intp))
         if g.ranks.size > 1:
-            assert not _Span(E, R).add_placed(c, e, steps_u, g, g.ranks[::-1].astype(np.intp))
+            assert not _Span(E, R).add_placed(one, e, steps_u, g, g.ranks[::-1].astype(np.intp))
     for k in ("origin", "first", "done", "breaks"):
         assert np.array_equal(getattr(placed, k), getattr(again, k)), k
 
