@@ -324,13 +324,25 @@ def _order_reference(order: links._StepOrder, g) -> float:
 
 @pytest.mark.parametrize(
     "case",
-    ["each rank one process", "a rank moves", "missing cells", "a key not found", "many processes"],
+    [
+        "each rank one process",
+        "processes interleaved",
+        "processes of unequal size",
+        "a rank moves",
+        "missing cells",
+        "a key not found",
+        "many processes",
+    ],
 )
 def test_step_order_by_table_equals_search(case):
     rng = np.random.default_rng(5)
     S, R = 30, 16
     steps = np.sort(rng.choice(np.arange(100, 200), S, replace=False))
     proc = np.broadcast_to(np.arange(R) // 4, (S, R)).copy()
+    if case == "processes interleaved":
+        proc = proc.reshape(S, 4, 4).transpose(0, 2, 1).reshape(S, R).copy()
+    if case == "processes of unequal size":  # (2, 3, 3, 4 and 4 ranks)
+        proc[:] = np.repeat(np.arange(5), [2, 3, 3, 4, 4])
     if case == "a rank moves":
         proc[S // 2 :, 3] = 2
     if case == "missing cells":
@@ -350,6 +362,11 @@ def test_step_order_by_table_equals_search(case):
     g = (steps, np.arange(R), None, arrive, proc)
     got, want = order.order(g), _order_reference(order, g)
     assert got == want and np.isfinite(want)
+    # Again on fewer steps (the table kept for the steps before is not theirs), then
+    # on the first ones again.
+    fewer = (steps[::2], g[1], None, arrive[::2], proc[::2])
+    assert order.order(fewer) == _order_reference(order, fewer)
+    assert order.order(g) == want
 
 
 @pytest.mark.parametrize(
