@@ -126,16 +126,17 @@ def test_a_fetch_ahead_that_fails_raises_the_same_records_error_where_the_site_i
     fetched_in: list[threading.Thread] = []
 
     def replaced_first(self, site, on=None):
-        if on is not None:  # (the fetch ahead: a live job re-exports a file just then)
+        if on is not None:  # (a fetch ahead: the first site's, then the second's)
             fetched_in.append(threading.current_thread())
-            shutil.copy2(target, d / "new.tmp")
-            os.replace(d / "new.tmp", target)
+            if len(fetched_in) == 2:  # (a live job re-exports a file just then)
+                shutil.copy2(target, d / "new.tmp")
+                os.replace(d / "new.tmp", target)
         return site_columns(self, site, on)
 
     monkeypatch.setattr(Engine, "site_columns", replaced_first)
     with open_run(d) as disk:
         passing = disk.sites_in_order(disk.sites)
-        first, _ = next(passing)  # (read here; the next site's fetch starts in the thread)
+        first, _ = next(passing)  # (read in the thread; the next site's fetch starts there)
         assert first == disk.sites[0]
         with pytest.raises(RecordsError, match="changed or was removed") as ahead:
             next(passing)
@@ -151,9 +152,12 @@ def test_close_with_a_fetch_in_flight_returns_and_leaves_no_thread(tmp_path, mon
     _run().write_parquet(d)
     site_columns = Engine.site_columns
     started = threading.Event()
+    ahead: list[str] = []
 
     def slow(self, site, on=None):
-        if on is not None:  # (a query that runs for minutes unless interrupted)
+        if on is not None:
+            ahead.append(site)
+        if len(ahead) == 2 and on is not None:  # (the second site's: runs for minutes)
             started.set()
             on.execute("SELECT sum(x * x) FROM range(100000000000) t(x)").fetchall()
         return site_columns(self, site, on)

@@ -182,3 +182,107 @@ def test_a_site_read_ahead_holds_what_the_files_gave_until_it_is_taken(tmp_path)
         for name in run.sites:
             for k, v in disk.site(name).columns.items():
                 np.testing.assert_array_equal(ahead[name].columns[k], v, err_msg=k)
+
+
+def _reader_and_site(disk, name):
+    """The run's `RowGroupReader` and what `Engine.site_columns` asks of it."""
+    from jaxpace.records.engine import STEP_COLUMNS
+
+    e = disk.engine
+    asked = [k for k in STEP_COLUMNS if k not in e._site_fill().left_out]
+    return e._direct, asked
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_site_read_by_two_threads_is_the_site_read_by_one(tmp_path, monkeypatch, fails):
+    """The pass's thread helps read the site read ahead (`RowGroupReader.help`): the files
+    are shared out a turn at a time, the grid is the one a single thread reads, and a
+    helper's error is raised by the reading thread (`fails`)."""
+    import threading
+
+    run = _run(sites=2)
+    run.write_parquet(tmp_path)
+    monkeypatch.setattr(parquet_reader, "_FILES_A_TURN", 1)  # (4 files: 4 turns)
+    with open_run(tmp_path) as disk:
+        reader, asked = _reader_and_site(disk, run.sites[1])
+        alone = reader.read(run.sites[1], asked)
+        table = parquet_reader.RowGroupReader._table
+        helped, readers = threading.Event(), []
+
+        def shared(self, i, site, cols, rows):
+            me = threading.current_thread()
+            readers.append(me)
+            if me is not threading.main_thread():  # (the reading thread waits for help)
+                assert helped.wait(30)
+            elif fails:
+                helped.set()
+                raise OSError("a file gone while the helper read it")
+            try:
+                return table(self, i, site, cols, rows)
+            finally:
+                helped.set()
+
+        monkeypatch.setattr(parquet_reader.RowGroupReader, "_table", shared)
+        out: dict = {}
+        t = threading.Thread(
+            target=lambda: out.update(got=_catch(reader.read, run.sites[1], asked))
+        )
+        t.start()
+        while t.is_alive() and not readers:  # (the read is under way: its turns shared)
+            t.join(0.001)
+        reader.help()
+        t.join(60)
+        assert not t.is_alive()
+        assert threading.main_thread() in readers and len(set(readers)) == 2
+        if fails:
+            assert isinstance(out["got"], OSError) and "helper" in str(out["got"])
+            return
+        got = out["got"]
+        assert isinstance(got, parquet_reader.LaidOut) and isinstance(alone, parquet_reader.LaidOut)
+        assert list(got) == list(alone)
+        for k in alone:
+            np.testing.assert_array_equal(got[k], alone[k], err_msg=k)
+        assert reader._job is None
+        reader.help()  # (no read under way: nothing)
+
+
+def _catch(f, *a):
+    try:
+        return f(*a)
+    except Exception as e:  # (handed to the test's thread)
+        return e
+
+
+@pytest.mark.parametrize("turn", [1, 2, 3, 8])
+def test_neighbouring_blocks_are_joined_only_where_they_meet(tmp_path, monkeypatch, turn):
+    """A turn's blocks are copied as one where they share their steps and their ranks meet;
+    a file with a step fewer (its block shorter) or lost lines (cell by cell) is placed
+    on its own: the grid is the same whatever the turn's size."""
+    run = _run(sites=2)
+    cols = dict(run.columns)
+    # Process 1 (ranks 4-7) lacks the last step; a line of process 3 is lost.
+    last = cols["step"].max()
+    drop = ((cols["process"] == 1) & (cols["step"] == last)) | (
+        np.arange(cols["step"].size) == np.flatnonzero(cols["process"] == 3)[5]
+    )
+    run = dataclasses.replace(run, columns={k: v[~drop] for k, v in cols.items()})
+    run.write_parquet(tmp_path)
+    monkeypatch.setattr(parquet_reader, "_FILES_A_TURN", turn)
+    with open_run(tmp_path) as disk:
+        got = [disk.site(name).columns for name in run.sites]
+    want = _in_memory_sorted(run)
+    for one, name in zip(got, run.sites, strict=True):
+        assert _sorted(one)
+        for k in ("step", "rank", "arrive_ns", "done_ns", "wait_ns", "process"):
+            np.testing.assert_array_equal(one[k], want[name][k], err_msg=k)
+
+
+def _in_memory_sorted(run) -> dict:
+    """Each site's rows of `run` in (step, rank) order."""
+    c = run.columns
+    out = {}
+    for j, name in enumerate(run.sites):
+        sel = np.flatnonzero(c["site"] == j)
+        order = sel[np.lexsort((c["rank"][sel], c["step"][sel]))]
+        out[name] = {k: v[order] for k, v in c.items()}
+    return out

@@ -242,6 +242,7 @@ class _OnDisk(SiteRecords):
         ahead = _Prefetch(self.engine)
         self._fetching.add(ahead)
         try:
+            ahead.start(names[0])  # (the first too: this thread helps, `_Prefetch.result`)
             for i, name in enumerate(names):
                 if ahead.stopped:
                     raise RecordsError(
@@ -313,8 +314,11 @@ class _Prefetch:
         self.name = name
 
     def result(self) -> dict[str, np.ndarray]:
-        """The rows of the site `start` asked for; its fetch's error, if it raised one."""
+        """The rows of the site `start` asked for; its fetch's error, if it raised one. This
+        thread helps the fetch while it is under way (`Engine.help_fetch`)."""
         pending, self.pending, self.name = self.pending, None, None
+        if not pending.done():
+            self.engine.help_fetch()
         return pending.result()
 
     def stop(self) -> None:

@@ -692,6 +692,14 @@ class Engine:
         self.check_unchanged()
         return got
 
+    def help_fetch(self) -> None:
+        """Reads, in the calling thread, part of the site another thread is fetching
+        (`site_columns(site, on=...)`) when the run is read in place from its row groups
+        (`parquet_reader.RowGroupReader.help`); nothing otherwise (a query runs in DuckDB's
+        own threads)."""
+        if self._direct is not None:
+            self._direct.help()
+
     def fetch_cursor(self) -> Any:
         """A second connection to the engine's database, for `site_columns(site, on=...)` in
         another thread while this one works (DuckDB runs a query without the GIL). What
