@@ -286,3 +286,52 @@ def _in_memory_sorted(run) -> dict:
         order = sel[np.lexsort((c["rank"][sel], c["step"][sel]))]
         out[name] = {k: v[order] for k, v in c.items()}
     return out
+
+
+class _OtherReader:
+    """A pyarrow reader whose `open` takes other arguments (a future pyarrow's)."""
+
+    def open(self, source):
+        raise AssertionError("not reached: the signature differs")
+
+    def read_row_groups(self, *a, **k):
+        raise AssertionError("not reached")
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("reader", ["pyarrow's", "none", "another signature"])
+def test_the_rows_are_the_same_through_pyarrows_reader_or_parquetfile(
+    tmp_path, monkeypatch, reader
+):
+    """`RowGroupReader._table` reads through `pyarrow._parquet.ParquetReader` (columns by
+    position) where it is there, else `ParquetFile` (by name): the same rows; a reader
+    of another interface is left for `ParquetFile` from its first `TypeError` on."""
+    run = _run(sites=2, loss=0.04)
+    run.write_parquet(tmp_path)
+    monkeypatch.setattr(parquet_reader, "_FAST_READER", False)
+    with open_run(tmp_path) as disk:
+        want = {name: disk.site(name).columns for name in run.sites}
+        assert parquet_reader._FAST_READER is not None  # (this pyarrow has it)
+    if reader == "none":
+        monkeypatch.setattr(parquet_reader, "_FAST_READER", None)
+    elif reader == "another signature":
+        monkeypatch.setattr(parquet_reader, "_FAST_READER", _OtherReader)
+    opened = []
+    real = pq.ParquetFile
+    def counted(*a, **k):  # (a site's read: the footer given; opening the run: none)
+        if "metadata" in k:
+            opened.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(pq, "ParquetFile", counted)
+    with open_run(tmp_path) as disk:
+        for name in run.sites:
+            got = disk.site(name).columns
+            assert list(got) == list(want[name])
+            for k in got:
+                np.testing.assert_array_equal(got[k], want[name][k], err_msg=k)
+    assert bool(opened) == (reader != "pyarrow's")
+    if reader == "another signature":
+        assert parquet_reader._FAST_READER is None
