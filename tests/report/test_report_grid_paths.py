@@ -387,3 +387,31 @@ def test_first_of_each_is_np_unique_with_return_index(a):
     want, got = np.unique(a, return_index=True), first_of_each(a)
     for w, g in zip(want, got, strict=True):
         assert w.dtype == g.dtype and np.array_equal(w, g)
+
+
+@pytest.mark.parametrize("cols", ["every rank in order", "some ranks", "every rank reordered"])
+@pytest.mark.parametrize("repeats", [False, True])
+def test_whole_step_counts_by_execution_equal_counts_by_cell(cols, repeats):
+    """`_Sums.count` counts a site with every rank in order once per execution and adds the
+    counts to the cells when the pass ends (`count_rows`): the same counts as one per cell
+    (`_add_cells`), executions repeated or not, mixed with per-cell counts."""
+    from jaxpace.report.stages.whole import _add_cells, _Sums
+
+    rng = np.random.default_rng(7)
+    E, R = 12, 10
+    got, want = _Sums.zeros(E, R), np.zeros((E, R), np.int32)
+    for _ in range(5):
+        e = rng.choice(E, 6, replace=repeats)
+        c = {
+            "every rank in order": np.arange(R),
+            "some ranks": np.sort(rng.choice(R, 4, replace=False)),
+            "every rank reordered": rng.permutation(R),
+        }[cols]
+        got.count(got.expected, got.expected_rows, e, c)
+        _add_cells(want, e, c, 1)
+        present = rng.random((e.size, c.size)) < 0.7  # (a partial site: counted per cell)
+        _add_cells(got.expected, e, c, present)
+        _add_cells(want, e, c, present)
+    got.count_rows()
+    np.testing.assert_array_equal(got.expected, want)
+    assert got.expected.dtype == np.int32 and not got.expected_rows.any()

@@ -236,13 +236,34 @@ class _Sums:
     engaged: np.ndarray
     processes: np.ndarray
     hosts: list
+    # (E,): a count for every rank of an execution, added to `cnt` and `expected` when the
+    # pass ends (`count_rows`): a site with every rank in every step adds one number an
+    # execution, not one a cell.
+    cnt_rows: np.ndarray
+    expected_rows: np.ndarray
 
     @classmethod
     def zeros(cls, E: int, R: int) -> _Sums:
         z = lambda dtype=np.float64: np.zeros((E, R), dtype)  # noqa: E731
         # (The counts in int32, half the memory: exact, and every sum of them exact too.)
         return cls(z(), z(), z(), z(), z(np.int32), z(np.int32), np.zeros(E), np.zeros(E),
-                   np.zeros(E, bool), np.full(R, -1, np.int64), ["?"] * R)  # fmt: skip
+                   np.zeros(E, bool), np.full(R, -1, np.int64), ["?"] * R,
+                   np.zeros(E, np.int32), np.zeros(E, np.int32))  # fmt: skip
+
+    def count(self, acc: np.ndarray, rows: np.ndarray, e: np.ndarray, cols: np.ndarray) -> None:
+        """`_add_cells(acc, e, cols, 1)`; where `cols` is every rank in order, one count per
+        execution in `rows` (`cnt_rows` or `expected_rows`) instead."""
+        if cols.size == acc.shape[1] and np.array_equal(cols, np.arange(cols.size)):
+            np.add.at(rows, e, 1)
+        else:
+            _add_cells(acc, e, cols, 1)
+
+    def count_rows(self) -> None:
+        """Adds the per-execution counts to the per-cell ones (the pass has ended)."""
+        for acc, rows in ((self.cnt, self.cnt_rows), (self.expected, self.expected_rows)):
+            if rows.any():
+                acc += rows[:, None]
+            rows[:] = 0
 
 
 def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes: list[str],
@@ -258,6 +279,7 @@ def _add_sites(run: SiteRecords, exec_of, rank_map, a: _Sums, span: _Span, notes
         u, p = _add_site(si, site, one, (exec_of, per_site), rank_map, a, span, notes, visit=visit)
         del one
         used, partial = used + u, partial | p
+    a.count_rows()
     pool.release()  # (what the pool holds of the pass: not under the stages after it)
     return used, partial
 
@@ -301,8 +323,11 @@ def _add_site(si: int, site: str, one, folds, rank_map, a: _Sums, span: _Span, n
         sums.append((a.delay, d.delay))
     for acc, x in sums:
         _add_cells(acc, e, cols, x if full else np.where(g.present, x, 0.0))
-    _add_cells(a.cnt, e, cols, 1 if full else g.present)
-    _add_cells(a.expected, e, cols, 1)  # the site's members
+    if full:
+        a.count(a.cnt, a.cnt_rows, e, cols)
+    else:
+        _add_cells(a.cnt, e, cols, g.present)
+    a.count(a.expected, a.expected_rows, e, cols)  # the site's members
     np.add.at(a.ncoll, e, 1.0)
     np.add.at(a.transfer, e, np.nan_to_num(d.transfer))
     np.logical_or.at(a.engaged, e, d.engaged)
