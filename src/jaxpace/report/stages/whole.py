@@ -170,11 +170,14 @@ def whole_step(
         a.hosts,
     )
     keep = ncoll > 0
-    missing = (cnt == 0)[keep]
-    scale = np.where(cnt > 0, ncoll[:, None] / np.maximum(cnt, 1), np.nan)[keep]
-    lat, wait, delay, sync = (
-        fill_missing(a[keep] * scale, missing) for a in (lat, wait, delay, sync)
-    )
+    if not (keep.all() and (cnt == ncoll[:, None]).all()):
+        missing = (cnt == 0)[keep]
+        scale = np.where(cnt > 0, ncoll[:, None] / np.maximum(cnt, 1), np.nan)[keep]
+        lat, wait, delay, sync = (
+            fill_missing(a[keep] * scale, missing) for a in (lat, wait, delay, sync)
+        )
+    # (else every rank took part in every collective of every execution: each scale is
+    # exactly 1 and no cell is missing, so the sums are the values as they stand)
     if (cnt[keep] < expected[keep]).any():
         short = float(1.0 - cnt[keep].sum() / expected[keep].sum())
         notes.append(
