@@ -320,6 +320,7 @@ def test_the_rows_are_the_same_through_pyarrows_reader_or_parquetfile(
         monkeypatch.setattr(parquet_reader, "_FAST_READER", _OtherReader)
     opened = []
     real = pq.ParquetFile
+
     def counted(*a, **k):  # (a site's read: the footer given; opening the run: none)
         if "metadata" in k:
             opened.append(1)
