@@ -170,14 +170,7 @@ def whole_step(
         a.hosts,
     )
     keep = ncoll > 0
-    if not (keep.all() and (cnt == ncoll[:, None]).all()):
-        missing = (cnt == 0)[keep]
-        scale = np.where(cnt > 0, ncoll[:, None] / np.maximum(cnt, 1), np.nan)[keep]
-        lat, wait, delay, sync = (
-            fill_missing(a[keep] * scale, missing) for a in (lat, wait, delay, sync)
-        )
-    # (else every rank took part in every collective of every execution: each scale is
-    # exactly 1 and no cell is missing, so the sums are the values as they stand)
+    lat, wait, delay, sync = _per_step(keep, cnt, ncoll, (lat, wait, delay, sync))
     if (cnt[keep] < expected[keep]).any():
         short = float(1.0 - cnt[keep].sum() / expected[keep].sum())
         notes.append(
@@ -222,6 +215,18 @@ def whole_step(
         lateness=lat,
     )
     return data, notes, partial
+
+
+def _per_step(keep: np.ndarray, cnt: np.ndarray, ncoll: np.ndarray, sums) -> tuple:
+    """Each (execution x rank) sum of `sums` over the executions `keep`, scaled to the
+    execution's collectives (`ncoll`) from the rank's records (`cnt`), a missing cell
+    filled (`fill_missing`). When every rank took part in every collective of every
+    execution, each scale is exactly 1 and no cell is missing: the sums as they stand."""
+    if keep.all() and (cnt == ncoll[:, None]).all():
+        return tuple(sums)
+    missing = (cnt == 0)[keep]
+    scale = np.where(cnt > 0, ncoll[:, None] / np.maximum(cnt, 1), np.nan)[keep]
+    return tuple(fill_missing(a[keep] * scale, missing) for a in sums)
 
 
 @dataclasses.dataclass
