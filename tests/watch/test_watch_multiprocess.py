@@ -23,7 +23,13 @@ def _results(out):
     return [json.loads((out / f"result-p{i}.json").read_text()) for i in range(4)]
 
 
-def test_a_process_20ms_late_is_named_in_every_window_after_the_first(tmp_path):
+def test_a_process_20ms_late_is_named_by_the_last_window_and_nobody_else_ever(tmp_path):
+    """Process 2 sleeps 20 ms a step. Every window that names a process names it (ranks
+    4-5), and the last window (the verdict) does. A window may name nobody: on this 2-core
+    machine under load (the fresh-clone CI, or a CPU-bound process beside the job) the
+    four processes' scheduling can hide the lag in a 5-step window; measured with the
+    code of 5f54668 beside a busy loop, one job named it in windows 2-4 and another in
+    window 4 alone."""
     proc, text = _job(tmp_path, "--lag-s", 0.02, "--lag-process", 2, "--steps", 45)
     assert proc.returncode == 0, text[-4000:]
     r0 = _results(tmp_path)[0]
@@ -34,9 +40,11 @@ def test_a_process_20ms_late_is_named_in_every_window_after_the_first(tmp_path):
     assert r0["sink_items"] == 4 * 5 * 8 and r0["sink_ranks"] == list(range(8)), r0
     assert all(s.startswith("watch/") for s in r0["sink_sites"]), r0
     for h in hist[1:]:
-        assert h["culprit_process"] == 2, h
-        assert h["culprit_ranks"] == [4, 5] and not h["partial"], h
-        assert 1 <= h["windows_pooled"] <= h["window"], h
+        assert h["culprit_process"] in (None, 2), h
+        if h["culprit_process"] == 2:
+            assert h["culprit_ranks"] == [4, 5], h
+        assert not h["partial"] and 1 <= h["windows_pooled"] <= h["window"], h
+    assert hist[-1]["culprit_process"] == 2, hist
     lines = re.findall(r"jaxpace watch: steps (\d+)-(\d+): process 2 \(host \S+, ranks 4-5\)", text)
     assert ("40", "44") in lines, text[-3000:]
     verdict = json.loads((tmp_path / "watch" / "verdict.json").read_text())
