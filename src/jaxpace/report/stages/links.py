@@ -289,9 +289,12 @@ class _StepOrder:
         first = self.first[np.searchsorted(self.keys, key + g[4][ok])]
         return float(np.median(g[3][ok] - first)) / 1e9
 
-    def _table(self, steps: np.ndarray, P: int) -> np.ndarray:
+    def _table(self, steps: np.ndarray, P: int, cells: int) -> np.ndarray | None:
         """The first arrival of each (step, process < P), (S, P), NaN where none; the last
-        one kept (the sites of a run mostly share their analyzed steps). Read-only."""
+        one kept (the sites of a run mostly share their analyzed steps). Read-only. None
+        when the processes are too many for a table beside a site of `cells` cells."""
+        if steps.size * P > 4 * cells + 1024:
+            return None
         last = self._last_table
         if last is not None and last[1] == P and np.array_equal(last[0], steps):
             return last[2]
@@ -317,10 +320,10 @@ class _StepOrder:
         m = int(np.argmax(of_rank != of_rank[0])) or R  # (the first process's ranks)
         if R % m or not (of_rank.reshape(-1, m) == of_rank[::m, None]).all():
             return None
-        P = int(of_rank.max()) + 1
-        if steps.size * P > 4 * proc.size + 1024:
+        table = self._table(steps, int(of_rank.max()) + 1, proc.size)
+        if table is None:
             return None
-        firsts = self._table(steps, P)[:, of_rank[::m]]  # (S, R // m)
+        firsts = table[:, of_rank[::m]]  # (S, R // m)
         if np.isnan(firsts).any():
             return None
         out = pool.empty(arrive.shape).reshape(steps.size, -1, m)
@@ -331,10 +334,9 @@ class _StepOrder:
         table of `first` (a lookup per cell instead of a search in `keys`); None when the
         processes are too many for a table or a cell's key is not in `keys` (the caller
         searches then, as it always did). `every`: no cell is missing (no process -1)."""
-        P = int(proc.max()) + 1
-        if steps.size * P > 4 * proc.size + 1024:
+        table = self._table(steps, int(proc.max()) + 1, proc.size)
+        if table is None:
             return None
-        table = self._table(steps, P)
         of_rank = proc.max(axis=0)
         same = proc == of_rank
         if same.all() if every else (same | (proc < 0)).all():  # (a rank in one process)

@@ -261,7 +261,7 @@ class _Sums:
     def count(self, acc: np.ndarray, rows: np.ndarray, e: np.ndarray, cols: np.ndarray) -> None:
         """`_add_cells(acc, e, cols, 1)`; where `cols` is every rank in order, one count per
         execution in `rows` (`cnt_rows` or `expected_rows`) instead."""
-        if cols.size == acc.shape[1] and np.array_equal(cols, np.arange(cols.size)):
+        if _every_column(acc, cols):
             np.add.at(rows, e, 1)
         else:
             _add_cells(acc, e, cols, 1)
@@ -355,13 +355,18 @@ def _add_cells(acc: np.ndarray, e: np.ndarray, cols: np.ndarray, x: np.ndarray |
     are every rank in order)."""
     if np.unique(e).size != e.size or np.unique(cols).size != cols.size:
         np.add.at(acc, (e[:, None], cols[None, :]), x)
-    elif cols.size == acc.shape[1] and np.array_equal(cols, np.arange(cols.size)):
+    elif _every_column(acc, cols):
         if e.size and e[-1] - e[0] == e.size - 1 and (np.diff(e) == 1).all():
             acc[e[0] : e[-1] + 1] += x  # (a range of rows: in place, no copy of them)
         else:
             acc[e] += x
     else:
         acc[np.ix_(e, cols)] += x
+
+
+def _every_column(acc: np.ndarray, cols: np.ndarray) -> bool:
+    """Whether `cols` is every column of `acc` in order (whole rows: no column index)."""
+    return cols.size == acc.shape[1] and np.array_equal(cols, np.arange(cols.size))
 
 
 def _global_ranks(run: SiteRecords):
